@@ -1,0 +1,1 @@
+//! Readers and writers of other profilers' file formats, on top of [`rootline_profile::Profile`].

@@ -1,0 +1,166 @@
+//! Rows of the profile tables. Each row is a plain value; equality of all fields is its identity.
+
+use crate::ids::{FrameId, FunctionId, MappingId, StackId, StringId};
+
+/// A contiguous region of a process's address space backed by a file or by JIT/anonymous memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    /// First address of the region.
+    pub start: u64,
+    /// One past the last address of the region.
+    pub end: u64,
+    /// Offset in the backing file that `start` maps.
+    pub file_offset: u64,
+    /// Path of the backing file, or a pseudo name such as `[anon:jit]`.
+    pub path: StringId,
+    /// Hex GNU build id of the backing file, when known.
+    pub build_id: Option<StringId>,
+}
+
+/// A function: a display name and, when known, its source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Function {
+    /// Demangled display name, e.g. `main` or `Rec!Rec.Main(string[])`.
+    pub name: StringId,
+    /// Source file, when known.
+    pub file: Option<StringId>,
+}
+
+/// Where a frame's code comes from; decides how viewers colour it and how repair treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Ahead-of-time compiled user-space code.
+    Native = 0,
+    /// Kernel code.
+    Kernel = 1,
+    /// JIT-compiled code named through a perf map or jitdump.
+    Jit = 2,
+    /// Managed (runtime-described) code, e.g. .NET methods from EventPipe.
+    Managed = 3,
+    /// A producer's grouping frame, e.g. `Threads` or `CPU_TIME`, not real code.
+    Pseudo = 4,
+    /// An explicit marker that the stack below this point could not be read: `[truncated: reason]`.
+    Truncated = 5,
+}
+
+impl FrameKind {
+    /// All kinds, in discriminant order.
+    pub const ALL: [FrameKind; 6] = [
+        FrameKind::Native,
+        FrameKind::Kernel,
+        FrameKind::Jit,
+        FrameKind::Managed,
+        FrameKind::Pseudo,
+        FrameKind::Truncated,
+    ];
+
+    /// The kind with the given discriminant, if any.
+    pub fn from_u8(value: u8) -> Option<FrameKind> {
+        FrameKind::ALL.get(value as usize).copied()
+    }
+
+    /// A short lower-case name: `native`, `kernel`, `jit`, `managed`, `pseudo`, `truncated`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameKind::Native => "native",
+            FrameKind::Kernel => "kernel",
+            FrameKind::Jit => "jit",
+            FrameKind::Managed => "managed",
+            FrameKind::Pseudo => "pseudo",
+            FrameKind::Truncated => "truncated",
+        }
+    }
+}
+
+/// One entry of a call stack: a function at an address, in a mapping, of a kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// The function this frame executes.
+    pub function: FunctionId,
+    /// The mapping holding `address`, when known.
+    pub mapping: Option<MappingId>,
+    /// Instruction address (0 when the producer gave only a name).
+    pub address: u64,
+    /// Source line, when known.
+    pub line: Option<u32>,
+    /// 0 for a physical frame; n > 0 for the n-th inlined frame at the same address.
+    pub inline_depth: u8,
+    /// Where the code comes from.
+    pub kind: FrameKind,
+}
+
+/// A node of the stack trie: a frame called from the stack `parent` (none for a root frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StackNode {
+    /// The caller's node; `None` when `frame` is the outermost (root) frame.
+    pub parent: Option<StackId>,
+    /// The frame at this depth.
+    pub frame: FrameId,
+}
+
+/// A process seen in the profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Process {
+    /// Process id (host namespace when known).
+    pub pid: u32,
+    /// Short command name (`comm`), when known.
+    pub name: Option<StringId>,
+    /// Full command line, when known.
+    pub command_line: Option<StringId>,
+}
+
+/// A thread seen in the profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Thread {
+    /// Id of the owning process.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name, when known.
+    pub name: Option<StringId>,
+}
+
+/// What one sample value column measures: a name and a unit, in pprof's style.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SampleType {
+    /// What is measured: `cpu`, `wall`, `samples`, `alloc-bytes`, `alloc-count`, …
+    pub name: String,
+    /// Unit of the values: `nanoseconds`, `count`, `bytes`.
+    pub unit: String,
+}
+
+impl SampleType {
+    /// A type with the given name and unit.
+    pub fn new(name: impl Into<String>, unit: impl Into<String>) -> SampleType {
+        SampleType {
+            name: name.into(),
+            unit: unit.into(),
+        }
+    }
+
+    /// On-CPU time in nanoseconds.
+    pub fn cpu_nanoseconds() -> SampleType {
+        SampleType::new("cpu", "nanoseconds")
+    }
+
+    /// Wall-clock time in nanoseconds.
+    pub fn wall_nanoseconds() -> SampleType {
+        SampleType::new("wall", "nanoseconds")
+    }
+
+    /// A plain sample count.
+    pub fn samples() -> SampleType {
+        SampleType::new("samples", "count")
+    }
+
+    /// Bytes allocated.
+    pub fn alloc_bytes() -> SampleType {
+        SampleType::new("alloc-bytes", "bytes")
+    }
+
+    /// Number of allocations.
+    pub fn alloc_count() -> SampleType {
+        SampleType::new("alloc-count", "count")
+    }
+}
