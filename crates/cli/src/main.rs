@@ -1,1 +1,68 @@
-fn main() {}
+//! `rootline`: the command-line front end. It parses arguments, opens files, shows progress and
+//! prints; the work itself lives in the library crates.
+
+mod convert;
+mod exit;
+mod input;
+mod report;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Whole, true stacks from live Linux processes — recorded, converted, repaired and reported.
+#[derive(Debug, Parser)]
+#[command(name = "rootline", version, about, long_about = LONG_ABOUT)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const LONG_ABOUT: &str = "\
+rootline records, converts, repairs and reports CPU profiles whose stacks are whole (they run to the
+thread's root, with no depth cap; anything unreadable ends in an explicit [truncated: reason] frame)
+and true (no caller skipped, no frame invented).
+
+Formats are chosen by file extension, or with --format:
+  .rlp (native), .folded (collapsed stacks), .svg (flame graph, write only)";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Convert a profile from one format to another (formats chosen by extension or --format).
+    Convert(convert::Args),
+    /// Print a text summary: top functions by self and total time, and the hottest paths.
+    Report(report::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Help and --version go to stdout with status 0; usage errors exit 1 (see DESIGN.md §6).
+            let code = if err.use_stderr() { 1 } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Convert(args) => convert::run(args),
+        Command::Report(args) => report::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("rootline: error: {err:#}");
+            ExitCode::from(exit::code_of(&err))
+        }
+    }
+}
+
+/// True when the error is a closed stdout (e.g. `rootline report … | head`), which is not a failure.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

@@ -1,0 +1,350 @@
+//! `rootline report IN [--top N] [--tree]`: a text summary of a profile.
+//!
+//! Counts are taken from one value column (the first `samples` column by default). Self time goes to
+//! the leaf-most frame that is real code (producer pseudo-frames such as `CPU_TIME` are skipped);
+//! total time counts a function once per sample however often it recurses. Runs of recursion are
+//! folded for display only (`f ×1000`); the profile itself is never shortened.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use rootline_profile::{FrameId, FrameKind, Profile, StackId};
+
+use crate::input;
+
+/// Arguments of `rootline report`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The profile to summarise (any readable format).
+    pub input: PathBuf,
+    /// How many functions and hot paths to list.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// Also print the call tree (recursion folded), hiding nodes under --min-percent.
+    #[arg(long)]
+    pub tree: bool,
+    /// Smallest share of the total, in percent, that --tree shows.
+    #[arg(long, default_value_t = 1.0, value_name = "PCT")]
+    pub min_percent: f64,
+    /// The value column to count (e.g. samples, cpu, alloc-bytes); default: samples, else the first.
+    #[arg(long, value_name = "NAME")]
+    pub value: Option<String>,
+    /// Input format, overriding the extension and content of INPUT.
+    #[arg(long, value_name = "F")]
+    pub input_format: Option<String>,
+}
+
+/// Runs `rootline report`.
+pub fn run(args: Args) -> Result<()> {
+    let profile = input::read_profile(&args.input, args.input_format.as_deref())?;
+    let column = match &args.value {
+        Some(name) => match profile.sample_types().iter().position(|t| &t.name == name) {
+            Some(c) => Some(c),
+            None => bail!(
+                "{} has no value column {name:?}; it has: {}",
+                args.input.display(),
+                column_names(&profile)
+            ),
+        },
+        None => default_column(&profile),
+    };
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    write_report(&profile, column, args.top, &mut out)?;
+    if args.tree {
+        writeln!(out)?;
+        write_tree(&profile, column, args.min_percent, &mut out)?;
+    }
+    Ok(())
+}
+
+fn column_names(profile: &Profile) -> String {
+    profile
+        .sample_types()
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The column counted by default: the first named `samples`, else the first.
+pub fn default_column(profile: &Profile) -> Option<usize> {
+    let types = profile.sample_types();
+    types
+        .iter()
+        .position(|t| t.name == "samples")
+        .or(if types.is_empty() { None } else { Some(0) })
+}
+
+/// Sum of the counted value per distinct stack.
+fn per_stack(profile: &Profile, column: Option<usize>) -> HashMap<StackId, i64> {
+    let samples = profile.samples();
+    let mut sums: HashMap<StackId, i64> = HashMap::new();
+    for (i, &stack) in samples.stacks.iter().enumerate() {
+        let value = column.map_or(1, |c| samples.values[c][i]);
+        let sum = sums.entry(stack).or_default();
+        *sum = sum.saturating_add(value);
+    }
+    sums
+}
+
+fn is_code(profile: &Profile, frame: FrameId) -> bool {
+    !matches!(profile.frame(frame).kind, FrameKind::Pseudo)
+}
+
+fn percent(part: i64, whole: i64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// Writes the header, the top functions by self and total, and the hottest paths.
+pub fn write_report(
+    profile: &Profile,
+    column: Option<usize>,
+    top: usize,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let meta = &profile.metadata;
+    let unit = column.map_or_else(
+        || "samples".to_owned(),
+        |c| {
+            let t = &profile.sample_types()[c];
+            format!("{} ({})", t.name, t.unit)
+        },
+    );
+    let sums = per_stack(profile, column);
+    let grand: i64 = sums.values().copied().fold(0, i64::saturating_add);
+    let producer = if meta.producer.is_empty() {
+        "unknown producer"
+    } else {
+        &meta.producer
+    };
+    writeln!(out, "Profile from {producer}")?;
+    writeln!(
+        out,
+        "  {} sample records on {} threads, {} distinct stacks; counting {unit}, total {grand}",
+        profile.samples().len(),
+        profile.threads().len(),
+        sums.len(),
+    )?;
+    if meta.end_time_ns > meta.start_time_ns {
+        let secs = (meta.end_time_ns - meta.start_time_ns) as f64 / 1e9;
+        writeln!(out, "  duration {secs:.3} s")?;
+    }
+    if meta.lost_samples + meta.dropped_samples + meta.truncated_samples > 0 {
+        writeln!(
+            out,
+            "  lost {}, dropped {}, truncated {}",
+            meta.lost_samples, meta.dropped_samples, meta.truncated_samples
+        )?;
+    }
+    for (key, value) in meta
+        .extra
+        .iter()
+        .filter(|(k, _)| k.starts_with("truncated."))
+    {
+        writeln!(out, "    {}: {value}", &key["truncated.".len()..])?;
+    }
+
+    // Self and total per function name.
+    let mut self_time: HashMap<&str, i64> = HashMap::new();
+    let mut total_time: HashMap<&str, i64> = HashMap::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for (&stack, &value) in &sums {
+        seen.clear();
+        let mut leaf_done = false;
+        for frame in profile.stack_frames(stack) {
+            if !is_code(profile, frame) {
+                continue;
+            }
+            let name = profile.frame_name(frame);
+            if !leaf_done {
+                *self_time.entry(name).or_default() += value;
+                leaf_done = true;
+            }
+            if !seen.contains(&name) {
+                seen.push(name);
+                *total_time.entry(name).or_default() += value;
+            }
+        }
+    }
+    write_top(
+        out,
+        "Top functions by self",
+        &self_time,
+        &total_time,
+        grand,
+        top,
+        true,
+    )?;
+    write_top(
+        out,
+        "Top functions by total",
+        &total_time,
+        &self_time,
+        grand,
+        top,
+        false,
+    )?;
+
+    let mut hot: Vec<(StackId, i64)> = sums.into_iter().collect();
+    hot.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    writeln!(
+        out,
+        "\nHottest paths (root → leaf, recursion folded for display)"
+    )?;
+    let mut frames = Vec::new();
+    for (rank, (stack, value)) in hot.iter().take(top).enumerate() {
+        profile.stack_frames_root_first(*stack, &mut frames);
+        let path: Vec<String> = fold_recursion(profile, &frames)
+            .into_iter()
+            .map(|(name, run)| display_run(name, run, run))
+            .collect();
+        writeln!(
+            out,
+            "  {:>2}. {:6.2}%  {value}  [{} frames]\n      {}",
+            rank + 1,
+            percent(*value, grand),
+            frames.len(),
+            path.join(" → ")
+        )?;
+    }
+    Ok(())
+}
+
+fn write_top(
+    out: &mut dyn Write,
+    title: &str,
+    primary: &HashMap<&str, i64>,
+    secondary: &HashMap<&str, i64>,
+    grand: i64,
+    top: usize,
+    primary_is_self: bool,
+) -> Result<()> {
+    let mut rows: Vec<(&str, i64)> = primary.iter().map(|(&n, &v)| (n, v)).collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    writeln!(out, "\n{title}")?;
+    writeln!(out, "  {:>8} {:>8}  function", "self%", "total%")?;
+    for (name, value) in rows.into_iter().take(top) {
+        let other = secondary.get(name).copied().unwrap_or(0);
+        let (self_v, total_v) = if primary_is_self {
+            (value, other)
+        } else {
+            (other, value)
+        };
+        writeln!(
+            out,
+            "  {:>7.2}% {:>7.2}%  {name}",
+            percent(self_v, grand),
+            percent(total_v, grand)
+        )?;
+    }
+    Ok(())
+}
+
+/// Collapses runs of the same function into `(name, run length)`.
+fn fold_recursion<'p>(profile: &'p Profile, frames: &[FrameId]) -> Vec<(&'p str, u32)> {
+    let mut folded: Vec<(&str, u32)> = Vec::new();
+    for &frame in frames {
+        let name = profile.frame_name(frame);
+        match folded.last_mut() {
+            Some((last, run)) if *last == name => *run += 1,
+            _ => folded.push((name, 1)),
+        }
+    }
+    folded
+}
+
+fn display_run(name: &str, min_run: u32, max_run: u32) -> String {
+    match (min_run, max_run) {
+        (1, 1) => name.to_owned(),
+        (a, b) if a == b => format!("{name} ×{a}"),
+        (a, b) => format!("{name} ×{a}–{b}"),
+    }
+}
+
+/// One node of the display call tree.
+struct TreeNode<'p> {
+    name: &'p str,
+    total: i64,
+    min_run: u32,
+    max_run: u32,
+    children: Vec<usize>,
+}
+
+/// Writes the call tree from the roots, children by descending total, recursion runs folded.
+pub fn write_tree(
+    profile: &Profile,
+    column: Option<usize>,
+    min_percent: f64,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let sums = per_stack(profile, column);
+    let grand: i64 = sums.values().copied().fold(0, i64::saturating_add);
+    let mut nodes: Vec<TreeNode> = vec![TreeNode {
+        name: "(all)",
+        total: 0,
+        min_run: 1,
+        max_run: 1,
+        children: Vec::new(),
+    }];
+    let mut index: HashMap<(usize, &str), usize> = HashMap::new();
+    let mut frames = Vec::new();
+    let mut stacks: Vec<(StackId, i64)> = sums.into_iter().collect();
+    stacks.sort();
+    for (stack, value) in stacks {
+        profile.stack_frames_root_first(stack, &mut frames);
+        nodes[0].total += value;
+        let mut at = 0;
+        for (name, run) in fold_recursion(profile, &frames) {
+            let next = *index.entry((at, name)).or_insert_with(|| {
+                nodes.push(TreeNode {
+                    name,
+                    total: 0,
+                    min_run: run,
+                    max_run: run,
+                    children: Vec::new(),
+                });
+                let id = nodes.len() - 1;
+                nodes[at].children.push(id);
+                id
+            });
+            let node = &mut nodes[next];
+            node.total += value;
+            node.min_run = node.min_run.min(run);
+            node.max_run = node.max_run.max(run);
+            at = next;
+        }
+    }
+    writeln!(
+        out,
+        "Call tree (total%, recursion folded; nodes under {min_percent}% hidden)"
+    )?;
+    let mut todo: Vec<(usize, usize)> = Vec::new();
+    let mut roots = nodes[0].children.clone();
+    roots.sort_by(|&a, &b| nodes[a].total.cmp(&nodes[b].total));
+    todo.extend(roots.into_iter().map(|r| (r, 0)));
+    while let Some((id, depth)) = todo.pop() {
+        let node = &nodes[id];
+        let share = percent(node.total, grand);
+        if share < min_percent {
+            continue;
+        }
+        writeln!(
+            out,
+            "{:>7.2}%  {}{}",
+            share,
+            "  ".repeat(depth),
+            display_run(node.name, node.min_run, node.max_run)
+        )?;
+        let mut children = node.children.clone();
+        children.sort_by(|&a, &b| nodes[a].total.cmp(&nodes[b].total));
+        todo.extend(children.into_iter().map(|c| (c, depth + 1)));
+    }
+    Ok(())
+}

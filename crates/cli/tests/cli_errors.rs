@@ -1,0 +1,97 @@
+//! The `rootline` binary on bad input: one-line errors naming the file (and line), exit code 1.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn rootline(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(args)
+        .output()
+        .expect("run rootline")
+}
+
+fn assert_one_line_error(output: &Output, must_contain: &[&str]) {
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "not one line: {stderr}"
+    );
+    assert!(stderr.starts_with("rootline: error: "), "{stderr}");
+    for needle in must_contain {
+        assert!(stderr.contains(needle), "{stderr:?} lacks {needle:?}");
+    }
+}
+
+#[test]
+fn bad_inputs_give_one_line_errors_with_exit_code_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    std::fs::write(path("bad.folded"), "a;b 1\na;c 2\nthis line has no count\n").unwrap();
+    std::fs::write(path("utf8.folded"), b"a;b 1\n\xc3\x28;x 2\n").unwrap();
+    std::fs::write(path("empty.folded"), b"").unwrap();
+    std::fs::write(path("negative.folded"), b"a -3\n").unwrap();
+
+    let out = rootline(&["report", &path("bad.folded")]);
+    assert_one_line_error(&out, &["bad.folded", "line 3"]);
+    let out = rootline(&["convert", &path("utf8.folded"), "-o", &path("x.svg")]);
+    assert_one_line_error(&out, &["utf8.folded", "line 2", "UTF-8"]);
+    assert!(!Path::new(&path("x.svg")).exists(), "no output on failure");
+    let out = rootline(&["report", &path("empty.folded")]);
+    assert_one_line_error(&out, &["empty.folded", "empty"]);
+    let out = rootline(&["report", &path("negative.folded")]);
+    assert_one_line_error(&out, &["negative.folded", "line 1"]);
+    let out = rootline(&["report", dir.path().to_str().unwrap()]);
+    assert_one_line_error(&out, &["is a directory"]);
+    let out = rootline(&["report", &path("missing.folded")]);
+    assert_one_line_error(&out, &["missing.folded"]);
+    let out = rootline(&[
+        "convert",
+        &path("bad.folded"),
+        "-o",
+        &path("out.unknownext"),
+    ]);
+    assert_one_line_error(&out, &["out.unknownext", "--format"]);
+}
+
+#[test]
+fn usage_errors_exit_1_and_help_exits_0() {
+    let out = rootline(&["no-such-command"]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = rootline(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("convert"));
+    let out = rootline(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("rootline "));
+}
+
+#[test]
+fn convert_and_report_a_real_collapsed_file() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/third_party/flamegraph/test/results/perf-numa-stacks-01-collapsed-all.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("out.svg");
+    let out = rootline(&[
+        "convert",
+        fixture.to_str().unwrap(),
+        "--input-format",
+        "folded",
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<?xml") && text.contains("native_safe_halt"));
+
+    let out = rootline(&["report", fixture.to_str().unwrap(), "--top", "3", "--tree"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    // 74 of the 199 samples end in native_safe_halt (72 + 2 in the file itself).
+    assert!(
+        text.contains("37.19%   37.19%  native_safe_halt_[k]"),
+        "{text}"
+    );
+    assert!(text.contains("Call tree"), "{text}");
+}

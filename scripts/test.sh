@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs (idempotent), then runs formatting, lint and every test.
+# Usage: scripts/test.sh            (from anywhere inside the repository)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+# ---- system packages -------------------------------------------------------------------------
+# Each block installs only what is missing, so a second run does nothing.
+apt_packages=()
+need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
+need_apt gcc
+need_apt zlib1g-dev
+if [ ${#apt_packages[@]} -gt 0 ]; then
+    log "installing apt packages: ${apt_packages[*]}"
+    if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+fi
+
+# ---- Rust checks and tests ---------------------------------------------------------------------
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+log "cargo test"
+cargo test --workspace --locked
