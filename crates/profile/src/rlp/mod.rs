@@ -18,6 +18,9 @@ mod reader;
 mod schema;
 mod writer;
 
+#[cfg(test)]
+mod tests;
+
 pub use reader::{ChunkInfo, RlpRead, RlpReader, read_rlp};
 pub use writer::{RlpWriter, write_rlp};
 

@@ -31,6 +31,8 @@ pub struct Recording {
     pub leaves: Vec<StackId>,
     pub threads: Vec<ThreadId>,
     pub time: u64,
+    /// Pick sample stacks uniformly instead of skewed towards a few hot ones.
+    pub uniform: bool,
     next_function: u32,
 }
 
@@ -54,6 +56,7 @@ impl Recording {
             leaves: Vec::new(),
             threads: Vec::new(),
             time: 1_700_000_000_000_000_000,
+            uniform: false,
             next_function: 0,
         };
         for (i, path) in ["/usr/bin/app", "/usr/lib/libc.so.6", "[anon:jit]"]
@@ -117,8 +120,8 @@ impl Recording {
         for _ in 0..frame_pool {
             frames.push(self.new_frame());
         }
-        let before = self.profile.stacks().len();
-        while self.profile.stacks().len() < before + count {
+        let before = self.leaves.len();
+        while self.leaves.len() < before + count {
             let mut parent = if self.leaves.is_empty() || self.rng.below(8) == 0 {
                 None
             } else {
@@ -147,7 +150,7 @@ impl Recording {
             self.time += 1_000_000 + self.rng.below(100_000) - 50_000;
             let thread = self.threads[self.rng.below(self.threads.len() as u64) as usize];
             // Hot/cold skew: most samples land in the first few dozen stacks.
-            let pick = if self.rng.below(4) == 0 {
+            let pick = if self.uniform || self.rng.below(4) == 0 {
                 self.rng.below(self.leaves.len() as u64)
             } else {
                 self.rng.below(self.leaves.len().min(40) as u64)
