@@ -19,8 +19,14 @@ mod ids;
 mod metadata;
 mod model;
 mod profile;
+mod rlp;
 
 pub use ids::{FrameId, FunctionId, MappingId, StackId, StringId, ThreadId};
 pub use metadata::Metadata;
 pub use model::{Frame, FrameKind, Function, Mapping, Process, SampleType, StackNode, Thread};
 pub use profile::{Profile, ProfileError, Samples, StackFrames};
+pub use rlp::{
+    CHUNK_HEADER_LEN, ChunkInfo, MAX_CHUNK_LEN, MAX_DECOMPRESSED_LEN, RLP_HEADER_LEN, RLP_MAGIC,
+    RLP_VERSION, RlpError, RlpRead, RlpReader, RlpTailError, RlpWriter, TailReason, read_rlp,
+    write_rlp,
+};

@@ -6,6 +6,8 @@ use crate::ids::{FrameId, FunctionId, MappingId, StackId, StringId, ThreadId};
 use crate::metadata::Metadata;
 use crate::model::{Frame, FrameKind, Function, Mapping, Process, SampleType, StackNode, Thread};
 
+mod checkpoint;
+
 /// Errors from building a profile with inconsistent input.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProfileError {
@@ -78,6 +80,7 @@ pub struct Profile {
     process_index: HashMap<u32, usize>,
     sample_types: Vec<SampleType>,
     samples: Samples,
+    samples_taken: u64,
 }
 
 fn next_id(len: usize, table: &'static str) -> u32 {
@@ -372,6 +375,28 @@ impl Profile {
             column.push(value);
         }
         Ok(())
+    }
+
+    /// Removes and returns all samples, leaving the tables untouched (bounded-memory recording).
+    ///
+    /// A recorder that streams to a `.rlp` file writes a chunk, then takes the samples it just wrote
+    /// so memory stays proportional to the distinct stacks, not to the samples. The count of samples
+    /// taken so far is kept (see [`Profile::samples_taken`]) so a writer can tell written samples
+    /// from new ones.
+    pub fn take_samples(&mut self) -> Samples {
+        let empty = Samples {
+            values: vec![Vec::new(); self.sample_types.len()],
+            ..Samples::default()
+        };
+        let taken = std::mem::replace(&mut self.samples, empty);
+        self.samples_taken += taken.len() as u64;
+        taken
+    }
+
+    /// Number of samples removed by [`Profile::take_samples`] over the life of the profile: the
+    /// absolute index of `samples()`'s first sample among all samples ever pushed.
+    pub fn samples_taken(&self) -> u64 {
+        self.samples_taken
     }
 
     /// Replaces the stack of sample `index` (used by repair; the sample keeps its time and values).
