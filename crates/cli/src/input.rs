@@ -45,6 +45,9 @@ fn format_names() -> String {
 
 /// Guesses a format from the first bytes of a file.
 fn sniff(head: &[u8]) -> Option<Format> {
+    if head.starts_with(&rootline_profile::rlp::RLP_MAGIC) {
+        return Some(Format::Rlp);
+    }
     let text = std::str::from_utf8(head).ok()?;
     let first = text.lines().find(|l| !l.trim().is_empty())?;
     let (_, count) = first.trim_end().rsplit_once(' ')?;
@@ -85,6 +88,9 @@ pub fn read_profile(path: &Path, forced: Option<&str>) -> Result<Profile> {
     let profile = rootline_formats::read(format, reader)
         .with_context(|| format!("reading {} as {}", path.display(), format.name()))?;
     progress.finish_and_clear();
+    for (_, message) in rootline_formats::warnings(&profile) {
+        eprintln!("rootline: warning: {}: {message}", path.display());
+    }
     Ok(profile)
 }
 

@@ -95,3 +95,37 @@ fn convert_and_report_a_real_collapsed_file() {
     );
     assert!(text.contains("Call tree"), "{text}");
 }
+
+#[test]
+fn a_torn_rlp_file_still_reports_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/server.folded");
+    let rlp = dir.path().join("server.rlp");
+    let out = rootline(&[
+        "convert",
+        example.to_str().unwrap(),
+        "-o",
+        rlp.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    // Append half of a second copy: a torn chunk after a complete one.
+    let mut bytes = std::fs::read(&rlp).unwrap();
+    let whole = bytes.len();
+    let chunk = bytes[12..].to_vec();
+    bytes.extend_from_slice(&chunk[..chunk.len() / 2]);
+    let torn = dir.path().join("torn.rlp");
+    std::fs::write(&torn, &bytes).unwrap();
+    let out = rootline(&["report", torn.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("torn or corrupt at byte {whole}")),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("total 1665"));
+    // Sniffed by content too: no extension.
+    let bare = dir.path().join("noext");
+    std::fs::copy(&rlp, &bare).unwrap();
+    let out = rootline(&["report", bare.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+}

@@ -8,9 +8,14 @@
 //! [`Format`] names the formats, picks one from a file name or a `--format` value, and dispatches to
 //! the module with [`read`] and [`write`]. Adding a format means adding a module, a variant and two
 //! match arms.
+//!
+//! Readers that recover from damage (a torn `.rlp` tail, unclosed slices in a trace) keep going and
+//! leave a warning in the profile's metadata under a key starting with [`WARNING_PREFIX`]; callers
+//! show those to the user.
 
 mod error;
 pub mod folded;
+pub mod rlp;
 pub mod svg;
 
 use std::io::{BufRead, Write};
@@ -19,9 +24,23 @@ use std::path::Path;
 pub use error::{FormatError, Position};
 use rootline_profile::Profile;
 
+/// Metadata `extra` keys starting with this hold warnings a reader wants the user to see.
+pub const WARNING_PREFIX: &str = "warning.";
+
+/// The warnings a reader left in `profile`'s metadata, as `(topic, message)`.
+pub fn warnings(profile: &Profile) -> impl Iterator<Item = (&str, &str)> {
+    profile
+        .metadata
+        .extra
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(WARNING_PREFIX)?, v.as_str())))
+}
+
 /// A file format rootline can read and/or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {
+    /// rootline's native chunked file (`.rlp`).
+    Rlp,
     /// Collapsed stacks (`.folded`): `comm;root;…;leaf count` per line.
     Folded,
     /// Flame graph SVG (`.svg`), write only.
@@ -30,11 +49,12 @@ pub enum Format {
 
 impl Format {
     /// Every format, for help texts.
-    pub const ALL: &'static [Format] = &[Format::Folded, Format::Svg];
+    pub const ALL: &'static [Format] = &[Format::Rlp, Format::Folded, Format::Svg];
 
     /// The format's `--format` name.
     pub fn name(self) -> &'static str {
         match self {
+            Format::Rlp => "rlp",
             Format::Folded => "folded",
             Format::Svg => "svg",
         }
@@ -43,6 +63,7 @@ impl Format {
     /// File name endings that select this format, most specific first.
     pub fn extensions(self) -> &'static [&'static str] {
         match self {
+            Format::Rlp => &[".rlp"],
             Format::Folded => &[".folded", ".collapsed"],
             Format::Svg => &[".svg"],
         }
@@ -88,6 +109,7 @@ impl std::fmt::Display for Format {
 /// Reads a profile in `format` from `reader`.
 pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError> {
     match format {
+        Format::Rlp => rlp::read(reader),
         Format::Folded => folded::read(reader),
         Format::Svg => Err(FormatError::Unsupported {
             format: format.name(),
@@ -99,6 +121,7 @@ pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError
 /// Writes `profile` in `format` to `writer`.
 pub fn write(format: Format, profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
     match format {
+        Format::Rlp => rlp::write(profile, writer),
         Format::Folded => folded::write(profile, writer),
         Format::Svg => svg::write(profile, writer),
     }

@@ -1,4 +1,5 @@
-//! Every collapsed-stack file among the third-party fixtures survives folded → Profile → folded.
+//! Every collapsed-stack file among the third-party fixtures survives
+//! folded → Profile → .rlp → Profile → folded.
 //!
 //! A fixture counts as a collapsed-stack file when it ends in `.txt`/`.folded`/`.collapsed` and every
 //! non-blank line parses as `stack count`. The written text must equal the input after the canonical
@@ -51,6 +52,10 @@ fn collapsed_fixtures_round_trip() {
         if profile.samples().is_empty() {
             continue;
         }
+        let mut rlp = Vec::new();
+        rootline_formats::rlp::write(&profile, &mut rlp).unwrap();
+        let profile = rootline_formats::rlp::read(&rlp[..]).unwrap();
+        assert!(rootline_formats::warnings(&profile).next().is_none());
         let mut written = Vec::new();
         folded::write(&profile, &mut written).unwrap();
         let written = String::from_utf8(written).unwrap();

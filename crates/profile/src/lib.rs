@@ -19,7 +19,7 @@ mod ids;
 mod metadata;
 mod model;
 mod profile;
-mod rlp;
+pub mod rlp;
 
 pub use ids::{FrameId, FunctionId, MappingId, StackId, StringId, ThreadId};
 pub use metadata::Metadata;
