@@ -13,9 +13,11 @@
 //! leave a warning in the profile's metadata under a key starting with [`WARNING_PREFIX`]; callers
 //! show those to the user.
 
+pub mod chromium;
 mod error;
 pub mod folded;
 pub mod rlp;
+pub mod speedscope;
 pub mod svg;
 
 use std::io::{BufRead, Write};
@@ -45,11 +47,21 @@ pub enum Format {
     Folded,
     /// Flame graph SVG (`.svg`), write only.
     Svg,
+    /// Chromium trace-event JSON (`.json`, `.chromium.json`), dotnet-trace's `B`/`E` dialect and more.
+    Chromium,
+    /// speedscope's own JSON (`.speedscope.json`).
+    Speedscope,
 }
 
 impl Format {
     /// Every format, for help texts.
-    pub const ALL: &'static [Format] = &[Format::Rlp, Format::Folded, Format::Svg];
+    pub const ALL: &'static [Format] = &[
+        Format::Rlp,
+        Format::Folded,
+        Format::Svg,
+        Format::Chromium,
+        Format::Speedscope,
+    ];
 
     /// The format's `--format` name.
     pub fn name(self) -> &'static str {
@@ -57,6 +69,8 @@ impl Format {
             Format::Rlp => "rlp",
             Format::Folded => "folded",
             Format::Svg => "svg",
+            Format::Chromium => "chromium",
+            Format::Speedscope => "speedscope",
         }
     }
 
@@ -66,6 +80,8 @@ impl Format {
             Format::Rlp => &[".rlp"],
             Format::Folded => &[".folded", ".collapsed"],
             Format::Svg => &[".svg"],
+            Format::Chromium => &[".chromium.json", ".json"],
+            Format::Speedscope => &[".speedscope.json"],
         }
     }
 
@@ -111,6 +127,8 @@ pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError
     match format {
         Format::Rlp => rlp::read(reader),
         Format::Folded => folded::read(reader),
+        Format::Chromium => chromium::read(reader),
+        Format::Speedscope => speedscope::read(reader),
         Format::Svg => Err(FormatError::Unsupported {
             format: format.name(),
             action: "read",
@@ -124,5 +142,7 @@ pub fn write(format: Format, profile: &Profile, writer: impl Write) -> Result<()
         Format::Rlp => rlp::write(profile, writer),
         Format::Folded => folded::write(profile, writer),
         Format::Svg => svg::write(profile, writer),
+        Format::Chromium => chromium::write(profile, writer),
+        Format::Speedscope => speedscope::write(profile, writer),
     }
 }

@@ -1,0 +1,749 @@
+//! Reading trace-event JSON: walking the document and handing events to per-thread timelines.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use rootline_profile::{FrameKind, Profile, SampleType, StackId};
+
+use super::scan::{Decimal, Kind, Scanner, shorten};
+use super::timeline::{Action, Context, Counters, KeyTrie, NO_PARENT, Sink, StackRef, Timeline};
+use super::{DOTNET_DEPTH_CAP, is_pseudo_frame};
+use crate::error::{FormatError, Position};
+
+/// The name of a slice that has none (as speedscope shows it).
+const UNNAMED: &str = "(unnamed)";
+
+/// Marks "no `sf`" in a frame key.
+const NO_SF: u32 = u32::MAX;
+
+/// The keys the reader looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Ph,
+    Name,
+    Cat,
+    Ts,
+    Dur,
+    Tdur,
+    Weight,
+    Pid,
+    Tid,
+    Sf,
+    Args,
+    Producer,
+    DepthCap,
+    TsUnit,
+    Other,
+}
+
+impl Field {
+    fn of(key: &[u8]) -> Field {
+        match key {
+            b"ph" => Field::Ph,
+            b"name" => Field::Name,
+            b"cat" => Field::Cat,
+            b"ts" => Field::Ts,
+            b"dur" => Field::Dur,
+            b"tdur" => Field::Tdur,
+            b"weight" => Field::Weight,
+            b"pid" => Field::Pid,
+            b"tid" => Field::Tid,
+            b"sf" => Field::Sf,
+            b"args" => Field::Args,
+            b"producer" => Field::Producer,
+            b"depthCap" => Field::DepthCap,
+            b"tsUnit" => Field::TsUnit,
+            _ => Field::Other,
+        }
+    }
+}
+
+/// One `stackFrames` entry.
+#[derive(Debug, Default)]
+struct SfDef {
+    name: Box<str>,
+    category: Box<str>,
+    parent: Option<u32>,
+}
+
+/// The fields of one event (or `samples` entry) that matter, reused between events.
+#[derive(Debug, Default)]
+struct Event {
+    ph: u8,
+    name: String,
+    has_name: bool,
+    sample_event: bool,
+    ts: Option<Decimal>,
+    dur: Option<Decimal>,
+    tdur: Option<Decimal>,
+    weight: Option<Decimal>,
+    pid: u32,
+    tid: u32,
+    sf: String,
+    has_sf: bool,
+    args_name: String,
+    has_args_name: bool,
+}
+
+impl Event {
+    fn reset(&mut self) {
+        self.ph = 0;
+        self.name.clear();
+        self.has_name = false;
+        self.sample_event = false;
+        self.ts = None;
+        self.dur = None;
+        self.tdur = None;
+        self.weight = None;
+        self.pid = 0;
+        self.tid = 0;
+        self.sf.clear();
+        self.has_sf = false;
+        self.args_name.clear();
+        self.has_args_name = false;
+    }
+}
+
+/// The reader's state while walking the document.
+#[derive(Default)]
+pub(super) struct TraceReader {
+    trie: KeyTrie,
+    sink: Sink,
+    counters: Counters,
+    keys: Vec<(u32, u32)>,
+    key_index: HashMap<(u32, u32), u32>,
+    names: Vec<Box<str>>,
+    name_index: HashMap<Box<str>, u32>,
+    sf_index: HashMap<Box<str>, u32>,
+    sf_ids: Vec<Box<str>>,
+    sf_defs: Vec<Option<SfDef>>,
+    threads: Vec<(u32, u32)>,
+    thread_index: HashMap<(u32, u32), u32>,
+    timelines: Vec<Timeline>,
+    thread_names: HashMap<(u32, u32), String>,
+    process_names: HashMap<u32, String>,
+    /// Power of ten from the file's `ts` unit to nanoseconds (3: µs, 6: ms), once known.
+    scale: Option<i32>,
+    sample_event_dialect: bool,
+    dotnet: bool,
+    declared_producer: Option<String>,
+    declared_depth_cap: Option<u32>,
+    order: u64,
+    x_seq: u64,
+    start: Option<i64>,
+    end: i64,
+    slice_samples: bool,
+    point_samples: bool,
+    ev: Event,
+}
+
+fn id_value<R: Read>(sc: &mut Scanner<R>, what: &str) -> Result<u32, FormatError> {
+    let at = sc.offset();
+    let d = sc.number_or_numeric_string(what)?;
+    let v = d.integer().ok_or_else(|| {
+        FormatError::invalid(Position::Byte(at), format!("{what} must be an integer"))
+    })?;
+    // Negative ids (e.g. `"tid": "-1"` on process metadata) keep their 32-bit pattern.
+    if let Ok(v) = u32::try_from(v) {
+        Ok(v)
+    } else if let Ok(v) = i32::try_from(v) {
+        Ok(v as u32)
+    } else {
+        Err(FormatError::invalid(
+            Position::Byte(at),
+            format!("{what} {v} is out of the 32-bit range"),
+        ))
+    }
+}
+
+/// Reads an `sf`/`parent` reference (number or string) as its canonical text into `out`.
+fn sf_value<R: Read>(sc: &mut Scanner<R>, out: &mut String) -> Result<(), FormatError> {
+    out.clear();
+    match sc.kind()? {
+        Kind::String => {
+            sc.string()?;
+            out.push_str(sc.text_str());
+        }
+        Kind::Number => {
+            let at = sc.offset();
+            let v = sc.number()?.integer().ok_or_else(|| {
+                FormatError::invalid(Position::Byte(at), "a stack frame id must be an integer")
+            })?;
+            out.push_str(itoa::Buffer::new().format(v));
+        }
+        _ => return Err(sc.error("a stack frame id must be a number or a string")),
+    }
+    Ok(())
+}
+
+fn string_field<R: Read>(sc: &mut Scanner<R>, what: &str) -> Result<(), FormatError> {
+    if sc.kind()? != Kind::String {
+        return Err(sc.error(format!("{what} must be a string")));
+    }
+    sc.string()
+}
+
+impl TraceReader {
+    /// Reads the whole document from `sc`.
+    pub(super) fn read_document<R: Read>(
+        &mut self,
+        sc: &mut Scanner<R>,
+    ) -> Result<(), FormatError> {
+        match sc.peek()? {
+            None => return Err(FormatError::invalid(Position::Byte(0), "the file is empty")),
+            Some(b'[') => self.read_events(sc, true)?,
+            Some(b'{') => {
+                sc.begin_object()?;
+                let mut first = true;
+                while sc.next_key(&mut first)? {
+                    match sc.text.as_slice() {
+                        b"traceEvents" => self.read_events(sc, false)?,
+                        b"samples" => self.read_samples(sc)?,
+                        b"stackFrames" => self.read_stack_frames(sc)?,
+                        b"otherData" => self.read_other_data(sc)?,
+                        _ => sc.skip_value()?,
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(
+                    sc.error("a trace must start with `{` (object format) or `[` (array format)")
+                );
+            }
+        }
+        if sc.peek()?.is_some() {
+            return Err(sc.error("unexpected data after the end of the trace"));
+        }
+        Ok(())
+    }
+
+    fn read_events<R: Read>(&mut self, sc: &mut Scanner<R>, top: bool) -> Result<(), FormatError> {
+        if sc.kind()? != Kind::Array {
+            return Err(sc.error("`traceEvents` must be an array"));
+        }
+        sc.begin_array()?;
+        let mut first = true;
+        while sc.next_element(&mut first, top)? {
+            let at = sc.offset();
+            self.read_event(sc)?;
+            self.handle_event(at)?;
+        }
+        Ok(())
+    }
+
+    fn read_samples<R: Read>(&mut self, sc: &mut Scanner<R>) -> Result<(), FormatError> {
+        if sc.kind()? != Kind::Array {
+            return Err(sc.error("`samples` must be an array"));
+        }
+        sc.begin_array()?;
+        let mut first = true;
+        while sc.next_element(&mut first, false)? {
+            let at = sc.offset();
+            self.read_event(sc)?;
+            self.handle_sample(at)?;
+        }
+        Ok(())
+    }
+
+    fn read_event<R: Read>(&mut self, sc: &mut Scanner<R>) -> Result<(), FormatError> {
+        if sc.kind()? != Kind::Object {
+            return Err(sc.error("each event must be an object"));
+        }
+        sc.begin_object()?;
+        self.ev.reset();
+        let ev = &mut self.ev;
+        let mut first = true;
+        while sc.next_key(&mut first)? {
+            match Field::of(&sc.text) {
+                Field::Ph => {
+                    string_field(sc, "`ph`")?;
+                    ev.ph = sc.text.first().copied().unwrap_or(0);
+                }
+                Field::Name => {
+                    string_field(sc, "`name`")?;
+                    ev.name.push_str(sc.text_str());
+                    ev.has_name = true;
+                }
+                Field::Cat => {
+                    string_field(sc, "`cat`")?;
+                    ev.sample_event = sc.text == b"sampleEvent";
+                }
+                Field::Ts => ev.ts = Some(sc.number_or_numeric_string("`ts`")?),
+                Field::Dur => ev.dur = Some(sc.number_or_numeric_string("`dur`")?),
+                Field::Tdur => ev.tdur = Some(sc.number_or_numeric_string("`tdur`")?),
+                Field::Weight => ev.weight = Some(sc.number_or_numeric_string("`weight`")?),
+                Field::Pid => ev.pid = id_value(sc, "`pid`")?,
+                Field::Tid => ev.tid = id_value(sc, "`tid`")?,
+                Field::Sf => {
+                    sf_value(sc, &mut ev.sf)?;
+                    ev.has_sf = true;
+                }
+                Field::Args if sc.kind()? == Kind::Object => {
+                    sc.begin_object()?;
+                    let mut first = true;
+                    while sc.next_key(&mut first)? {
+                        if sc.text == b"name" && sc.kind()? == Kind::String {
+                            sc.string()?;
+                            ev.args_name.clear();
+                            ev.args_name.push_str(sc.text_str());
+                            ev.has_args_name = true;
+                        } else {
+                            sc.skip_value()?;
+                        }
+                    }
+                }
+                _ => sc.skip_value()?,
+            }
+        }
+        Ok(())
+    }
+
+    fn read_stack_frames<R: Read>(&mut self, sc: &mut Scanner<R>) -> Result<(), FormatError> {
+        if sc.kind()? != Kind::Object {
+            return Err(sc.error("`stackFrames` must be an object"));
+        }
+        sc.begin_object()?;
+        let mut first = true;
+        let mut id = String::new();
+        let mut parent = String::new();
+        while sc.next_key(&mut first)? {
+            id.clear();
+            id.push_str(sc.text_str());
+            if sc.kind()? != Kind::Object {
+                return Err(sc.error("each `stackFrames` entry must be an object"));
+            }
+            sc.begin_object()?;
+            let mut def = SfDef::default();
+            let mut has_parent = false;
+            let mut first_key = true;
+            while sc.next_key(&mut first_key)? {
+                match sc.text.as_slice() {
+                    b"name" => {
+                        string_field(sc, "a stack frame's `name`")?;
+                        def.name = sc.text_str().into();
+                    }
+                    b"category" => {
+                        string_field(sc, "a stack frame's `category`")?;
+                        def.category = sc.text_str().into();
+                    }
+                    b"parent" => {
+                        sf_value(sc, &mut parent)?;
+                        has_parent = true;
+                    }
+                    _ => sc.skip_value()?,
+                }
+            }
+            if has_parent {
+                def.parent = Some(self.sf_of(&parent));
+            }
+            let index = self.sf_of(&id) as usize;
+            self.sf_defs[index] = Some(def);
+        }
+        Ok(())
+    }
+
+    fn read_other_data<R: Read>(&mut self, sc: &mut Scanner<R>) -> Result<(), FormatError> {
+        if sc.kind()? != Kind::Object {
+            return sc.skip_value();
+        }
+        sc.begin_object()?;
+        let mut first = true;
+        while sc.next_key(&mut first)? {
+            match Field::of(&sc.text) {
+                Field::Producer if sc.kind()? == Kind::String => {
+                    sc.string()?;
+                    self.declared_producer = Some(sc.text_str().to_owned());
+                }
+                Field::DepthCap if sc.kind()? == Kind::Number => {
+                    let at = sc.offset();
+                    let cap = sc.number()?.integer().and_then(|v| u32::try_from(v).ok());
+                    self.declared_depth_cap = Some(cap.ok_or_else(|| {
+                        FormatError::invalid(
+                            Position::Byte(at),
+                            "`depthCap` must be a 32-bit count",
+                        )
+                    })?);
+                }
+                Field::TsUnit if sc.kind()? == Kind::String => {
+                    sc.string()?;
+                    let scale = match sc.text.as_slice() {
+                        b"ns" => 0,
+                        b"us" => 3,
+                        b"ms" => 6,
+                        _ => return Err(sc.error("`tsUnit` must be `ns`, `us` or `ms`")),
+                    };
+                    self.scale.get_or_insert(scale);
+                }
+                _ => sc.skip_value()?,
+            }
+        }
+        Ok(())
+    }
+
+    fn sf_of(&mut self, id: &str) -> u32 {
+        if let Some(&i) = self.sf_index.get(id) {
+            return i;
+        }
+        let i = self.sf_defs.len() as u32;
+        self.sf_defs.push(None);
+        self.sf_ids.push(id.into());
+        self.sf_index.insert(id.into(), i);
+        i
+    }
+
+    fn name_of(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.name_index.get(name) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.into());
+        self.name_index.insert(name.into(), i);
+        i
+    }
+
+    fn key_of_event(&mut self) -> u32 {
+        let sf = if self.ev.has_sf {
+            let sf = std::mem::take(&mut self.ev.sf);
+            let i = self.sf_of(&sf);
+            self.ev.sf = sf;
+            i
+        } else {
+            NO_SF
+        };
+        let name = std::mem::take(&mut self.ev.name);
+        let n = self.name_of(if self.ev.has_name { &name } else { UNNAMED });
+        self.ev.name = name;
+        let len = self.keys.len() as u32;
+        let id = *self.key_index.entry((sf, n)).or_insert(len);
+        if id == len {
+            self.keys.push((sf, n));
+        }
+        id
+    }
+
+    fn thread_of(&mut self, pid: u32, tid: u32) -> u32 {
+        let len = self.threads.len() as u32;
+        let id = *self.thread_index.entry((pid, tid)).or_insert(len);
+        if id == len {
+            self.threads.push((pid, tid));
+            self.timelines.push(Timeline::new(id));
+        }
+        id
+    }
+
+    fn time_ns(&mut self, value: Option<Decimal>, what: &str, at: u64) -> Result<i64, FormatError> {
+        let scale = *self.scale.get_or_insert(3);
+        let value = value.ok_or_else(|| {
+            FormatError::invalid(Position::Byte(at), format!("an event without `{what}`"))
+        })?;
+        let ns = value.scaled_i64(scale).filter(|&v| v >= 0).ok_or_else(|| {
+            FormatError::invalid(
+                Position::Byte(at),
+                format!("`{what}` {:e} is negative or too large", value.to_f64()),
+            )
+        })?;
+        Ok(ns)
+    }
+
+    fn handle_event(&mut self, at: u64) -> Result<(), FormatError> {
+        match self.ev.ph {
+            ph @ (b'B' | b'E' | b'X') => {
+                if self.scale.is_none() && self.ev.sample_event && self.ev.has_sf {
+                    // dotnet-trace writes TraceEvent's relative milliseconds into `ts`.
+                    self.scale = Some(6);
+                    self.dotnet = true;
+                }
+                self.sample_event_dialect |= self.ev.sample_event;
+                let ts = self.time_ns(self.ev.ts, "ts", at)?;
+                let thread = self.thread_of(self.ev.pid, self.ev.tid) as usize;
+                let named = self.ev.has_name || self.ev.has_sf;
+                let key = if ph != b'E' || named {
+                    Some(self.key_of_event())
+                } else {
+                    None
+                };
+                self.order += 1;
+                let mut end = ts;
+                let mut cx = Context {
+                    trie: &mut self.trie,
+                    sink: &mut self.sink,
+                    counters: &mut self.counters,
+                };
+                let timeline = &mut self.timelines[thread];
+                match (ph, key) {
+                    (b'B', Some(key)) => timeline.push(ts, Action::Begin(key), self.order, &mut cx),
+                    (b'E', key) => timeline.push(ts, Action::End(key), self.order, &mut cx),
+                    (_, Some(key)) => {
+                        // Without `dur`, the thread duration `tdur` is the best length known.
+                        let dur = match self.ev.dur.or(self.ev.tdur) {
+                            Some(dur) => {
+                                dur.scaled_i64(self.scale.unwrap_or(3)).ok_or_else(|| {
+                                    FormatError::invalid(Position::Byte(at), "`dur` is too large")
+                                })?
+                            }
+                            None => 0,
+                        };
+                        if dur <= 0 {
+                            cx.counters.zero_duration += 1;
+                        } else {
+                            end = ts.checked_add(dur).ok_or_else(|| {
+                                FormatError::invalid(
+                                    Position::Byte(at),
+                                    "`ts` + `dur` is too large",
+                                )
+                            })?;
+                            self.x_seq += 1;
+                            let seq = self.x_seq;
+                            timeline.push(
+                                ts,
+                                Action::XBegin { key, end, seq },
+                                self.order,
+                                &mut cx,
+                            );
+                            timeline.push(end, Action::XEnd(seq), self.order, &mut cx);
+                        }
+                    }
+                    (_, None) => {}
+                }
+                self.slice_samples = true;
+                self.start = Some(self.start.map_or(ts, |s| s.min(ts)));
+                self.end = self.end.max(end);
+            }
+            b'M' if self.ev.has_args_name => match self.ev.name.as_str() {
+                "process_name" => {
+                    self.process_names
+                        .insert(self.ev.pid, self.ev.args_name.clone());
+                }
+                "thread_name" => {
+                    self.thread_names
+                        .insert((self.ev.pid, self.ev.tid), self.ev.args_name.clone());
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn handle_sample(&mut self, at: u64) -> Result<(), FormatError> {
+        if !self.ev.has_sf {
+            return Err(FormatError::invalid(
+                Position::Byte(at),
+                "a `samples` entry without `sf` (its stack)",
+            ));
+        }
+        let ts = self.time_ns(self.ev.ts, "ts", at)?;
+        let weight = match self.ev.weight {
+            Some(w) => w
+                .scaled_i64(0)
+                .ok_or_else(|| FormatError::invalid(Position::Byte(at), "`weight` is too large"))?,
+            None => 1,
+        };
+        let thread = self.thread_of(self.ev.pid, self.ev.tid);
+        let sf = std::mem::take(&mut self.ev.sf);
+        let sf_index = self.sf_of(&sf);
+        self.ev.sf = sf;
+        self.sink
+            .push(ts, thread, StackRef::Sf(sf_index), 0, weight);
+        self.point_samples = true;
+        self.start = Some(self.start.map_or(ts, |s| s.min(ts)));
+        self.end = self.end.max(ts);
+        Ok(())
+    }
+
+    /// The display name of key `key`.
+    fn key_name(&self, key: u32) -> String {
+        let (sf, name) = self.keys[key as usize];
+        match self.sf_defs.get(sf as usize).and_then(Option::as_ref) {
+            Some(def) => self.sf_display_name(def),
+            None => self.names[name as usize].to_string(),
+        }
+    }
+
+    fn sf_display_name(&self, def: &SfDef) -> String {
+        if self.sample_event_dialect && !def.category.is_empty() {
+            // dotnet-trace splits `Module!Method` into category and name; put it back together.
+            format!("{}!{}", def.category, def.name)
+        } else {
+            def.name.to_string()
+        }
+    }
+
+    fn frame_kind(&self, name: &str) -> FrameKind {
+        if is_pseudo_frame(name) {
+            FrameKind::Pseudo
+        } else if self.dotnet {
+            FrameKind::Managed
+        } else {
+            FrameKind::Native
+        }
+    }
+
+    /// Ends every thread and builds the profile.
+    pub(super) fn finish(mut self) -> Result<Profile, FormatError> {
+        let end = self.end;
+        let mut unclosed: Vec<(u32, Vec<u32>)> = Vec::new();
+        let mut cx = Context {
+            trie: &mut self.trie,
+            sink: &mut self.sink,
+            counters: &mut self.counters,
+        };
+        for (i, timeline) in self.timelines.iter_mut().enumerate() {
+            let open = timeline.finish(end, &mut cx);
+            if !open.is_empty() {
+                unclosed.push((i as u32, open));
+            }
+        }
+
+        let mut types = Vec::new();
+        if self.slice_samples || !self.point_samples {
+            types.push(SampleType::wall_nanoseconds());
+        }
+        if self.point_samples {
+            types.push(SampleType::samples());
+        }
+        let mut profile = Profile::new(types);
+
+        let mut key_frames = vec![None; self.keys.len()];
+        let mut node_stacks: Vec<StackId> = Vec::with_capacity(self.trie.nodes.len());
+        for &(parent, key) in &self.trie.nodes {
+            let frame = match key_frames[key as usize] {
+                Some(f) => f,
+                None => {
+                    let name = self.key_name(key);
+                    let f = profile.intern_named_frame(&name, self.frame_kind(&name));
+                    key_frames[key as usize] = Some(f);
+                    f
+                }
+            };
+            let parent = (parent != NO_PARENT).then(|| node_stacks[parent as usize]);
+            node_stacks.push(profile.intern_stack(parent, frame));
+        }
+        let mut sf_stacks: HashMap<u32, StackId> = HashMap::new();
+        for stack in &self.sink.stacks {
+            if let StackRef::Sf(sf) = *stack
+                && !sf_stacks.contains_key(&sf)
+            {
+                let id = self.sf_chain(sf, &mut profile)?;
+                sf_stacks.insert(sf, id);
+            }
+        }
+
+        for &(pid, tid) in &self.threads {
+            let t = profile.intern_thread(pid, tid);
+            if let Some(name) = self.thread_names.get(&(pid, tid)) {
+                profile.set_thread_name(t, name);
+            }
+            if let Some(name) = self.process_names.get(&pid) {
+                profile.set_process_name(pid, name);
+            } else {
+                profile.intern_process(pid);
+            }
+        }
+
+        let wall = self.slice_samples || !self.point_samples;
+        let mut values = Vec::with_capacity(2);
+        for i in 0..self.sink.times.len() {
+            let stack = match self.sink.stacks[i] {
+                StackRef::Node(n) => node_stacks[n as usize],
+                StackRef::Sf(sf) => sf_stacks[&sf],
+            };
+            values.clear();
+            if wall {
+                values.push(self.sink.wall[i]);
+            }
+            if self.point_samples {
+                values.push(self.sink.count[i]);
+            }
+            let thread = rootline_profile::ThreadId(self.sink.threads[i]);
+            profile
+                .push_sample(self.sink.times[i] as u64, thread, stack, &values)
+                .map_err(|e| FormatError::invalid(Position::Input, e.to_string()))?;
+        }
+
+        let m = &mut profile.metadata;
+        m.producer = match (&self.declared_producer, self.dotnet) {
+            (Some(p), _) => format!("{p} (chromium)"),
+            (None, true) => "dotnet-trace (chromium)".into(),
+            (None, false) => "chromium trace events".into(),
+        };
+        if self.dotnet {
+            m.depth_cap = Some(DOTNET_DEPTH_CAP);
+        }
+        if self.declared_depth_cap.is_some() {
+            m.depth_cap = self.declared_depth_cap;
+        }
+        m.start_time_ns = self.start.unwrap_or(0) as u64;
+        m.end_time_ns = self.end.max(self.start.unwrap_or(0)) as u64;
+        let c = self.counters;
+        let extra = &mut m.extra;
+        let unit = match self.scale {
+            Some(0) => "ns",
+            Some(6) => "ms",
+            _ => "us",
+        };
+        extra.insert("chromium.ts_unit".into(), unit.into());
+        extra.insert(
+            "chromium.stack_transitions".into(),
+            c.transitions.to_string(),
+        );
+        let open_total: usize = unclosed.iter().map(|(_, o)| o.len()).sum();
+        extra.insert("chromium.unclosed_slices".into(), open_total.to_string());
+        for (name, value) in [
+            ("chromium.out_of_order_events", c.out_of_order),
+            ("chromium.unmatched_end_events", c.unmatched_end),
+            ("chromium.mismatched_end_events", c.mismatched_end),
+            ("chromium.zero_duration_slices", c.zero_duration),
+        ] {
+            if value > 0 {
+                extra.insert(name.into(), value.to_string());
+            }
+        }
+        for (thread, open) in &unclosed {
+            let (pid, tid) = self.threads[*thread as usize];
+            let names: Vec<String> = open.iter().map(|&k| shorten(&self.key_name(k))).collect();
+            profile
+                .metadata
+                .extra
+                .insert(format!("chromium.unclosed.{pid}.{tid}"), names.join(";"));
+        }
+        Ok(profile)
+    }
+
+    /// The profile stack of `stackFrames` entry `sf`: its parent chain, root first.
+    fn sf_chain(&self, sf: u32, profile: &mut Profile) -> Result<StackId, FormatError> {
+        let mut chain = Vec::new();
+        let mut next = Some(sf);
+        while let Some(id) = next {
+            if chain.len() > self.sf_defs.len() {
+                return Err(FormatError::invalid(
+                    Position::Input,
+                    format!(
+                        "`stackFrames` entry {:?} is its own ancestor (a parent cycle)",
+                        shorten(&self.sf_ids[sf as usize])
+                    ),
+                ));
+            }
+            chain.push(id);
+            next = self.sf_defs[id as usize].as_ref().and_then(|d| d.parent);
+        }
+        let mut parent = None;
+        for &id in chain.iter().rev() {
+            let frame = match &self.sf_defs[id as usize] {
+                Some(def) => {
+                    let name = self.sf_display_name(def);
+                    profile.intern_named_frame(&name, self.frame_kind(&name))
+                }
+                None => profile.intern_named_frame(
+                    &format!(
+                        "[truncated: no stackFrames entry {}]",
+                        shorten(&self.sf_ids[id as usize])
+                    ),
+                    FrameKind::Truncated,
+                ),
+            };
+            parent = Some(profile.intern_stack(parent, frame));
+        }
+        parent.ok_or_else(|| FormatError::invalid(Position::Input, "an empty stack"))
+    }
+}

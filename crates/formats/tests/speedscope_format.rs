@@ -1,0 +1,196 @@
+//! speedscope files: speedscope's own samples and snapshots, round trips, hostile input.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use rootline_formats::{FormatError, Position, chromium, speedscope};
+use rootline_profile::{FrameKind, Profile, SampleType};
+
+fn dir() -> std::path::PathBuf {
+    common::third_party().join("speedscope")
+}
+
+/// Stacks and weights speedscope's importer test recorded for `test` (all profiles merged).
+fn snapshot(test: &str) -> BTreeMap<String, i64> {
+    let text =
+        std::fs::read_to_string(dir().join("src/lib/__snapshots__/file-format.test.ts.snap"))
+            .unwrap();
+    let mut out = BTreeMap::new();
+    for block in text.split("exports[`importSpeedscopeProfiles ").skip(1) {
+        let (title, body) = block.split_once("`] = `").unwrap();
+        let Some((name, _)) = title.rsplit_once(' ') else {
+            continue;
+        };
+        if name != test {
+            continue;
+        }
+        let Some((_, list)) = body.split_once("\"stacks\": [") else {
+            continue;
+        };
+        for line in list
+            .lines()
+            .map(str::trim)
+            .take_while(|l| !l.starts_with(']'))
+        {
+            let Some(entry) = line.strip_prefix('"').and_then(|l| l.strip_suffix("\",")) else {
+                continue;
+            };
+            let (stack, weight) = entry.rsplit_once(' ').unwrap();
+            // Time units are printed as `2.00s`; unitless weights as `2`.
+            let weight = weight.trim_end_matches('s').parse::<f64>().unwrap() as i64;
+            *out.entry(stack.to_owned()).or_insert(0) += weight;
+        }
+    }
+    assert!(!out.is_empty(), "no snapshot for {test}");
+    out
+}
+
+#[test]
+fn speedscope_samples_match_speedscope_snapshots() {
+    let cases = [
+        ("0.0.1/simple.speedscope.json", "0.0.1 evented profile", 1),
+        (
+            "0.0.1/simple-no-pretty-print.speedscope.json",
+            "0.0.1 evented profile (no pretty print)",
+            1,
+        ),
+        (
+            "0.1.2/simple-sampled.speedscope.json",
+            "0.1.2 sampled profile",
+            1_000_000_000,
+        ),
+        (
+            "0.6.0/two-sampled.speedscope.json",
+            "0.6.0 multiple profiles",
+            1_000_000_000,
+        ),
+    ];
+    for (file, test, unit) in cases {
+        let bytes = std::fs::read(dir().join("sample/profiles/speedscope").join(file)).unwrap();
+        let profile = speedscope::read(&bytes[..]).unwrap();
+        let ours: BTreeMap<String, i64> = common::merged_stack_totals(&profile, 0)
+            .into_iter()
+            .map(|(k, v)| (k, v / unit))
+            .collect();
+        assert_eq!(ours, snapshot(test), "{file}");
+    }
+}
+
+#[test]
+fn speedscope_invalid_samples() {
+    let invalid = dir().join("sample/profiles/speedscope/invalid");
+    let bytes = std::fs::read(invalid.join("out-of-order-events.json")).unwrap();
+    let err = speedscope::read(&bytes[..]).unwrap_err().to_string();
+    assert!(err.contains("\"B\" while \"A\" is the innermost"), "{err}");
+    // speedscope refuses a profile left open; rootline closes it at endValue and says so.
+    let bytes = std::fs::read(invalid.join("incomplete-trace.json")).unwrap();
+    let p = speedscope::read(&bytes[..]).unwrap();
+    assert_eq!(p.metadata.extra["speedscope.unclosed_frames"], "1");
+    assert_eq!(p.totals(), [100]);
+}
+
+#[test]
+fn every_speedscope_fixture_reads_without_panic() {
+    let files = common::files_under(&dir().join("sample/profiles"), ".json");
+    assert!(files.len() > 30);
+    for path in files {
+        let bytes = std::fs::read(&path).unwrap();
+        // Trace-event files are not speedscope files: an error, never a panic.
+        let _ = speedscope::read(&bytes[..]);
+        let _ = chromium::read(&bytes[..]);
+    }
+}
+
+fn sample_profile() -> Profile {
+    let mut p = Profile::new(vec![SampleType::cpu_nanoseconds(), SampleType::samples()]);
+    p.set_process_name(7, "svc");
+    let names = ["main", "run", "parse", "lex", "emit"];
+    for t in 0..3u32 {
+        let thread = p.intern_thread(7, 70 + t);
+        if t > 0 {
+            p.set_thread_name(thread, &format!("worker-{t}"));
+        }
+        for s in 0..50u32 {
+            let depth = 1 + ((s * 7 + t) % 5) as usize;
+            let frames: Vec<_> = names[..depth]
+                .iter()
+                .map(|n| p.intern_named_frame(n, FrameKind::Native))
+                .collect();
+            let stack = p.intern_stack_root_first(frames).unwrap();
+            let time = u64::from(s) * 1_000_000;
+            p.push_sample(time, thread, stack, &[1_000_000 + i64::from(s), 1])
+                .unwrap();
+        }
+    }
+    p
+}
+
+#[test]
+fn round_trip_keeps_stacks_and_totals() {
+    let original = sample_profile();
+    let mut out = Vec::new();
+    speedscope::write(&original, &mut out).unwrap();
+    let back = speedscope::read(&out[..]).unwrap();
+    assert_eq!(back.totals(), vec![original.totals()[0]]);
+    assert_eq!(back.sample_types(), [SampleType::wall_nanoseconds()]);
+    let strip = |m: BTreeMap<String, i64>| -> BTreeMap<String, i64> {
+        m.into_iter()
+            .map(|(k, v)| (k.split_once(':').unwrap().1.to_owned(), v))
+            .collect()
+    };
+    let per_thread = |p: &Profile| -> Vec<BTreeMap<String, i64>> {
+        let all = common::stack_totals(p, 0);
+        let mut tids: Vec<String> = all
+            .keys()
+            .map(|k| k.split_once(':').unwrap().0.to_owned())
+            .collect();
+        tids.dedup();
+        tids.iter()
+            .map(|t| {
+                strip(
+                    all.iter()
+                        .filter(|(k, _)| k.starts_with(&format!("{t}:")))
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(per_thread(&back), per_thread(&original));
+    let names: Vec<_> = back
+        .threads()
+        .iter()
+        .map(|t| back.string(t.name.unwrap()).to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "svc (pid 7, tid 70)",
+            "worker-1 (pid 7, tid 71)",
+            "worker-2 (pid 7, tid 72)"
+        ]
+    );
+}
+
+#[test]
+fn bad_input_gives_positioned_errors() {
+    let deep = format!("{{\"shared\": {}", "[".repeat(1000));
+    let cases = [
+        ("truncated", r#"{"shared": {"frames": [{"name": "a"}"#.to_owned()),
+        ("wrong type", r#"{"shared": {"frames": 5}, "profiles": []}"#.to_owned()),
+        ("deep", deep),
+        ("huge number", r#"{"shared": {"frames": [{"name": "a"}]}, "profiles": [{"type": "sampled", "name": "x", "unit": "seconds", "startValue": 0, "endValue": 1e308, "samples": [[0]], "weights": [1e308]}]}"#.to_owned()),
+        ("bad frame", r#"{"shared": {"frames": []}, "profiles": [{"type": "sampled", "name": "x", "unit": "none", "startValue": 0, "endValue": 1, "samples": [[3]], "weights": [1]}]}"#.to_owned()),
+    ];
+    for (what, text) in cases {
+        let err = speedscope::read(text.as_bytes()).expect_err(what);
+        match err {
+            FormatError::Invalid {
+                position: Position::LineColumn { .. } | Position::Input,
+                ..
+            } => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+}
