@@ -1,6 +1,8 @@
 //! Reading trace-event JSON: walking the document and handing events to per-thread timelines.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::io::Read;
 
 use rootline_profile::{FrameKind, Profile, SampleType, StackId};
@@ -111,14 +113,18 @@ pub(super) struct TraceReader {
     sink: Sink,
     counters: Counters,
     keys: Vec<(u32, u32)>,
-    key_index: HashMap<(u32, u32), u32>,
+    key_index: FxHashMap<(u32, u32), u32>,
     names: Vec<Box<str>>,
-    name_index: HashMap<Box<str>, u32>,
-    sf_index: HashMap<Box<str>, u32>,
+    name_index: FxHashMap<Box<str>, u32>,
+    sf_index: FxHashMap<Box<str>, u32>,
+    /// `sf` index per small integer id.
+    sf_dense: Vec<u32>,
+    /// Frame key per `sf` index, once an event used it.
+    sf_key: Vec<u32>,
     sf_ids: Vec<Box<str>>,
     sf_defs: Vec<Option<SfDef>>,
     threads: Vec<(u32, u32)>,
-    thread_index: HashMap<(u32, u32), u32>,
+    thread_index: FxHashMap<(u32, u32), u32>,
     timelines: Vec<Timeline>,
     thread_names: HashMap<(u32, u32), String>,
     process_names: HashMap<u32, String>,
@@ -381,13 +387,37 @@ impl TraceReader {
     }
 
     fn sf_of(&mut self, id: &str) -> u32 {
-        if let Some(&i) = self.sf_index.get(id) {
+        // Most producers number their frames densely: look those up without hashing.
+        let small = (id.len() <= 7 && (id == "0" || !id.starts_with('0')))
+            .then(|| id.parse::<u32>().ok())
+            .flatten();
+        if let Some(n) = small
+            && let Some(&i) = self.sf_dense.get(n as usize)
+            && i != u32::MAX
+        {
+            return i;
+        }
+        if small.is_none()
+            && let Some(&i) = self.sf_index.get(id)
+        {
             return i;
         }
         let i = self.sf_defs.len() as u32;
         self.sf_defs.push(None);
+        self.sf_key.push(u32::MAX);
         self.sf_ids.push(id.into());
-        self.sf_index.insert(id.into(), i);
+        match small {
+            Some(n) => {
+                let n = n as usize;
+                if self.sf_dense.len() <= n {
+                    self.sf_dense.resize(n + 1, u32::MAX);
+                }
+                self.sf_dense[n] = i;
+            }
+            None => {
+                self.sf_index.insert(id.into(), i);
+            }
+        }
         i
     }
 
@@ -401,11 +431,17 @@ impl TraceReader {
         i
     }
 
+    /// The frame key of the current event: its `sf` when it has one (the name seen first with that
+    /// `sf` is kept as a fallback), else its name.
     fn key_of_event(&mut self) -> u32 {
         let sf = if self.ev.has_sf {
             let sf = std::mem::take(&mut self.ev.sf);
             let i = self.sf_of(&sf);
             self.ev.sf = sf;
+            let key = self.sf_key[i as usize];
+            if key != u32::MAX {
+                return key;
+            }
             i
         } else {
             NO_SF
@@ -417,6 +453,9 @@ impl TraceReader {
         let id = *self.key_index.entry((sf, n)).or_insert(len);
         if id == len {
             self.keys.push((sf, n));
+        }
+        if sf != NO_SF {
+            self.sf_key[sf as usize] = id;
         }
         id
     }

@@ -6,7 +6,7 @@
 //! stack current after it lasts until the next event time on that thread and becomes one sample
 //! whose weight is that duration. Several transitions at one instant yield one sample.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// Pending events kept per thread before the earliest are nested.
 pub const WINDOW: usize = 1 << 16;
@@ -19,7 +19,7 @@ pub const NO_PARENT: u32 = u32::MAX;
 pub struct KeyTrie {
     /// `(parent, key)` per node; parents always precede their children.
     pub nodes: Vec<(u32, u32)>,
-    index: HashMap<(u32, u32), u32>,
+    index: FxHashMap<(u32, u32), u32>,
 }
 
 impl KeyTrie {
