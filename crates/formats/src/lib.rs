@@ -11,6 +11,8 @@
 
 mod error;
 pub mod folded;
+pub mod otlp;
+pub mod pprof;
 pub mod svg;
 
 use std::io::{BufRead, Write};
@@ -26,17 +28,23 @@ pub enum Format {
     Folded,
     /// Flame graph SVG (`.svg`), write only.
     Svg,
+    /// pprof `profile.proto` (`.pb.gz`, `.pprof`), gzipped or not.
+    Pprof,
+    /// OpenTelemetry profiles (`.otlp.pb`): an `ExportProfilesServiceRequest`, write only.
+    Otlp,
 }
 
 impl Format {
     /// Every format, for help texts.
-    pub const ALL: &'static [Format] = &[Format::Folded, Format::Svg];
+    pub const ALL: &'static [Format] = &[Format::Folded, Format::Svg, Format::Pprof, Format::Otlp];
 
     /// The format's `--format` name.
     pub fn name(self) -> &'static str {
         match self {
             Format::Folded => "folded",
             Format::Svg => "svg",
+            Format::Pprof => "pprof",
+            Format::Otlp => "otlp",
         }
     }
 
@@ -45,6 +53,8 @@ impl Format {
         match self {
             Format::Folded => &[".folded", ".collapsed"],
             Format::Svg => &[".svg"],
+            Format::Pprof => &[".pb.gz", ".pprof"],
+            Format::Otlp => &[".otlp.pb"],
         }
     }
 
@@ -70,7 +80,7 @@ impl Format {
 
     /// True when rootline can read this format.
     pub fn can_read(self) -> bool {
-        !matches!(self, Format::Svg)
+        !matches!(self, Format::Svg | Format::Otlp)
     }
 
     /// True when rootline can write this format.
@@ -89,7 +99,8 @@ impl std::fmt::Display for Format {
 pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError> {
     match format {
         Format::Folded => folded::read(reader),
-        Format::Svg => Err(FormatError::Unsupported {
+        Format::Pprof => pprof::read(reader),
+        Format::Svg | Format::Otlp => Err(FormatError::Unsupported {
             format: format.name(),
             action: "read",
         }),
@@ -101,5 +112,7 @@ pub fn write(format: Format, profile: &Profile, writer: impl Write) -> Result<()
     match format {
         Format::Folded => folded::write(profile, writer),
         Format::Svg => svg::write(profile, writer),
+        Format::Pprof => pprof::write(profile, writer),
+        Format::Otlp => otlp::write(profile, writer),
     }
 }
