@@ -235,10 +235,12 @@ impl Dictionary {
 
     fn thread_attributes(&mut self, profile: &Profile, thread: ThreadId) -> Vec<i32> {
         let t = profile.thread(thread);
-        let mut out = vec![
-            self.attribute("thread.id", AttrValue::Int(i64::from(t.tid))),
-            self.attribute("process.pid", AttrValue::Int(i64::from(t.pid))),
-        ];
+        let mut out = Vec::new();
+        // Thread (0, 0) is the "unknown thread" of formats that have none; it gets no ids.
+        if t.pid != 0 || t.tid != 0 {
+            out.push(self.attribute("thread.id", AttrValue::Int(i64::from(t.tid))));
+            out.push(self.attribute("process.pid", AttrValue::Int(i64::from(t.pid))));
+        }
         if let Some(name) = profile.thread_name(thread) {
             out.push(self.attribute("thread.name", AttrValue::Str(name.to_owned())));
         }
