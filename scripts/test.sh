@@ -13,11 +13,26 @@ apt_packages=()
 need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
 need_apt gcc
 need_apt zlib1g-dev
+need_apt golang-go   # pprof tests: `go tool pprof -raw` reads our output and the fixtures
+command -v npm >/dev/null || need_apt npm   # pprof tests: npm pprof-format
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+fi
+
+# ---- pprof / OTLP readers used by the formats tests ------------------------------------------
+# npm pprof-format, pinned by tests/js-pprof/package-lock.json.
+if [ ! -d "$root/tests/js-pprof/node_modules/pprof-format" ]; then
+    log "npm ci in tests/js-pprof"
+    (cd "$root/tests/js-pprof" && npm ci --no-audit --no-fund >/dev/null)
+fi
+# PyPI opentelemetry-proto 1.45.2 is generated from OTLP proto v1.10.0, the version the Rust
+# opentelemetry-proto crate (=0.33.1) carries.
+if ! python3 -c 'import importlib.metadata as m, sys; sys.exit(m.version("opentelemetry-proto") != "1.45.2")' 2>/dev/null; then
+    log "pip install opentelemetry-proto==1.45.2"
+    python3 -m pip install -q 'opentelemetry-proto==1.45.2'
 fi
 
 # ---- Rust checks and tests ---------------------------------------------------------------------

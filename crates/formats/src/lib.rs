@@ -16,6 +16,8 @@
 pub mod chromium;
 mod error;
 pub mod folded;
+pub mod otlp;
+pub mod pprof;
 pub mod rlp;
 pub mod speedscope;
 pub mod svg;
@@ -51,6 +53,10 @@ pub enum Format {
     Chromium,
     /// speedscope's own JSON (`.speedscope.json`).
     Speedscope,
+    /// pprof `profile.proto` (`.pb.gz`, `.pprof`), gzipped or not.
+    Pprof,
+    /// OpenTelemetry profiles (`.otlp.pb`): an `ExportProfilesServiceRequest`, write only.
+    Otlp,
 }
 
 impl Format {
@@ -61,6 +67,8 @@ impl Format {
         Format::Svg,
         Format::Chromium,
         Format::Speedscope,
+        Format::Pprof,
+        Format::Otlp,
     ];
 
     /// The format's `--format` name.
@@ -71,6 +79,8 @@ impl Format {
             Format::Svg => "svg",
             Format::Chromium => "chromium",
             Format::Speedscope => "speedscope",
+            Format::Pprof => "pprof",
+            Format::Otlp => "otlp",
         }
     }
 
@@ -82,6 +92,8 @@ impl Format {
             Format::Svg => &[".svg"],
             Format::Chromium => &[".chromium.json", ".json"],
             Format::Speedscope => &[".speedscope.json"],
+            Format::Pprof => &[".pb.gz", ".pprof"],
+            Format::Otlp => &[".otlp.pb"],
         }
     }
 
@@ -107,7 +119,7 @@ impl Format {
 
     /// True when rootline can read this format.
     pub fn can_read(self) -> bool {
-        !matches!(self, Format::Svg)
+        !matches!(self, Format::Svg | Format::Otlp)
     }
 
     /// True when rootline can write this format.
@@ -129,7 +141,8 @@ pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError
         Format::Folded => folded::read(reader),
         Format::Chromium => chromium::read(reader),
         Format::Speedscope => speedscope::read(reader),
-        Format::Svg => Err(FormatError::Unsupported {
+        Format::Pprof => pprof::read(reader),
+        Format::Svg | Format::Otlp => Err(FormatError::Unsupported {
             format: format.name(),
             action: "read",
         }),
@@ -144,5 +157,7 @@ pub fn write(format: Format, profile: &Profile, writer: impl Write) -> Result<()
         Format::Svg => svg::write(profile, writer),
         Format::Chromium => chromium::write(profile, writer),
         Format::Speedscope => speedscope::write(profile, writer),
+        Format::Pprof => pprof::write(profile, writer),
+        Format::Otlp => otlp::write(profile, writer),
     }
 }
