@@ -24,7 +24,9 @@ thread's root, with no depth cap; anything unreadable ends in an explicit [trunc
 and true (no caller skipped, no frame invented).
 
 Formats are chosen by file extension, or with --format:
-  .rlp (native), .folded (collapsed stacks), .svg (flame graph, write only)";
+  .rlp (native), .folded (collapsed stacks), .svg (flame graph, write only),
+  .json/.chromium.json (Chromium trace events), .speedscope.json, .pb.gz/.pprof (pprof),
+  .otlp.pb (OpenTelemetry profiles, write only)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
