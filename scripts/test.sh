@@ -13,11 +13,18 @@ apt_packages=()
 need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
 need_apt gcc
 need_apt zlib1g-dev
+need_apt mono-mcs        # C# compiler for the live .NET targets (crates/dotnet/tests/live.rs)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+fi
+
+# ---- .NET Core 3.1 runtime for the live EventPipe tests (PyPI dotnetcore2 ships CoreCLR 3.1) ----
+if ! python3 -c 'import dotnetcore2' >/dev/null 2>&1; then
+    log "installing the .NET Core 3.1 runtime (pip dotnetcore2)"
+    python3 -m pip install -q dotnetcore2 || python3 -m pip install -q --break-system-packages dotnetcore2
 fi
 
 # ---- Rust checks and tests ---------------------------------------------------------------------

@@ -1,6 +1,8 @@
-//! Shared test helpers: the perfview fixtures, unzipped in memory.
+//! Shared test helpers: the perfview fixtures, unzipped in memory, and a live .NET target.
 
 #![allow(dead_code)]
+
+pub mod live;
 
 use std::collections::BTreeMap;
 use std::io::Read;
