@@ -15,6 +15,7 @@ need_apt gcc
 need_apt zlib1g-dev
 need_apt golang-go   # pprof tests: `go tool pprof -raw` reads our output and the fixtures
 command -v npm >/dev/null || need_apt npm   # pprof tests: npm pprof-format
+need_apt mono-mcs        # C# compiler for the live .NET targets (crates/dotnet/tests/live.rs)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi
@@ -33,6 +34,12 @@ fi
 if ! python3 -c 'import importlib.metadata as m, sys; sys.exit(m.version("opentelemetry-proto") != "1.45.2")' 2>/dev/null; then
     log "pip install opentelemetry-proto==1.45.2"
     python3 -m pip install -q 'opentelemetry-proto==1.45.2'
+fi
+
+# ---- .NET Core 3.1 runtime for the live EventPipe tests (PyPI dotnetcore2 ships CoreCLR 3.1) ----
+if ! python3 -c 'import dotnetcore2' >/dev/null 2>&1; then
+    log "installing the .NET Core 3.1 runtime (pip dotnetcore2)"
+    python3 -m pip install -q dotnetcore2 || python3 -m pip install -q --break-system-packages dotnetcore2
 fi
 
 # ---- Rust checks and tests ---------------------------------------------------------------------

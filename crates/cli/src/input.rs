@@ -69,6 +69,9 @@ pub fn read_profile(path: &Path, forced: Option<&str>) -> Result<Profile> {
             .with_context(|| format!("reading {}", path.display()))?
             .to_vec()
     };
+    if crate::dotnet::is_nettrace(path, forced, &head) {
+        return crate::dotnet::read_nettrace(path);
+    }
     let format = input_format(path, forced, &head)?;
     if !format.can_read() {
         bail!(

@@ -2,6 +2,7 @@
 //! prints; the work itself lives in the library crates.
 
 mod convert;
+mod dotnet;
 mod exit;
 mod input;
 mod report;
@@ -26,7 +27,7 @@ and true (no caller skipped, no frame invented).
 Formats are chosen by file extension, or with --format:
   .rlp (native), .folded (collapsed stacks), .svg (flame graph, write only),
   .json/.chromium.json (Chromium trace events), .speedscope.json, .pb.gz/.pprof (pprof),
-  .otlp.pb (OpenTelemetry profiles, write only)";
+  .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -34,6 +35,8 @@ enum Command {
     Convert(convert::Args),
     /// Print a text summary: top functions by self and total time, and the hottest paths.
     Report(report::Args),
+    /// .NET: trace a live process over its diagnostics socket (EventPipe), list .NET processes.
+    Dotnet(dotnet::Args),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Convert(args) => convert::run(args),
         Command::Report(args) => report::run(args),
+        Command::Dotnet(args) => dotnet::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

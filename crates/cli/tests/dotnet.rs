@@ -1,0 +1,253 @@
+//! `rootline` with .NET: `.nettrace` input for convert/report, and `dotnet ps|collect` against a
+//! live .NET Core 3.1 process, including Ctrl-C and SIGKILL of rootline mid-collection.
+
+#[path = "../../dotnet/tests/common/live.rs"]
+mod live;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use live::{Target, build_target, tools};
+
+fn rootline(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(args)
+        .output()
+        .expect("run rootline")
+}
+
+/// Unzips a perfview fixture into `dir`.
+fn perfview_trace(name: &str, dir: &Path) -> PathBuf {
+    let zip_path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/third_party/perfview")
+        .join(format!("{name}.nettrace.zip"));
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&zip_path).unwrap()).unwrap();
+    let mut data = Vec::new();
+    zip.by_name(&format!("{name}.nettrace"))
+        .unwrap()
+        .read_to_end(&mut data)
+        .unwrap();
+    let path = dir.join(format!("{name}.nettrace"));
+    std::fs::write(&path, data).unwrap();
+    path
+}
+
+#[test]
+fn convert_and_report_read_nettrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = perfview_trace("only_managed_samples", dir.path());
+    let folded = dir.path().join("out.folded");
+    let out = rootline(&[
+        "convert",
+        trace.to_str().unwrap(),
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let total: u64 = text
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, 7423, "every thread sample");
+    assert!(text.contains("NoNativeStacks!NoNativeStacks.Program.Main(class System.String[]);"));
+
+    let out = rootline(&["report", trace.to_str().unwrap(), "--top", "5"]);
+    assert!(out.status.success(), "{out:?}");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("NoNativeStacks.Program.FindByte"),
+        "{report}"
+    );
+
+    // Known by its content too, whatever the name.
+    let renamed = dir.path().join("trace.bin");
+    std::fs::copy(&trace, &renamed).unwrap();
+    let out = rootline(&["report", renamed.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn a_truncated_nettrace_is_a_positioned_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = perfview_trace("mixed_managed_external_samples", dir.path());
+    let data = std::fs::read(&trace).unwrap();
+    let cut = dir.path().join("cut.nettrace");
+    std::fs::write(&cut, &data[..data.len() / 3]).unwrap();
+    let out = rootline(&["report", cut.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cut.nettrace") && stderr.contains("at byte"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn collect_from_a_missing_process_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("x.folded");
+    let out = rootline(&[
+        "dotnet",
+        "collect",
+        "-p",
+        "4000000",
+        "-o",
+        out_path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let out = rootline(&[
+        "dotnet",
+        "collect",
+        "-p",
+        &std::process::id().to_string(),
+        "-o",
+        out_path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("diagnostics socket"));
+    assert!(!out_path.exists());
+}
+
+/// Sends `signal` to `pid` with kill(1).
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits until rootline's collection has started (its partial trace file has the stream header).
+fn wait_for_partial(path: &Path) {
+    let t0 = Instant::now();
+    while std::fs::metadata(path).map_or(true, |m| m.len() < 8) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "collection never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
+    let Some((dotnet, mcs)) = tools("dotnet_ps_collect_ctrl_c_and_sigkill") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_target(&dotnet, &mcs, dir.path());
+    let mut target = Target::start(&dotnet, &exe, 150, 30);
+    let pid = target.pid();
+    let pid_s = pid.to_string();
+
+    let out = rootline(&["dotnet", "ps"]);
+    assert!(out.status.success());
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(pid_s.as_str())),
+        "{listing}"
+    );
+
+    // A timed collection into a folded file: Spin under Down, cut at 100 frames.
+    let folded = dir.path().join("timed.folded");
+    let out = rootline(&[
+        "dotnet",
+        "collect",
+        "-p",
+        &pid_s,
+        "--duration",
+        "2",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("100.0% of managed frames named"),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let cut = text
+        .lines()
+        .filter(|l| l.contains("Rec!Rec.Spin(int32) "))
+        .filter(|l| l.split(';').filter(|f| f.contains("Rec!Rec.Down")).count() == 99)
+        .count();
+    assert!(cut > 0, "{text}");
+    assert!(!dir.path().join("timed.folded.nettrace.partial").exists());
+    target.assert_still_answers();
+
+    // Ctrl-C: the session is stopped, the rundown arrives, the output is whole.
+    let raw = dir.path().join("ctrlc.nettrace");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args([
+            "dotnet",
+            "collect",
+            "-p",
+            &pid_s,
+            "-o",
+            raw.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_partial(&dir.path().join("ctrlc.nettrace.nettrace.partial"));
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(child.id(), "-INT");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let (profile, stats) =
+        rootline_dotnet::read_profile_with_stats(std::fs::File::open(&raw).unwrap()).unwrap();
+    assert!(!profile.samples().is_empty());
+    assert_eq!(
+        stats.resolved_sample_frames, stats.sample_frames,
+        "rundown present"
+    );
+    target.assert_still_answers();
+
+    // SIGKILL of rootline mid-way: the runtime abandons the session, the target runs on, and the
+    // next collection works.
+    let killed = dir.path().join("killed.folded");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args([
+            "dotnet",
+            "collect",
+            "-p",
+            &pid_s,
+            "--duration",
+            "60",
+            "-o",
+            killed.to_str().unwrap(),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_partial(&dir.path().join("killed.folded.nettrace.partial"));
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    target.assert_still_answers();
+    let again = dir.path().join("again.folded");
+    let out = rootline(&[
+        "dotnet",
+        "collect",
+        "-p",
+        &pid_s,
+        "--duration",
+        "1",
+        "-o",
+        again.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        std::fs::read_to_string(&again)
+            .unwrap()
+            .contains("Rec!Rec.Spin(int32)")
+    );
+    target.assert_still_answers();
+}

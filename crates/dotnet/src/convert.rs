@@ -1,0 +1,318 @@
+//! `.nettrace` → [`Profile`]: thread samples and GC allocation ticks, with IPs named through the
+//! method and module events (JIT-time and rundown).
+//!
+//! Naming is deferred to the end of the stream because rundown events (the methods and modules
+//! alive when the session stopped) come last. Until then samples are kept as compact rows against
+//! distinct IP stacks, so memory grows with distinct stacks plus a few bytes per sample.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+
+use rootline_profile::{Frame, FrameId, FrameKind, Function, Profile, SampleType, StackId};
+
+use crate::error::NetTraceError;
+use crate::events::{self, KnownEvent, MethodInfo};
+use crate::nettrace::NetTraceReader;
+
+/// EventPipe's stack depth cap: a stack walk stops after this many frames.
+pub const EVENTPIPE_DEPTH_CAP: u32 = 100;
+
+/// What the conversion saw, beyond what the profile holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConvertStats {
+    /// Events read.
+    pub events: u64,
+    /// Thread samples whose thread was in managed code.
+    pub managed_samples: u64,
+    /// Thread samples whose thread was in native (external) code.
+    pub external_samples: u64,
+    /// GC allocation ticks.
+    pub allocation_ticks: u64,
+    /// Method code ranges known (JIT-time plus rundown, deduplicated).
+    pub methods: usize,
+    /// Modules known.
+    pub modules: usize,
+    /// Frames of all thread samples (counted per sample).
+    pub sample_frames: u64,
+    /// Of `sample_frames`, those whose IP was resolved to a method.
+    pub resolved_sample_frames: u64,
+    /// Thread samples whose stack is exactly [`EVENTPIPE_DEPTH_CAP`] frames deep.
+    pub samples_at_cap: u64,
+    /// Events the writer dropped (sequence-number gaps).
+    pub dropped_events: u64,
+    /// Events that referred to a stack not defined in their region.
+    pub missing_stacks: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowKind {
+    Thread,
+    Alloc,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    ticks: u64,
+    tid: u64,
+    stack: u32,
+    kind: RowKind,
+    value: i64,
+}
+
+/// Method code ranges sorted by start, for IP lookup.
+struct MethodIndex {
+    starts: Vec<u64>,
+    methods: Vec<MethodInfo>,
+}
+
+impl MethodIndex {
+    fn new(mut methods: Vec<MethodInfo>) -> MethodIndex {
+        methods.sort_by_key(|m| (m.start, m.size));
+        methods
+            .dedup_by(|a, b| a.start == b.start && a.size == b.size && a.method_id == b.method_id);
+        MethodIndex {
+            starts: methods.iter().map(|m| m.start).collect(),
+            methods,
+        }
+    }
+
+    fn find(&self, ip: u64) -> Option<&MethodInfo> {
+        let i = self.starts.partition_point(|&s| s <= ip);
+        // Ranges do not nest, but a re-JIT may leave an older, larger range before a newer one:
+        // look back a few entries.
+        self.methods[..i]
+            .iter()
+            .rev()
+            .take(4)
+            .find(|m| ip < m.start.saturating_add(u64::from(m.size)))
+    }
+}
+
+/// Reads a `.nettrace` stream into a [`Profile`]. See [`read_profile_with_stats`].
+pub fn read_profile<R: Read>(source: R) -> Result<Profile, NetTraceError> {
+    read_profile_with_stats(source).map(|(p, _)| p)
+}
+
+/// Reads a `.nettrace` stream into a [`Profile`] and reports what it saw.
+///
+/// Sample types: `samples` (count) and `wall` (nanoseconds, the runtime's sampling period per
+/// sample), plus `alloc-bytes` when the trace has GC allocation ticks (thread samples carry 0 there,
+/// allocation ticks carry 0 samples and 0 wall time). Frames are named `Module!Namespace.Method(params)`
+/// like dotnet-trace; IPs that no method event covers stay as `?!0x…`. The metadata records the
+/// producer `EventPipe` and the depth cap of 100 frames so that repair can find cut stacks.
+pub fn read_profile_with_stats<R: Read>(
+    source: R,
+) -> Result<(Profile, ConvertStats), NetTraceError> {
+    let mut reader = NetTraceReader::new(source)?;
+    let info = reader.info().clone();
+    let mut stats = ConvertStats::default();
+    let mut stack_ids: HashMap<Vec<u64>, u32> = HashMap::new();
+    let mut stack_list: Vec<Vec<u64>> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut methods: Vec<MethodInfo> = Vec::new();
+    let mut modules: HashMap<u64, String> = HashMap::new();
+    let mut command_line = None;
+    let mut ips = Vec::new();
+    while let Some(event) = reader.next_event()? {
+        stats.events += 1;
+        let Some(known) = KnownEvent::classify(event.metadata) else {
+            continue;
+        };
+        let at = event.offset;
+        let kind = match known {
+            KnownEvent::ThreadSample => {
+                match events::parse_thread_sample(event.payload, at)? {
+                    1 => stats.external_samples += 1,
+                    _ => stats.managed_samples += 1,
+                }
+                RowKind::Thread
+            }
+            KnownEvent::AllocationTick => {
+                stats.allocation_ticks += 1;
+                RowKind::Alloc
+            }
+            KnownEvent::MethodVerbose => {
+                methods.push(events::parse_method_verbose(event.payload, at)?);
+                continue;
+            }
+            KnownEvent::Module => {
+                let m = events::parse_module(event.payload, at)?;
+                modules.insert(m.module_id, m.short_name());
+                continue;
+            }
+            KnownEvent::ProcessInfo => {
+                command_line = Some(events::parse_process_info(event.payload, at)?);
+                continue;
+            }
+        };
+        let value = if kind == RowKind::Alloc {
+            let tick = events::parse_allocation_tick(event.payload, at, info.pointer_size)?;
+            i64::try_from(tick.amount).unwrap_or(i64::MAX)
+        } else {
+            1
+        };
+        ips.clear();
+        ips.extend(event.stack.ips());
+        let stack = match stack_ids.get(&ips) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(stack_list.len()).unwrap_or(u32::MAX);
+                stack_ids.insert(ips.clone(), id);
+                stack_list.push(ips.clone());
+                id
+            }
+        };
+        rows.push(Row {
+            ticks: event.timestamp,
+            tid: event.thread_id,
+            stack,
+            kind,
+            value,
+        });
+    }
+    let rs = reader.stats();
+    stats.dropped_events = rs.dropped_events;
+    stats.missing_stacks = rs.missing_stacks;
+    drop(stack_ids);
+
+    let index = MethodIndex::new(methods);
+    stats.methods = index.methods.len();
+    stats.modules = modules.len();
+    let has_alloc = stats.allocation_ticks > 0;
+    let mut types = vec![SampleType::samples(), SampleType::wall_nanoseconds()];
+    if has_alloc {
+        types.push(SampleType::alloc_bytes());
+    }
+    let mut profile = Profile::new(types);
+
+    // Name every distinct stack once.
+    let mut frame_cache: HashMap<u64, (FrameId, bool)> = HashMap::new();
+    let mut resolved_depth: Vec<(StackId, u32, u32)> = Vec::with_capacity(stack_list.len());
+    let mut frames = Vec::new();
+    for ips in &stack_list {
+        frames.clear();
+        let mut resolved = 0u32;
+        for &ip in ips.iter().rev() {
+            let (frame, ok) = *frame_cache
+                .entry(ip)
+                .or_insert_with(|| name_frame(&mut profile, &index, &modules, ip));
+            resolved += u32::from(ok);
+            frames.push(frame);
+        }
+        let id = profile
+            .intern_stack_root_first(frames.iter().copied())
+            .unwrap_or_else(|| {
+                // The walk found no managed frame: say so instead of inventing one.
+                let f = profile
+                    .intern_named_frame("[truncated: no managed frames]", FrameKind::Truncated);
+                profile.intern_stack(None, f)
+            });
+        resolved_depth.push((id, u32::try_from(ips.len()).unwrap_or(u32::MAX), resolved));
+    }
+
+    let pid = info.process_id;
+    profile.intern_process(pid);
+    let period_ns = if info.sampling_period_ns > 0 {
+        i64::from(info.sampling_period_ns)
+    } else {
+        1_000_000
+    };
+    rows.sort_by_key(|r| r.ticks);
+    let mut thread_ids = HashMap::new();
+    for row in &rows {
+        let (stack, depth, resolved) = resolved_depth[row.stack as usize];
+        let thread = *thread_ids.entry(row.tid).or_insert_with(|| {
+            profile.intern_thread(pid, u32::try_from(row.tid).unwrap_or(u32::MAX))
+        });
+        let mut values = [0i64; 3];
+        match row.kind {
+            RowKind::Thread => {
+                values[0] = 1;
+                values[1] = period_ns;
+                stats.sample_frames += u64::from(depth);
+                stats.resolved_sample_frames += u64::from(resolved);
+                if depth == EVENTPIPE_DEPTH_CAP {
+                    stats.samples_at_cap += 1;
+                }
+            }
+            RowKind::Alloc => values[2] = row.value,
+        }
+        let n = if has_alloc { 3 } else { 2 };
+        // Ids come from this profile and the value count matches its types.
+        let _ = profile.push_sample(info.timestamp_ns(row.ticks), thread, stack, &values[..n]);
+    }
+
+    let md = &mut profile.metadata;
+    md.producer = "EventPipe".into();
+    md.depth_cap = Some(EVENTPIPE_DEPTH_CAP);
+    md.start_time_ns = rows.first().map_or(0, |r| info.timestamp_ns(r.ticks));
+    md.end_time_ns = rows.last().map_or(0, |r| info.timestamp_ns(r.ticks));
+    md.sample_rate_hz = u32::try_from(1_000_000_000 / period_ns).ok();
+    md.command_line = command_line;
+    md.lost_samples = stats.dropped_events;
+    let extra: &mut BTreeMap<String, String> = &mut md.extra;
+    extra.insert(
+        "nettrace.format_version".into(),
+        info.format_version.to_string(),
+    );
+    extra.insert(
+        "nettrace.pointer_size".into(),
+        info.pointer_size.to_string(),
+    );
+    extra.insert("nettrace.events".into(), stats.events.to_string());
+    extra.insert(
+        "nettrace.dropped_events".into(),
+        stats.dropped_events.to_string(),
+    );
+    extra.insert(
+        "nettrace.missing_stacks".into(),
+        stats.missing_stacks.to_string(),
+    );
+    extra.insert(
+        "nettrace.managed_samples".into(),
+        stats.managed_samples.to_string(),
+    );
+    extra.insert(
+        "nettrace.external_samples".into(),
+        stats.external_samples.to_string(),
+    );
+    extra.insert(
+        "nettrace.allocation_ticks".into(),
+        stats.allocation_ticks.to_string(),
+    );
+    extra.insert(
+        "nettrace.samples_at_depth_cap".into(),
+        stats.samples_at_cap.to_string(),
+    );
+    if let Some(cmd) = profile.metadata.command_line.clone() {
+        let id = profile.intern_string(&cmd);
+        profile.intern_process(pid).command_line = Some(id);
+    }
+    Ok((profile, stats))
+}
+
+fn name_frame(
+    profile: &mut Profile,
+    index: &MethodIndex,
+    modules: &HashMap<u64, String>,
+    ip: u64,
+) -> (FrameId, bool) {
+    let (name, ok) = match index.find(ip) {
+        Some(m) => {
+            let module = modules.get(&m.module_id).map_or("?", String::as_str);
+            (format!("{module}!{}", m.display_name()), true)
+        }
+        None => (format!("?!0x{ip:x}"), false),
+    };
+    let name = profile.intern_string(&name);
+    let function = profile.intern_function(Function { name, file: None });
+    let frame = profile.intern_frame(Frame {
+        function,
+        mapping: None,
+        address: ip,
+        line: None,
+        inline_depth: 0,
+        kind: FrameKind::Managed,
+    });
+    (frame, ok)
+}
