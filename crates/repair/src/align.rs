@@ -16,8 +16,12 @@
 //! timeline view. The candidate with the smallest sum wins; ties go to the smaller offset (fewer
 //! re-attached frames), then to the previous donor. Each score is O(1) from the overlaps.
 //!
-//! **Confidence.** One distinct repaired stack among all candidates is *exact*; more than one is
-//! *ambiguous* (the chosen one is still the least-change one, and flagged as a guess).
+//! **Confidence.** The repair is *exact* when all candidates give one and the same stack and the cut
+//! did not fall inside a repetition. It is *ambiguous* (the least-change stack is still used, and
+//! flagged as a guess) when candidates disagree, or when the cut stack's root end is a repeated unit
+//! (`t[..q] == t[q..2q]`) or repeats the last frames of the re-attached base (`d[k-q..k] == t[..q]`),
+//! for periods `q` up to 16: then the cut fell inside a recursion, and how many repetitions it hid is
+//! something no neighbour can reveal — a neighbour's count is only the least-change guess.
 
 /// Which neighbour gave the chosen base.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +39,30 @@ pub(crate) struct Alignment {
     pub side: Side,
     /// Number of donor frames re-attached below the truncated stack.
     pub offset: usize,
-    /// Number of distinct repaired stacks the candidates would give (1: exact).
+    /// Number of distinct repaired stacks the candidates would give.
     pub distinct: usize,
+    /// The cut fell inside a repetition (recursion), so the count of hidden repetitions is a guess.
+    pub inside_repetition: bool,
+}
+
+impl Alignment {
+    /// True when the repaired stack is the only one the data allows.
+    pub fn is_exact(&self) -> bool {
+        self.distinct == 1 && !self.inside_repetition
+    }
+}
+
+/// Longest repeating unit looked for at a cut.
+const MAX_PERIOD: usize = 16;
+
+/// True when `t` starts with two copies of a unit, or `base` ends with a copy of `t`'s first unit,
+/// for a unit of up to [`MAX_PERIOD`] frames.
+fn inside_repetition(t: &[u32], base: &[u32]) -> bool {
+    (1..=MAX_PERIOD).any(|q| {
+        let unit = &t[..q.min(t.len())];
+        unit.len() == q
+            && (t.get(q..2 * q) == Some(unit) || base.len() >= q && &base[base.len() - q..] == unit)
+    })
 }
 
 const SEPARATOR: u64 = u64::MAX;
@@ -71,7 +97,7 @@ impl Aligner {
         self.overlaps(t, next, &mut overlap_next);
         candidates(&overlap_prev, min_overlap, &mut self.candidates_prev);
         candidates(&overlap_next, min_overlap, &mut self.candidates_next);
-        let result = self.choose(t.len(), prev, next, &overlap_prev, &overlap_next);
+        let result = self.choose(t, prev, next, &overlap_prev, &overlap_next);
         self.overlap_prev = overlap_prev;
         self.overlap_next = overlap_next;
         result
@@ -93,7 +119,7 @@ impl Aligner {
 
     fn choose(
         &self,
-        t_len: usize,
+        t: &[u32],
         prev: &[u32],
         next: &[u32],
         overlap_prev: &[u32],
@@ -102,7 +128,7 @@ impl Aligner {
         let common = lcp(prev, next);
         // |r| + |n| - 2 lcp(r, n), summed over the neighbours that exist.
         let cost = |side: Side, k: usize| -> usize {
-            let r_len = k + t_len;
+            let r_len = k + t.len();
             let (own, own_overlap, other, other_overlap) = match side {
                 Side::Prev => (prev, overlap_prev, next, overlap_next),
                 Side::Next => (next, overlap_next, prev, overlap_prev),
@@ -132,10 +158,15 @@ impl Aligner {
             .filter(|&&k| common >= k && self.candidates_prev.binary_search(&k).is_ok())
             .count();
         let distinct = self.candidates_prev.len() + self.candidates_next.len() - duplicates;
+        let base = match best.0 {
+            Side::Prev => &prev[..best.1],
+            Side::Next => &next[..best.1],
+        };
         Some(Alignment {
             side: best.0,
             offset: best.1,
             distinct,
+            inside_repetition: inside_repetition(t, base),
         })
     }
 }
@@ -213,6 +244,7 @@ mod tests {
         let prev = [1, 2, 3, 4, 5, 6, 9];
         let a = align(&t, Some(&prev), None).unwrap();
         assert_eq!((a.side, a.offset, a.distinct), (Side::Prev, 3, 1));
+        assert!(a.is_exact());
     }
 
     #[test]
@@ -222,7 +254,7 @@ mod tests {
         let next = [1, 2, 7, 7, 7, 7, 7, 9];
         let t = [7, 7, 7, 8];
         let a = align(&t, Some(&prev), Some(&next)).unwrap();
-        assert!(a.distinct > 1);
+        assert!(a.distinct > 1 && !a.is_exact());
         // Keeping five 7s, as both neighbours have, changes the least: offset 2 + 2 = 4.
         assert_eq!(a.offset, 4);
     }
@@ -242,6 +274,24 @@ mod tests {
         let next = [1, 2, 3, 4, 5, 6, 10];
         let a = align(&t, Some(&prev), Some(&next)).unwrap();
         assert_eq!((a.offset, a.distinct), (3, 1));
+        assert!(a.is_exact());
+    }
+
+    #[test]
+    fn a_cut_inside_recursion_is_never_exact() {
+        // The donor's run of 7s is shorter than the cut stack's: only one offset has the largest
+        // overlap, but the number of 7s hidden below the cut is unknown.
+        let prev = [1, 2, 7, 7, 9];
+        let t = [7, 7, 7, 8];
+        let a = align(&t, Some(&prev), None).unwrap();
+        assert_eq!((a.offset, a.distinct), (2, 1));
+        assert!(a.inside_repetition && !a.is_exact());
+        // Mutual recursion (period 2) with a single visible unit: the base ends with the same unit.
+        let prev = [1, 5, 6, 5, 6, 9];
+        let t = [5, 6, 9, 4];
+        let a = align(&t, Some(&prev), None).unwrap();
+        assert_eq!(a.offset, 3);
+        assert!(a.inside_repetition && !a.is_exact());
     }
 
     #[test]

@@ -210,7 +210,7 @@ impl<'a> Engine<'a> {
                 Side::Prev => (prev, &p),
                 Side::Next => (next, &n),
             };
-            let ambiguous = a.distinct > 1 || donor.is_some_and(|d| d.ambiguous);
+            let ambiguous = !a.is_exact() || donor.is_some_and(|d| d.ambiguous);
             let base: Vec<FrameId> = frames[..a.offset].iter().map(|&f| FrameId(f)).collect();
             (self.rebuild(stack, &base), ambiguous)
         });
