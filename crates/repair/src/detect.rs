@@ -3,7 +3,7 @@
 //! Depth here is the number of code frames of a stack: pseudo frames (see [`crate::pseudo`]) do not
 //! count, because producers cap code frames. A sample is *truncated* when its depth equals the cap
 //! exactly and its root-most code frame is not a frame that the same thread's complete samples (depth
-//! below the cap) have as their root. Everything is computed once per trie node or per sample, so
+//! other than the cap) have as their root. Everything is computed once per trie node or per sample, so
 //! detection is linear in the size of the profile.
 
 use std::collections::HashSet;
@@ -181,7 +181,8 @@ pub(crate) fn histogram_cap(profile: &Profile, tables: &StackTables) -> Option<u
     (foreign >= 2 && foreign * 2 >= at_max).then_some(max)
 }
 
-/// `(thread, root frame)` of every sample with `0 < depth < cap`.
+/// `(thread, root frame)` of every complete sample: one with code frames and a depth other than
+/// `cap` (a stack deeper than the cap was evidently not cut by it).
 pub(crate) fn thread_roots(
     profile: &Profile,
     tables: &StackTables,
@@ -192,7 +193,7 @@ pub(crate) fn thread_roots(
         .stacks
         .iter()
         .zip(&samples.threads)
-        .filter(|&(&s, _)| tables.depth(s) < cap)
+        .filter(|&(&s, _)| tables.depth(s) != cap)
         .filter_map(|(&s, &t)| tables.root(s).map(|r| (t, r)))
         .collect()
 }
