@@ -91,7 +91,7 @@ fn a_run_at_the_start_is_anchored_by_a_later_sample() {
 fn unalignable_samples_are_kept_with_a_marker_below_leading_pseudo_frames() {
     let mut b = Builder::new("test");
     let threads = b.p.intern_named_frame("Threads", FrameKind::Pseudo);
-    let mut push = |b: &mut Builder, t: u64, names: &str| {
+    let push = |b: &mut Builder, t: u64, names: &str| {
         let mut frames = vec![threads];
         frames.extend(b.frames(names));
         let stack = b.p.intern_stack_root_first(frames).unwrap();
