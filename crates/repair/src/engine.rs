@@ -11,10 +11,11 @@
 //!    sample that is now complete or repaired (a run that only a later sample can anchor).
 //! 3. Whatever is left is kept with a `[truncated: depth cap N]` frame as its base.
 //!
-//! A sample repaired from a guessed (ambiguous) donor is itself ambiguous. Alignment results are
-//! cached by `(donors, truncated stack)`, so repeated identical stacks cost O(1); any other truncated
-//! sample costs O(cap + donor depths). Memory beyond the profile: one byte per sample of outcome, the
-//! per-thread sample index lists (4 bytes per sample) and the cache.
+//! A sample repaired from a guessed (ambiguous) donor is itself ambiguous. A run of identical
+//! truncated stacks costs O(1) per sample after the first (each is its predecessor's repair); any
+//! other truncated sample costs O(cap + donor depths) for the alignment, plus hashing only for the
+//! frames in which its repaired stack differs from the previous repair. Memory beyond the profile:
+//! one byte per sample of outcome and the per-thread sample index lists (4 bytes per sample).
 
 use std::collections::HashMap;
 
@@ -31,10 +32,8 @@ struct Donor {
     ambiguous: bool,
 }
 
-type CacheKey = (Option<Donor>, Option<Donor>, StackId);
-
-/// Bound on cached alignments; the cache is cleared when it grows past this.
-const CACHE_LIMIT: usize = 1 << 20;
+/// The last alignment: a truncated stack, its next donor, and the result.
+type Memo = (StackId, Option<Donor>, Option<(StackId, bool)>);
 
 pub(crate) struct Engine<'a> {
     pub profile: &'a mut Profile,
@@ -42,13 +41,18 @@ pub(crate) struct Engine<'a> {
     pub cap: u32,
     pub min_overlap: usize,
     aligner: Aligner,
-    cache: HashMap<CacheKey, Option<(StackId, bool)>>,
+    memo: Option<Memo>,
     marked: HashMap<StackId, StackId>,
     truncated_frame: Option<FrameId>,
     scratch_t: Vec<u32>,
     scratch_prev: Vec<u32>,
     scratch_next: Vec<u32>,
     scratch_full: Vec<FrameId>,
+    /// Frames (root first) of the last stack built by [`Engine::rebuild`], and its trie node at each
+    /// depth: the next build re-interns only the frames past the prefix it shares with the last one.
+    last_frames: Vec<FrameId>,
+    last_nodes: Vec<StackId>,
+    build: Vec<FrameId>,
 }
 
 impl<'a> Engine<'a> {
@@ -64,13 +68,16 @@ impl<'a> Engine<'a> {
             cap,
             min_overlap,
             aligner: Aligner::default(),
-            cache: HashMap::new(),
+            memo: None,
             marked: HashMap::new(),
             truncated_frame: None,
             scratch_t: Vec::new(),
             scratch_prev: Vec::new(),
             scratch_next: Vec::new(),
             scratch_full: Vec::new(),
+            last_frames: Vec::new(),
+            last_nodes: Vec::new(),
+            build: Vec::new(),
         }
     }
 
@@ -169,15 +176,21 @@ impl<'a> Engine<'a> {
         prev: Option<Donor>,
         next: Option<Donor>,
     ) -> Option<(StackId, bool)> {
-        let key = (prev, next, stack);
-        if let Some(&hit) = self.cache.get(&key) {
-            return hit;
+        // A sample identical to the one just repaired, with the same next donor, and whose earlier
+        // donor is that repair: aligning it against its own repaired stack gives that stack back.
+        if let Some((last, last_next, Some(result))) = self.memo
+            && last == stack
+            && last_next == next
+            && prev
+                == Some(Donor {
+                    stack: result.0,
+                    ambiguous: result.1,
+                })
+        {
+            return Some(result);
         }
         let result = self.align(stack, prev, next);
-        if self.cache.len() >= CACHE_LIMIT {
-            self.cache.clear();
-        }
-        self.cache.insert(key, result);
+        self.memo = Some((stack, next, result));
         result
     }
 
@@ -240,18 +253,30 @@ impl<'a> Engine<'a> {
             .iter()
             .take_while(|f| self.tables.pseudo[f.index()])
             .count();
-        let frames = full[..lead]
-            .iter()
-            .chain(base)
-            .chain(&full[lead..])
-            .copied();
-        let mut node = None;
-        for frame in frames {
-            node = Some(self.profile.intern_stack(node, frame));
-        }
+        let mut build = std::mem::take(&mut self.build);
+        build.clear();
+        build.extend_from_slice(&full[..lead]);
+        build.extend_from_slice(base);
+        build.extend_from_slice(&full[lead..]);
         self.scratch_full = full;
+        // Consecutive repairs share most of their frames: reuse the trie path of the last build.
+        let shared = build
+            .iter()
+            .zip(&self.last_frames)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.last_frames.truncate(shared);
+        self.last_nodes.truncate(shared);
+        let mut node = self.last_nodes.last().copied();
+        for &frame in &build[shared..] {
+            let id = self.profile.intern_stack(node, frame);
+            self.last_frames.push(frame);
+            self.last_nodes.push(id);
+            node = Some(id);
+        }
+        self.build = build;
         self.tables.extend(self.profile);
-        // `full` is never empty for a truncated stack, so `node` is set.
+        // A truncated stack has frames, so `node` is set.
         node.unwrap_or(stack)
     }
 

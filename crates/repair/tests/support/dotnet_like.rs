@@ -384,6 +384,8 @@ struct Builder {
     threads: Vec<ThreadId>,
     thread_frames: Vec<FrameId>,
     stack: Vec<FrameId>,
+    /// Trie node at each depth of the last stack pushed, to intern only what changed.
+    last: Vec<(FrameId, StackId)>,
 }
 
 impl Builder {
@@ -408,6 +410,7 @@ impl Builder {
             threads,
             thread_frames,
             stack: Vec::new(),
+            last: Vec::new(),
         }
     }
 
@@ -437,10 +440,20 @@ impl Builder {
         }
         let leaf = self.frame(c, leaf);
         self.stack.push(leaf);
-        let stack = self
-            .profile
-            .intern_stack_root_first(self.stack.iter().copied())
-            .expect("non-empty stack");
+        let shared = self
+            .stack
+            .iter()
+            .zip(&self.last)
+            .take_while(|(f, (g, _))| *f == g)
+            .count();
+        self.last.truncate(shared);
+        let mut node = self.last.last().map(|&(_, s)| s);
+        for &frame in &self.stack[shared..] {
+            let id = self.profile.intern_stack(node, frame);
+            self.last.push((frame, id));
+            node = Some(id);
+        }
+        let stack = node.expect("non-empty stack");
         self.profile
             .push_sample(time, self.threads[thread], stack, &[1])
             .expect("valid sample");
