@@ -4,6 +4,7 @@
 mod convert;
 mod exit;
 mod input;
+mod repair;
 mod report;
 
 use std::process::ExitCode;
@@ -32,6 +33,8 @@ enum Command {
     Convert(convert::Args),
     /// Print a text summary: top functions by self and total time, and the hottest paths.
     Report(report::Args),
+    /// Repair stacks another profiler cut at its depth cap (dotnet-trace 100, perf 127).
+    Repair(repair::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Convert(args) => convert::run(args),
         Command::Report(args) => report::run(args),
+        Command::Repair(args) => repair::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
