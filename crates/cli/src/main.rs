@@ -5,6 +5,7 @@ mod convert;
 mod dotnet;
 mod exit;
 mod input;
+mod repair;
 mod report;
 
 use std::process::ExitCode;
@@ -37,6 +38,8 @@ enum Command {
     Report(report::Args),
     /// .NET: trace a live process over its diagnostics socket (EventPipe), list .NET processes.
     Dotnet(dotnet::Args),
+    /// Repair stacks another profiler cut at its depth cap (dotnet-trace 100, perf 127).
+    Repair(repair::Args),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Report(args) => report::run(args),
         Command::Dotnet(args) => dotnet::run(args),
+        Command::Repair(args) => repair::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

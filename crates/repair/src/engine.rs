@@ -1,0 +1,309 @@
+//! The repair passes over each thread's samples. All policy — what is truncated, what is re-attached,
+//! what is marked — is decided here and in [`crate::align`], nowhere else.
+//!
+//! Per thread, in time order:
+//! 1. **Forward pass.** Each truncated sample is aligned against the nearest earlier sample that is
+//!    complete or already repaired, and the nearest later complete sample. When it aligns, its new
+//!    stack is `leading pseudo frames ++ donor base ++ the sample's own frames`, and it becomes the
+//!    earlier donor of the next truncated sample, so a long run of deep samples is repaired link by
+//!    link from one complete sample.
+//! 2. **Backward pass.** Samples the forward pass could not align try again with the nearest later
+//!    sample that is now complete or repaired (a run that only a later sample can anchor).
+//! 3. Whatever is left is kept with a `[truncated: depth cap N]` frame as its base.
+//!
+//! A sample repaired from a guessed (ambiguous) donor is itself ambiguous. A run of identical
+//! truncated stacks costs O(1) per sample after the first (each is its predecessor's repair); any
+//! other truncated sample costs O(cap + donor depths) for the alignment, plus hashing only for the
+//! frames in which its repaired stack differs from the previous repair. Memory beyond the profile:
+//! one byte per sample of outcome and the per-thread sample index lists (4 bytes per sample).
+
+use std::collections::HashMap;
+
+use rootline_profile::{FrameId, FrameKind, Profile, ProfileError, StackId};
+
+use crate::align::{Aligner, Side};
+use crate::detect::StackTables;
+use crate::report::SampleOutcome;
+
+/// A sample whose frames can be lent: complete, or repaired (then `ambiguous` says if it was a guess).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Donor {
+    stack: StackId,
+    ambiguous: bool,
+}
+
+/// The last alignment: a truncated stack, its next donor, and the result.
+type Memo = (StackId, Option<Donor>, Option<(StackId, bool)>);
+
+pub(crate) struct Engine<'a> {
+    pub profile: &'a mut Profile,
+    pub tables: StackTables,
+    pub cap: u32,
+    pub min_overlap: usize,
+    aligner: Aligner,
+    memo: Option<Memo>,
+    marked: HashMap<StackId, StackId>,
+    truncated_frame: Option<FrameId>,
+    scratch_t: Vec<u32>,
+    scratch_prev: Vec<u32>,
+    scratch_next: Vec<u32>,
+    scratch_full: Vec<FrameId>,
+    /// Frames (root first) of the last stack built by [`Engine::rebuild`], and its trie node at each
+    /// depth: the next build re-interns only the frames past the prefix it shares with the last one.
+    last_frames: Vec<FrameId>,
+    last_nodes: Vec<StackId>,
+    build: Vec<FrameId>,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(
+        profile: &'a mut Profile,
+        tables: StackTables,
+        cap: u32,
+        min_overlap: usize,
+    ) -> Self {
+        Engine {
+            profile,
+            tables,
+            cap,
+            min_overlap,
+            aligner: Aligner::default(),
+            memo: None,
+            marked: HashMap::new(),
+            truncated_frame: None,
+            scratch_t: Vec::new(),
+            scratch_prev: Vec::new(),
+            scratch_next: Vec::new(),
+            scratch_full: Vec::new(),
+            last_frames: Vec::new(),
+            last_nodes: Vec::new(),
+            build: Vec::new(),
+        }
+    }
+
+    /// Repairs the truncated samples among `indices` (one thread's samples in time order), writing
+    /// their outcomes. `tick` is called once per sample handled by the forward pass.
+    pub fn repair_thread(
+        &mut self,
+        indices: &[u32],
+        truncated: &[bool],
+        outcomes: &mut [SampleOutcome],
+        tick: &mut dyn FnMut(),
+    ) -> Result<(), ProfileError> {
+        let usable = |engine: &Self, i: usize| {
+            !truncated[i] && engine.tables.depth(engine.profile.samples().stacks[i]) > 0
+        };
+        // Forward pass.
+        let mut pending: Vec<(usize, Option<Donor>)> = Vec::new();
+        let mut prev: Option<Donor> = None;
+        let mut next_pos = 0usize; // position of the next complete sample at or after `pos`
+        for (pos, &i) in indices.iter().enumerate() {
+            tick();
+            let i = i as usize;
+            let stack = self.profile.samples().stacks[i];
+            if !truncated[i] {
+                if usable(self, i) {
+                    prev = Some(Donor {
+                        stack,
+                        ambiguous: false,
+                    });
+                }
+                continue;
+            }
+            if next_pos <= pos {
+                next_pos = pos + 1;
+                while next_pos < indices.len() && !usable(self, indices[next_pos] as usize) {
+                    next_pos += 1;
+                }
+            }
+            let next = indices.get(next_pos).map(|&j| Donor {
+                stack: self.profile.samples().stacks[j as usize],
+                ambiguous: false,
+            });
+            match self.attempt(stack, prev, next) {
+                Some((repaired, ambiguous)) => {
+                    self.profile.set_sample_stack(i, repaired)?;
+                    outcomes[i] = outcome(ambiguous);
+                    prev = Some(Donor {
+                        stack: repaired,
+                        ambiguous,
+                    });
+                }
+                None => pending.push((pos, prev)),
+            }
+        }
+        // Backward pass over what is left.
+        let mut next: Option<Donor> = None;
+        let mut waiting = pending.iter().rev().peekable();
+        for pos in (0..indices.len()).rev() {
+            let i = indices[pos] as usize;
+            let stack = self.profile.samples().stacks[i];
+            if let Some(&(_, prev)) = waiting.next_if(|(p, _)| *p == pos) {
+                match self.attempt(stack, prev, next) {
+                    Some((repaired, ambiguous)) => {
+                        self.profile.set_sample_stack(i, repaired)?;
+                        outcomes[i] = outcome(ambiguous);
+                        next = Some(Donor {
+                            stack: repaired,
+                            ambiguous,
+                        });
+                    }
+                    None => {
+                        let marked = self.mark(stack);
+                        self.profile.set_sample_stack(i, marked)?;
+                        outcomes[i] = SampleOutcome::Unrepairable;
+                    }
+                }
+            } else if usable(self, i) || matches!(outcomes[i], SampleOutcome::Exact) {
+                next = Some(Donor {
+                    stack,
+                    ambiguous: false,
+                });
+            } else if outcomes[i] == SampleOutcome::Ambiguous {
+                next = Some(Donor {
+                    stack,
+                    ambiguous: true,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Aligns the truncated `stack` against the donors; the repaired stack and whether it is a guess.
+    fn attempt(
+        &mut self,
+        stack: StackId,
+        prev: Option<Donor>,
+        next: Option<Donor>,
+    ) -> Option<(StackId, bool)> {
+        // A sample identical to the one just repaired, with the same next donor, and whose earlier
+        // donor is that repair: aligning it against its own repaired stack gives that stack back.
+        if let Some((last, last_next, Some(result))) = self.memo
+            && last == stack
+            && last_next == next
+            && prev
+                == Some(Donor {
+                    stack: result.0,
+                    ambiguous: result.1,
+                })
+        {
+            return Some(result);
+        }
+        let result = self.align(stack, prev, next);
+        self.memo = Some((stack, next, result));
+        result
+    }
+
+    fn align(
+        &mut self,
+        stack: StackId,
+        prev: Option<Donor>,
+        next: Option<Donor>,
+    ) -> Option<(StackId, bool)> {
+        let mut t = std::mem::take(&mut self.scratch_t);
+        let mut p = std::mem::take(&mut self.scratch_prev);
+        let mut n = std::mem::take(&mut self.scratch_next);
+        self.code_frames(stack, &mut t);
+        p.clear();
+        n.clear();
+        if let Some(d) = prev {
+            self.code_frames(d.stack, &mut p);
+        }
+        if let Some(d) = next {
+            self.code_frames(d.stack, &mut n);
+        }
+        let alignment = self.aligner.align(
+            &t,
+            prev.map(|_| p.as_slice()),
+            next.map(|_| n.as_slice()),
+            self.min_overlap,
+        );
+        let result = alignment.map(|a| {
+            let (donor, frames) = match a.side {
+                Side::Prev => (prev, &p),
+                Side::Next => (next, &n),
+            };
+            let ambiguous = !a.is_exact() || donor.is_some_and(|d| d.ambiguous);
+            let base: Vec<FrameId> = frames[..a.offset].iter().map(|&f| FrameId(f)).collect();
+            (self.rebuild(stack, &base), ambiguous)
+        });
+        self.scratch_t = t;
+        self.scratch_prev = p;
+        self.scratch_next = n;
+        result
+    }
+
+    /// Code frames (pseudo frames left out) of `stack`, root first.
+    fn code_frames(&self, stack: StackId, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(
+            self.profile
+                .stack_frames(stack)
+                .filter(|f| !self.tables.pseudo[f.index()])
+                .map(|f| f.0),
+        );
+        out.reverse();
+    }
+
+    /// `stack` with `base` inserted after its leading pseudo frames, interned.
+    fn rebuild(&mut self, stack: StackId, base: &[FrameId]) -> StackId {
+        let mut full = std::mem::take(&mut self.scratch_full);
+        self.profile.stack_frames_root_first(stack, &mut full);
+        let lead = full
+            .iter()
+            .take_while(|f| self.tables.pseudo[f.index()])
+            .count();
+        let mut build = std::mem::take(&mut self.build);
+        build.clear();
+        build.extend_from_slice(&full[..lead]);
+        build.extend_from_slice(base);
+        build.extend_from_slice(&full[lead..]);
+        self.scratch_full = full;
+        // Consecutive repairs share most of their frames: reuse the trie path of the last build.
+        let shared = build
+            .iter()
+            .zip(&self.last_frames)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.last_frames.truncate(shared);
+        self.last_nodes.truncate(shared);
+        let mut node = self.last_nodes.last().copied();
+        for &frame in &build[shared..] {
+            let id = self.profile.intern_stack(node, frame);
+            self.last_frames.push(frame);
+            self.last_nodes.push(id);
+            node = Some(id);
+        }
+        self.build = build;
+        self.tables.extend(self.profile);
+        // A truncated stack has frames, so `node` is set.
+        node.unwrap_or(stack)
+    }
+
+    /// `stack` with a `[truncated: depth cap N]` frame as its base.
+    fn mark(&mut self, stack: StackId) -> StackId {
+        if let Some(&marked) = self.marked.get(&stack) {
+            return marked;
+        }
+        let frame = match self.truncated_frame {
+            Some(f) => f,
+            None => {
+                let name = format!("[truncated: depth cap {}]", self.cap);
+                let f = self.profile.intern_named_frame(&name, FrameKind::Truncated);
+                self.truncated_frame = Some(f);
+                f
+            }
+        };
+        let marked = self.rebuild(stack, &[frame]);
+        self.marked.insert(stack, marked);
+        marked
+    }
+}
+
+fn outcome(ambiguous: bool) -> SampleOutcome {
+    if ambiguous {
+        SampleOutcome::Ambiguous
+    } else {
+        SampleOutcome::Exact
+    }
+}

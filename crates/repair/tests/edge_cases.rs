@@ -1,0 +1,182 @@
+//! Small hand-built profiles for the cases the generator does not isolate.
+
+use rootline_profile::{FrameId, FrameKind, Profile, SampleType, StackId, ThreadId};
+use rootline_repair::{CapSource, RepairOptions, SampleOutcome, repair};
+
+struct Builder {
+    p: Profile,
+    thread: ThreadId,
+}
+
+impl Builder {
+    fn new(producer: &str) -> Builder {
+        let mut p = Profile::new(vec![SampleType::samples()]);
+        p.metadata.producer = producer.to_string();
+        let thread = p.intern_thread(1, 1);
+        Builder { p, thread }
+    }
+
+    fn frames(&mut self, names: &str) -> Vec<FrameId> {
+        names
+            .split(';')
+            .map(|n| self.p.intern_named_frame(n, FrameKind::Native))
+            .collect()
+    }
+
+    fn sample(&mut self, time: u64, names: &str) {
+        let frames = self.frames(names);
+        let stack = self.p.intern_stack_root_first(frames).unwrap();
+        self.p.push_sample(time, self.thread, stack, &[1]).unwrap();
+    }
+
+    fn stack_names(&self, i: usize) -> String {
+        let stack: StackId = self.p.samples().stacks[i];
+        let mut names: Vec<&str> = self
+            .p
+            .stack_frames(stack)
+            .map(|f| self.p.frame_name(f))
+            .collect();
+        names.reverse();
+        names.join(";")
+    }
+}
+
+fn cap(n: u32) -> RepairOptions {
+    RepairOptions {
+        cap: Some(n),
+        ..RepairOptions::default()
+    }
+}
+
+#[test]
+fn a_run_at_the_start_is_anchored_by_a_later_sample() {
+    let mut b = Builder::new("test");
+    // Cap 4. The first two samples are cut; only the third, complete and deep enough, anchors them.
+    b.sample(1, "c;d;e;x");
+    b.sample(2, "c;d;e;y");
+    b.sample(3, "main;a;b");
+    b.sample(4, "main;a;b;c");
+    let report = repair(&mut b.p, &cap(4)).unwrap();
+    assert_eq!(
+        report.outcomes,
+        [
+            SampleOutcome::Unrepairable,
+            SampleOutcome::Unrepairable,
+            SampleOutcome::Whole,
+            SampleOutcome::Whole
+        ]
+    );
+    // With a later sample that overlaps, the backward pass repairs both, the first through the
+    // second.
+    // (`main` alone shows that `main` is the thread's root, so `main;a;b;c` at the cap is whole.)
+    let mut b = Builder::new("test");
+    b.sample(0, "main");
+    b.sample(1, "c;d;e;x");
+    b.sample(2, "b;c;d;y");
+    b.sample(3, "main;a;b;c");
+    let report = repair(&mut b.p, &cap(4)).unwrap();
+    assert_eq!(
+        report.outcomes[1..],
+        [
+            SampleOutcome::Exact,
+            SampleOutcome::Exact,
+            SampleOutcome::Whole
+        ]
+    );
+    assert_eq!(b.stack_names(1), "main;a;b;c;d;e;x");
+    assert_eq!(b.stack_names(2), "main;a;b;c;d;y");
+}
+
+#[test]
+fn unalignable_samples_are_kept_with_a_marker_below_leading_pseudo_frames() {
+    let mut b = Builder::new("test");
+    let threads = b.p.intern_named_frame("Threads", FrameKind::Pseudo);
+    let push = |b: &mut Builder, t: u64, names: &str| {
+        let mut frames = vec![threads];
+        frames.extend(b.frames(names));
+        let stack = b.p.intern_stack_root_first(frames).unwrap();
+        b.p.push_sample(t, b.thread, stack, &[1]).unwrap();
+    };
+    push(&mut b, 1, "main;a");
+    push(&mut b, 2, "x;y;z");
+    let report = repair(&mut b.p, &cap(3)).unwrap();
+    assert_eq!(report.outcomes[1], SampleOutcome::Unrepairable);
+    assert_eq!(b.stack_names(1), "Threads;[truncated: depth cap 3];x;y;z");
+    assert_eq!(b.p.metadata.truncated_samples, 1);
+    assert_eq!(b.p.metadata.extra["repair.unrepairable"], "1");
+    assert_eq!(b.stack_names(0), "Threads;main;a");
+}
+
+#[test]
+fn samples_out_of_time_order_are_repaired_in_time_order() {
+    let mut b = Builder::new("test");
+    b.sample(3, "d;e;f;z"); // cut, at t=3: its donor is the repaired t=2 sample
+    b.sample(1, "main;a;b;c");
+    b.sample(2, "b;c;d;e"); // cut
+    b.sample(0, "main");
+    let report = repair(&mut b.p, &cap(4)).unwrap();
+    assert_eq!(
+        report.outcomes,
+        [
+            SampleOutcome::Exact,
+            SampleOutcome::Whole,
+            SampleOutcome::Exact,
+            SampleOutcome::Whole
+        ]
+    );
+    assert_eq!(b.stack_names(0), "main;a;b;c;d;e;f;z");
+}
+
+#[test]
+fn threads_do_not_lend_frames_to_each_other() {
+    let mut b = Builder::new("test");
+    b.sample(1, "main;a;b;c");
+    let other = b.p.intern_thread(1, 2);
+    let frames = b.frames("b;c;d;e");
+    let stack = b.p.intern_stack_root_first(frames).unwrap();
+    b.p.push_sample(2, other, stack, &[1]).unwrap();
+    let report = repair(&mut b.p, &cap(4)).unwrap();
+    // On thread 2 nothing is complete: the cut sample cannot borrow thread 1's base.
+    assert_eq!(report.outcomes[1], SampleOutcome::Unrepairable);
+    assert_eq!(report.threads.len(), 2);
+}
+
+#[test]
+fn perf_cap_applies_to_perf_and_whole_native_stacks_stay() {
+    // A perf-like profile: the cap of 127 comes from the producer.
+    let deep: Vec<String> = (0..140).map(|i| format!("f{i}")).collect();
+    let whole = format!("_start;main;{}", deep.join(";"));
+    let mut b = Builder::new("perf script");
+    b.sample(1, &whole.split(';').take(120).collect::<Vec<_>>().join(";"));
+    let all: Vec<&str> = whole.split(';').collect();
+    b.sample(2, &all[all.len() - 127..].join(";"));
+    let report = repair(&mut b.p, &RepairOptions::default()).unwrap();
+    assert_eq!(
+        report.cap.map(|c| (c.depth, c.source)),
+        Some((127, CapSource::Producer))
+    );
+    assert_eq!(report.outcomes[1], SampleOutcome::Exact);
+    assert_eq!(b.stack_names(1), whole);
+
+    // rootline record writes whole stacks; 130 deep and 127 deep both end at `_start`.
+    let mut b = Builder::new("rootline record");
+    b.sample(1, &all[..130].join(";"));
+    b.sample(2, &all[..127].join(";"));
+    b.sample(3, &all[..127].join(";"));
+    let before = b.p.samples().clone();
+    let report = repair(&mut b.p, &cap(127)).unwrap();
+    assert_eq!(report.totals().truncated, 0);
+    assert_eq!(b.p.samples(), &before);
+}
+
+#[test]
+fn empty_and_pseudo_only_profiles_are_fine() {
+    let mut b = Builder::new("dotnet-trace");
+    let report = repair(&mut b.p, &RepairOptions::default()).unwrap();
+    assert!(report.outcomes.is_empty());
+    let cpu = b.p.intern_named_frame("CPU_TIME", FrameKind::Managed);
+    let stack = b.p.intern_stack(None, cpu);
+    b.p.push_sample(1, b.thread, stack, &[1]).unwrap();
+    let report = repair(&mut b.p, &RepairOptions::default()).unwrap();
+    assert_eq!(report.outcomes, [SampleOutcome::Whole]);
+}
