@@ -1,0 +1,650 @@
+//! The kernel edge of sampling: `perf_event_open`, the mmap ring buffer, and parsing of the
+//! records it carries (samples, MMAP2, COMM, FORK, EXIT, LOST).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{Ordering, fence};
+
+use perf_event_open_sys as sys;
+use sys::bindings as b;
+
+/// What to sample and how much to copy per sample.
+#[derive(Debug, Clone, Copy)]
+pub struct EventConfig {
+    /// Samples per second of CPU time.
+    pub frequency_hz: u32,
+    /// Bytes of user stack copied with each sample (multiple of 8).
+    pub stack_bytes: u32,
+    /// Also record the kernel callchain.
+    pub kernel: bool,
+    /// Data pages of the ring buffer (a power of two).
+    pub ring_pages: usize,
+}
+
+/// Which clock drives sampling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// Hardware CPU cycles (needs a PMU).
+    Cycles,
+    /// The `cpu-clock` software timer (always available; period in nanoseconds).
+    CpuClock,
+}
+
+impl EventKind {
+    /// The perf name of the event.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Cycles => "cycles",
+            EventKind::CpuClock => "cpu-clock",
+        }
+    }
+}
+
+/// What one event watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventTarget {
+    /// One thread on one CPU (and, with `inherit`, the threads and children it creates later;
+    /// the kernel refuses ring buffers for inherited events not bound to a CPU).
+    Thread {
+        /// Thread id.
+        tid: u32,
+        /// CPU.
+        cpu: u32,
+        /// Follow threads/processes created later by this thread.
+        inherit: bool,
+        /// Start disabled and enable when the thread calls `exec`.
+        enable_on_exec: bool,
+    },
+    /// Every task on one CPU.
+    Cpu(u32),
+}
+
+/// Why an event could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The kernel refused for lack of privilege.
+    #[error(
+        "permission denied opening perf events (kernel.perf_event_paranoid = {paranoid}); run as root, \
+         grant CAP_PERFMON (setcap cap_perfmon,cap_sys_ptrace+ep), or lower the setting with \
+         `sysctl kernel.perf_event_paranoid=1` (-1 for system-wide -a)"
+    )]
+    Permission {
+        /// Current value of `kernel.perf_event_paranoid` (as text; `?` when unreadable).
+        paranoid: String,
+    },
+    /// The thread does not exist (or exited).
+    #[error("thread {0} does not exist")]
+    NoSuchThread(u32),
+    /// Any other failure.
+    #[error("perf_event_open failed: {0}")]
+    Other(#[source] io::Error),
+}
+
+/// Bit positions of the user registers requested (x86-64 `perf_regs.h`): BP, SP, IP.
+const REG_BP: u64 = 6;
+const REG_SP: u64 = 7;
+const REG_IP: u64 = 8;
+const REGS_MASK: u64 = (1 << REG_BP) | (1 << REG_SP) | (1 << REG_IP);
+/// Callchain entries at or above this are context markers (`PERF_CONTEXT_*`), not addresses.
+const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
+
+fn sample_type(kernel: bool) -> u64 {
+    let mut t = b::PERF_SAMPLE_IP
+        | b::PERF_SAMPLE_TID
+        | b::PERF_SAMPLE_TIME
+        | b::PERF_SAMPLE_CPU
+        | b::PERF_SAMPLE_PERIOD
+        | b::PERF_SAMPLE_REGS_USER
+        | b::PERF_SAMPLE_STACK_USER;
+    if kernel {
+        t |= b::PERF_SAMPLE_CALLCHAIN;
+    }
+    t as u64
+}
+
+fn attr(
+    kind: EventKind,
+    cfg: &EventConfig,
+    target: EventTarget,
+    exclude_kernel: bool,
+) -> b::perf_event_attr {
+    let mut a = b::perf_event_attr {
+        size: std::mem::size_of::<b::perf_event_attr>() as u32,
+        sample_type: sample_type(cfg.kernel),
+        sample_regs_user: REGS_MASK,
+        sample_stack_user: cfg.stack_bytes,
+        clockid: libc::CLOCK_MONOTONIC,
+        ..Default::default()
+    };
+    let hz = u64::from(cfg.frequency_hz.max(1));
+    match kind {
+        EventKind::Cycles => {
+            a.type_ = b::PERF_TYPE_HARDWARE;
+            a.config = b::PERF_COUNT_HW_CPU_CYCLES as u64;
+            a.set_freq(1);
+            a.__bindgen_anon_1.sample_freq = hz;
+        }
+        EventKind::CpuClock => {
+            a.type_ = b::PERF_TYPE_SOFTWARE;
+            a.config = b::PERF_COUNT_SW_CPU_CLOCK as u64;
+            // A fixed period in nanoseconds of CPU time: exact, and no frequency throttling.
+            a.__bindgen_anon_1.sample_period = (1_000_000_000 / hz).max(10_000);
+        }
+    }
+    a.set_disabled(1);
+    a.set_exclude_hv(1);
+    a.set_exclude_kernel(u64::from(exclude_kernel));
+    a.set_exclude_callchain_user(1);
+    a.set_mmap(1);
+    a.set_mmap2(1);
+    a.set_comm(1);
+    a.set_comm_exec(1);
+    a.set_task(1);
+    a.set_sample_id_all(1);
+    a.set_use_clockid(1);
+    a.set_watermark(1);
+    a.__bindgen_anon_2.wakeup_watermark = (cfg.ring_pages * page_size() / 4) as u32;
+    if let EventTarget::Thread {
+        inherit,
+        enable_on_exec,
+        ..
+    } = target
+    {
+        a.set_inherit(u64::from(inherit));
+        a.set_enable_on_exec(u64::from(enable_on_exec));
+    }
+    a
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}
+
+fn paranoid() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn open_raw(attr: &mut b::perf_event_attr, target: EventTarget) -> io::Result<OwnedFd> {
+    let (pid, cpu) = match target {
+        EventTarget::Thread { tid, cpu, .. } => (tid as i32, cpu as i32),
+        EventTarget::Cpu(cpu) => (-1, cpu as i32),
+    };
+    // SAFETY: `attr` is a valid, initialised perf_event_attr whose `size` field matches the
+    // struct; the returned descriptor is checked before being owned.
+    let fd = unsafe {
+        sys::perf_event_open(attr, pid, cpu, -1, b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong)
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor returned by the kernel, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An open sampling event with its ring buffer.
+pub struct PerfEvent {
+    fd: OwnedFd,
+    ring: Option<Ring>,
+    kind: EventKind,
+}
+
+impl PerfEvent {
+    /// Opens an event on `target`: hardware cycles when a PMU exists, else `cpu-clock` (a missing
+    /// PMU answers ENOENT/ENODEV/EOPNOTSUPP and is not a permission problem). Kernel-mode time is
+    /// included when permitted; without `--kernel` a refusal falls back to user-only sampling.
+    ///
+    /// With `output`, the event writes into that event's ring (same CPU) instead of its own.
+    pub fn open(
+        target: EventTarget,
+        cfg: &EventConfig,
+        output: Option<&PerfEvent>,
+    ) -> Result<PerfEvent, OpenError> {
+        let mut last = None;
+        for kind in [EventKind::Cycles, EventKind::CpuClock] {
+            for exclude_kernel in [false, true] {
+                if exclude_kernel && cfg.kernel {
+                    continue;
+                }
+                let mut a = attr(kind, cfg, target, exclude_kernel);
+                match open_raw(&mut a, target) {
+                    Ok(fd) => {
+                        let ring = match output {
+                            Some(out) => {
+                                // SAFETY: both descriptors are live perf events; SET_OUTPUT only
+                                // links the new event's output to the other's ring.
+                                let rc = unsafe {
+                                    sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), out.fd.as_raw_fd())
+                                };
+                                if rc < 0 {
+                                    return Err(OpenError::Other(io::Error::last_os_error()));
+                                }
+                                None
+                            }
+                            None => Some(Ring::new(&fd, cfg.ring_pages).map_err(OpenError::Other)?),
+                        };
+                        return Ok(PerfEvent { fd, ring, kind });
+                    }
+                    Err(e) => {
+                        let errno = e.raw_os_error().unwrap_or(0);
+                        match errno {
+                            libc::ESRCH => {
+                                if let EventTarget::Thread { tid, .. } = target {
+                                    return Err(OpenError::NoSuchThread(tid));
+                                }
+                                return Err(OpenError::Other(e));
+                            }
+                            libc::EACCES | libc::EPERM => {
+                                last = Some(OpenError::Permission {
+                                    paranoid: paranoid(),
+                                });
+                            }
+                            libc::ENOENT | libc::ENODEV | libc::EOPNOTSUPP | libc::EINVAL
+                                if kind == EventKind::Cycles =>
+                            {
+                                last = Some(OpenError::Other(e));
+                                break;
+                            }
+                            _ => last = Some(OpenError::Other(e)),
+                        }
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| OpenError::Other(io::Error::other("no event could be opened"))))
+    }
+
+    /// The event that was opened.
+    pub fn kind(&self) -> EventKind {
+        self.kind
+    }
+
+    /// Starts counting and sampling.
+    pub fn enable(&self) -> io::Result<()> {
+        // SAFETY: the descriptor is a live perf event owned by `self`.
+        let rc = unsafe { sys::ioctls::ENABLE(self.fd.as_raw_fd(), 0) };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Stops sampling (the ring keeps what it has).
+    pub fn disable(&self) -> io::Result<()> {
+        // SAFETY: the descriptor is a live perf event owned by `self`.
+        let rc = unsafe { sys::ioctls::DISABLE(self.fd.as_raw_fd(), 0) };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The descriptor, for `poll`.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The ring buffer, unless this event writes into another event's ring.
+    pub fn ring(&mut self) -> Option<&mut Ring> {
+        self.ring.as_mut()
+    }
+}
+
+/// A perf mmap ring buffer: one metadata page followed by a power-of-two data area.
+pub struct Ring {
+    base: *mut u8,
+    map_len: usize,
+    data_offset: usize,
+    data_size: usize,
+    scratch: Vec<u8>,
+}
+
+// SAFETY: the mapping is owned by the Ring and only accessed through `&mut self`.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    fn new(fd: &OwnedFd, pages: usize) -> io::Result<Ring> {
+        let page = page_size();
+        let pages = pages.max(1).next_power_of_two();
+        let map_len = page * (pages + 1);
+        // SAFETY: mapping a perf event descriptor with a length of 1 + 2^n pages is the documented
+        // interface; the result is checked for MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = base.cast::<u8>();
+        let meta = base.cast::<b::perf_event_mmap_page>();
+        // SAFETY: the first page of the mapping is the kernel's perf_event_mmap_page.
+        let (off, size) = unsafe {
+            (
+                std::ptr::read_volatile(&raw const (*meta).data_offset),
+                std::ptr::read_volatile(&raw const (*meta).data_size),
+            )
+        };
+        let (data_offset, data_size) = if size == 0 {
+            (page, page * pages)
+        } else {
+            (off as usize, size as usize)
+        };
+        Ok(Ring {
+            base,
+            map_len,
+            data_offset,
+            data_size,
+            scratch: Vec::new(),
+        })
+    }
+
+    fn meta(&self) -> *mut b::perf_event_mmap_page {
+        self.base.cast()
+    }
+
+    /// The kernel's write position (acquire-ordered: records before it are complete).
+    pub fn head(&self) -> u64 {
+        let meta = self.meta();
+        // SAFETY: data_head lives in the metadata page; the acquire fence orders the data reads
+        // that follow after it, as the perf ABI requires.
+        unsafe {
+            let head = std::ptr::read_volatile(&raw const (*meta).data_head);
+            fence(Ordering::Acquire);
+            head
+        }
+    }
+
+    /// Calls `f` on every complete record between the reader's position and `head` (from
+    /// [`Ring::head`]) without consuming them; returns the position reached. Call
+    /// [`Ring::consume`] with it once every pass over the records is done.
+    pub fn peek(&mut self, head: u64, mut f: impl FnMut(&[u8])) -> u64 {
+        let meta = self.meta();
+        // SAFETY: data_tail lives in the metadata page and is only written by us.
+        let tail = unsafe { std::ptr::read_volatile(&raw const (*meta).data_tail) };
+        let size = self.data_size as u64;
+        // SAFETY: the data area is `data_size` bytes at `data_offset` inside the mapping.
+        let data =
+            unsafe { std::slice::from_raw_parts(self.base.add(self.data_offset), self.data_size) };
+        let mut pos = tail;
+        while pos + 8 <= head {
+            let at = (pos % size) as usize;
+            let len = u16::from_le_bytes([data[at + 6], data[at + 7]]) as usize;
+            if len < 8 || pos + len as u64 > head {
+                break;
+            }
+            if at + len <= data.len() {
+                f(&data[at..at + len]);
+            } else {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(&data[at..]);
+                self.scratch
+                    .extend_from_slice(&data[..len - (data.len() - at)]);
+                f(&self.scratch);
+            }
+            pos += len as u64;
+        }
+        pos
+    }
+
+    /// Hands the space up to `pos` (from [`Ring::peek`]) back to the kernel.
+    pub fn consume(&mut self, pos: u64) {
+        let meta = self.meta();
+        // SAFETY: the release fence orders our reads of the data before the tail update.
+        unsafe {
+            fence(Ordering::Release);
+            std::ptr::write_volatile(&raw mut (*meta).data_tail, pos);
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`map_len` describe the mapping created in `Ring::new`, unmapped once.
+        unsafe {
+            libc::munmap(self.base.cast(), self.map_len);
+        }
+    }
+}
+
+/// A parsed ring-buffer record.
+#[derive(Debug)]
+pub enum Record<'a> {
+    /// A sample.
+    Sample(Sample<'a>),
+    /// An executable mapping was created.
+    Mmap2 {
+        /// Process id.
+        pid: u32,
+        /// Start address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+        /// File offset.
+        pgoff: u64,
+        /// Device major/minor and inode (zero when the record carries a build id instead).
+        file_key: (u32, u32, u64),
+        /// File path or pseudo name.
+        filename: &'a str,
+    },
+    /// A thread got a name (`exec` true when the process exec'd).
+    Comm {
+        /// Process id.
+        pid: u32,
+        /// Thread id.
+        tid: u32,
+        /// New name.
+        name: &'a str,
+        /// The name change comes from an exec.
+        exec: bool,
+    },
+    /// A thread or process was created.
+    Fork {
+        /// New process id.
+        pid: u32,
+        /// Parent process id.
+        ppid: u32,
+        /// New thread id.
+        tid: u32,
+    },
+    /// A thread or process exited.
+    Exit {
+        /// Process id.
+        pid: u32,
+        /// Thread id.
+        tid: u32,
+    },
+    /// The kernel dropped this many records (ring full).
+    Lost(u64),
+    /// Anything else.
+    Other,
+}
+
+/// One sample as the kernel recorded it.
+#[derive(Debug)]
+pub struct Sample<'a> {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Time (CLOCK_MONOTONIC, ns).
+    pub time: u64,
+    /// CPU.
+    pub cpu: u32,
+    /// Event period (ns for cpu-clock).
+    pub period: u64,
+    /// The sample interrupted kernel code (the user registers are those of the last entry to
+    /// the kernel).
+    pub kernel_mode: bool,
+    /// Kernel callchain IPs (with context markers removed), leaf first.
+    pub kernel_ips: Vec<u64>,
+    /// User registers (ip, sp, bp), absent for kernel threads.
+    pub user_regs: Option<(u64, u64, u64)>,
+    /// Copied user stack starting at the user SP.
+    pub stack: &'a [u8],
+}
+
+struct Cursor<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn u64(&mut self) -> Option<u64> {
+        let v = self.data.get(self.pos..self.pos + 8)?;
+        self.pos += 8;
+        Some(u64::from_le_bytes(v.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        let v = self.data.get(self.pos..self.pos + 4)?;
+        self.pos += 4;
+        Some(u32::from_le_bytes(v.try_into().ok()?))
+    }
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let v = self.data.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(v)
+    }
+    fn cstr(&mut self) -> Option<&'a str> {
+        let rest = self.data.get(self.pos..)?;
+        let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+        let s = std::str::from_utf8(&rest[..end]).ok()?;
+        self.pos += (end + 8) & !7;
+        Some(s)
+    }
+}
+
+/// Whether a raw record is a sample.
+pub fn is_sample(data: &[u8]) -> bool {
+    data.get(0..4) == Some(&b::PERF_RECORD_SAMPLE.to_le_bytes()[..])
+}
+
+/// The time of a non-sample record, from its `sample_id_all` trailer (`pid tid | time | cpu res`).
+pub fn side_band_time(data: &[u8]) -> Option<u64> {
+    let end = data.len().checked_sub(16)?;
+    Some(u64::from_le_bytes(data.get(end..end + 8)?.try_into().ok()?))
+}
+
+/// Parses one record (header included). `kernel` must match the event's configuration.
+/// Malformed records parse as [`Record::Other`].
+pub fn parse_record(data: &[u8], kernel: bool) -> Record<'_> {
+    parse(data, kernel).unwrap_or(Record::Other)
+}
+
+fn parse(data: &[u8], kernel: bool) -> Option<Record<'_>> {
+    let kind = u32::from_le_bytes(data.get(0..4)?.try_into().ok()?);
+    let misc = u16::from_le_bytes(data.get(4..6)?.try_into().ok()?) as u32;
+    let mut c = Cursor { data, pos: 8 };
+    Some(match kind {
+        b::PERF_RECORD_SAMPLE => {
+            let _ip = c.u64()?;
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            let time = c.u64()?;
+            let cpu = c.u32()?;
+            let _res = c.u32()?;
+            let period = c.u64()?;
+            let mut kernel_ips = Vec::new();
+            if kernel {
+                let nr = c.u64()?;
+                for _ in 0..nr {
+                    let ip = c.u64()?;
+                    if ip < PERF_CONTEXT_MAX {
+                        kernel_ips.push(ip);
+                    }
+                }
+            }
+            let abi = c.u64()?;
+            let user_regs = if abi == b::PERF_SAMPLE_REGS_ABI_64 as u64 {
+                let bp = c.u64()?;
+                let sp = c.u64()?;
+                let ip = c.u64()?;
+                Some((ip, sp, bp))
+            } else {
+                None
+            };
+            let size = c.u64()? as usize;
+            let raw = c.bytes(size)?;
+            let stack = if size > 0 {
+                let dyn_size = (c.u64()? as usize).min(size);
+                &raw[..dyn_size]
+            } else {
+                raw
+            };
+            Record::Sample(Sample {
+                pid,
+                tid,
+                time,
+                cpu,
+                period,
+                kernel_mode: misc & 7 == b::PERF_RECORD_MISC_KERNEL,
+                kernel_ips,
+                user_regs,
+                stack,
+            })
+        }
+        b::PERF_RECORD_MMAP2 => {
+            let pid = c.u32()?;
+            let _tid = c.u32()?;
+            let addr = c.u64()?;
+            let len = c.u64()?;
+            let pgoff = c.u64()?;
+            let file_key = if misc & b::PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+                c.bytes(24)?;
+                (0, 0, 0)
+            } else {
+                let maj = c.u32()?;
+                let min = c.u32()?;
+                let ino = c.u64()?;
+                let _gen = c.u64()?;
+                (maj, min, ino)
+            };
+            let _prot = c.u32()?;
+            let _flags = c.u32()?;
+            Record::Mmap2 {
+                pid,
+                addr,
+                len,
+                pgoff,
+                file_key,
+                filename: c.cstr()?,
+            }
+        }
+        b::PERF_RECORD_COMM => {
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            Record::Comm {
+                pid,
+                tid,
+                name: c.cstr()?,
+                exec: misc & b::PERF_RECORD_MISC_COMM_EXEC != 0,
+            }
+        }
+        b::PERF_RECORD_FORK | b::PERF_RECORD_EXIT => {
+            let pid = c.u32()?;
+            let ppid = c.u32()?;
+            let tid = c.u32()?;
+            if kind == b::PERF_RECORD_FORK {
+                Record::Fork { pid, ppid, tid }
+            } else {
+                Record::Exit { pid, tid }
+            }
+        }
+        b::PERF_RECORD_LOST => {
+            let _id = c.u64()?;
+            Record::Lost(c.u64()?)
+        }
+        _ => Record::Other,
+    })
+}

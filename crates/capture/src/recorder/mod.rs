@@ -1,0 +1,500 @@
+//! A recording session: open the events for the target, drain the rings on a reader thread
+//! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
+
+mod pipeline;
+
+use std::ffi::OsString;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rootline_profile::{Profile, SampleType};
+
+pub use pipeline::{Pipeline, Stats};
+
+use crate::perf_event::{
+    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Record, is_sample, parse_record,
+    side_band_time,
+};
+use crate::process::thread_ids;
+
+/// What to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Running processes (all their threads, and threads they create later).
+    Pids(Vec<u32>),
+    /// Every process on every CPU.
+    System,
+    /// Launch this command (program and arguments) and record it from its `exec`.
+    Command(Vec<OsString>),
+}
+
+/// How to record.
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    /// What to record.
+    pub target: Target,
+    /// Samples per second of CPU time (per thread).
+    pub frequency_hz: u32,
+    /// Stop after this long (None: until stopped or the target ends).
+    pub duration: Option<Duration>,
+    /// Bytes of user stack copied per sample.
+    pub stack_bytes: u32,
+    /// Record kernel frames too.
+    pub kernel: bool,
+    /// How often the profile is flushed to the sink.
+    pub flush_interval: Duration,
+}
+
+impl RecordOptions {
+    /// Defaults: 999 Hz, 16 KiB of stack, user frames, flush every second.
+    pub fn new(target: Target) -> RecordOptions {
+        RecordOptions {
+            target,
+            frequency_hz: 999,
+            duration: None,
+            stack_bytes: 16 * 1024,
+            kernel: false,
+            flush_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Where the profile goes while recording, e.g. an appendable `.rlp` writer.
+pub trait ChunkSink: Send {
+    /// Called after each flush with the profile so far; writes what is new since the last call.
+    fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()>;
+}
+
+/// Why recording failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The kernel refused perf events (the message names the setting to change).
+    #[error(transparent)]
+    Permission(OpenError),
+    /// A target process does not exist or exited before recording started.
+    #[error("process {0} does not exist (or exited before recording started)")]
+    TargetGone(u32),
+    /// The command could not be started.
+    #[error("cannot start {command}: {source}")]
+    Launch {
+        /// The program.
+        command: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Any other failure while opening events.
+    #[error(transparent)]
+    Open(OpenError),
+    /// Writing a chunk failed.
+    #[error("writing the profile failed: {0}")]
+    Sink(#[source] std::io::Error),
+}
+
+impl RecordError {
+    /// Process exit code for this error: 2 permission, 3 target gone, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RecordError::Permission(_) => 2,
+            RecordError::TargetGone(_) => 3,
+            _ => 1,
+        }
+    }
+}
+
+/// A finished recording.
+pub struct Recording {
+    /// The profile.
+    pub profile: Profile,
+    /// Counts.
+    pub stats: Stats,
+    /// The event used.
+    pub event: EventKind,
+    /// The launched command's exit status (command mode).
+    pub exit_status: Option<ExitStatus>,
+}
+
+fn online_cpus() -> Vec<u32> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+            cpus.extend(a..=b);
+        }
+    }
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        cpus.extend(0..n);
+    }
+    cpus
+}
+
+/// Ring size: room for about a quarter second of samples at full rate from `cpus` CPUs.
+fn ring_pages(cfg: &EventConfig, cpus: usize) -> usize {
+    let per_sample = cfg.stack_bytes as usize + 256;
+    let bytes = cfg.frequency_hz as usize * per_sample * cpus / 4;
+    (bytes / 4096).clamp(64, 8192).next_power_of_two()
+}
+
+fn classify(e: OpenError) -> RecordError {
+    match e {
+        OpenError::Permission { .. } => RecordError::Permission(e),
+        OpenError::NoSuchThread(t) => RecordError::TargetGone(t),
+        e => RecordError::Open(e),
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::fs::metadata(format!("/proc/{pid}")).is_ok()
+}
+
+/// Whether `/proc/PID/stat` shows the process stopped (`T`).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('T'))
+        })
+        .unwrap_or(false)
+}
+
+fn send_signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) with a pid we spawned and a valid signal number; no memory is involved.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// Launches `argv` stopped just before its exec: a shell stops itself, then execs the command
+/// when continued, so the event (enable-on-exec) is attached before the first instruction.
+fn launch(argv: &[OsString]) -> Result<Child, RecordError> {
+    let program = argv
+        .first()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("kill -STOP $$; exec \"$0\" \"$@\"")
+        .args(argv)
+        .spawn()
+        .map_err(|source| RecordError::Launch {
+            command: program.clone(),
+            source,
+        })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !is_stopped(child.id()) {
+        if Instant::now() > deadline {
+            return Err(RecordError::Launch {
+                command: program,
+                source: std::io::Error::other("the launcher shell did not start"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(child)
+}
+
+/// Opens per-thread events for every thread of `pid`, repeating the scan until no new thread
+/// appears (threads created after their creator's event opened are inherited by it).
+fn attach(
+    pid: u32,
+    cfg: &EventConfig,
+    cpus: &[u32],
+    events: &mut Vec<PerfEvent>,
+) -> Result<(), RecordError> {
+    if !process_alive(pid) {
+        return Err(RecordError::TargetGone(pid));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..5 {
+        let tids = thread_ids(pid).map_err(|_| RecordError::TargetGone(pid))?;
+        let new: Vec<u32> = tids.into_iter().filter(|t| !seen.contains(t)).collect();
+        if new.is_empty() {
+            break;
+        }
+        for tid in new {
+            seen.insert(tid);
+            match open_thread(tid, false, cfg, cpus, events) {
+                Ok(()) => {}
+                // The thread exited between the scan and the open.
+                Err(OpenError::NoSuchThread(_)) => {}
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+    if events.is_empty() {
+        return Err(RecordError::TargetGone(pid));
+    }
+    Ok(())
+}
+
+/// Opens one event per CPU for thread `tid` (inheriting), each writing into the ring of the first
+/// event opened on that CPU (`events[i]` for CPU `cpus[i]`), creating those rings first.
+fn open_thread(
+    tid: u32,
+    enable_on_exec: bool,
+    cfg: &EventConfig,
+    cpus: &[u32],
+    events: &mut Vec<PerfEvent>,
+) -> Result<(), OpenError> {
+    let mut opened = Vec::with_capacity(cpus.len());
+    for (i, &cpu) in cpus.iter().enumerate() {
+        let target = EventTarget::Thread {
+            tid,
+            cpu,
+            inherit: true,
+            enable_on_exec,
+        };
+        let output = events.get(i).or(opened.get(i));
+        let e = PerfEvent::open(target, cfg, output)?;
+        opened.push(e);
+    }
+    events.extend(opened);
+    Ok(())
+}
+
+/// Records until `stop` is set, the duration passes, or the target ends.
+pub fn record(
+    opts: &RecordOptions,
+    stop: &AtomicBool,
+    mut sink: Option<Box<dyn ChunkSink>>,
+) -> Result<Recording, RecordError> {
+    let mut cfg = EventConfig {
+        frequency_hz: opts.frequency_hz.max(1),
+        stack_bytes: (opts.stack_bytes.clamp(8, 60 * 1024) + 7) & !7,
+        kernel: opts.kernel,
+        ring_pages: 0,
+    };
+    let cpus = online_cpus();
+    let mut events = Vec::new();
+    let mut child = None;
+    let start_ns = monotonic_ns();
+    match &opts.target {
+        Target::Command(argv) => {
+            cfg.ring_pages = ring_pages(&cfg, 1);
+            let c = launch(argv)?;
+            match open_thread(c.id(), true, &cfg, &cpus, &mut events) {
+                Ok(()) => {}
+                Err(e) => {
+                    send_signal(c.id(), libc::SIGKILL);
+                    return Err(classify(e));
+                }
+            }
+            send_signal(c.id(), libc::SIGCONT);
+            child = Some(c);
+        }
+        Target::Pids(pids) => {
+            cfg.ring_pages = ring_pages(&cfg, 1);
+            for &pid in pids {
+                attach(pid, &cfg, &cpus, &mut events)?;
+            }
+            for e in &events {
+                e.enable()
+                    .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+            }
+        }
+        Target::System => {
+            cfg.ring_pages = ring_pages(&cfg, 1);
+            for &cpu in &cpus {
+                events.push(PerfEvent::open(EventTarget::Cpu(cpu), &cfg, None).map_err(classify)?);
+            }
+            for e in &events {
+                e.enable()
+                    .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+            }
+        }
+    }
+    let event_kind = events[0].kind();
+    let mut profile = Profile::new(vec![SampleType::samples(), SampleType::cpu_nanoseconds()]);
+    profile.metadata.producer = "rootline record".into();
+    profile.metadata.start_time_ns = start_ns;
+    profile.metadata.sample_rate_hz = Some(cfg.frequency_hz);
+    profile.metadata.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string());
+    profile.metadata.command_line = match &opts.target {
+        Target::Command(argv) => Some(
+            argv.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        Target::Pids(pids) => pids.first().and_then(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).ok().map(|b| {
+                b.split(|&c| c == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+        }),
+        Target::System => None,
+    };
+    let extra = &mut profile.metadata.extra;
+    extra.insert("event".into(), event_kind.as_str().into());
+    extra.insert("stack_bytes".into(), cfg.stack_bytes.to_string());
+    let period_nanos = match event_kind {
+        EventKind::CpuClock => None,
+        EventKind::Cycles => Some(1_000_000_000 / i64::from(cfg.frequency_hz)),
+    };
+    let kernel = cfg.kernel;
+
+    let done = Arc::new(AtomicBool::new(false));
+    let sink_error: Arc<Mutex<Option<std::io::Error>>> = Arc::default();
+    let reader = {
+        let done = done.clone();
+        let sink_error = sink_error.clone();
+        let interval = opts.flush_interval;
+        let mut sink = sink.take();
+        std::thread::Builder::new()
+            .name("rootline-reader".into())
+            .spawn(move || {
+                // The symbolizer is not Send: the pipeline lives on this thread only.
+                let mut pipeline = Pipeline::new(profile, kernel, period_nanos);
+                let mut last_flush = Instant::now();
+                loop {
+                    let finishing = done.load(Ordering::Acquire);
+                    if finishing {
+                        for e in &events {
+                            let _ = e.disable();
+                        }
+                    }
+                    let n = drain_round(&mut events, &mut pipeline);
+                    if finishing || last_flush.elapsed() >= interval {
+                        finish_metadata(&mut pipeline);
+                        pipeline.flush();
+                        if let Some(s) = sink.as_mut()
+                            && let Err(e) = s.write_chunk(&pipeline.profile)
+                        {
+                            *sink_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        }
+                        last_flush = Instant::now();
+                    }
+                    if finishing {
+                        break;
+                    }
+                    if n == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                (pipeline.profile, pipeline.stats)
+            })
+            .map_err(|e| RecordError::Open(OpenError::Other(e)))?
+    };
+
+    let started = Instant::now();
+    let mut exit_status = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(10));
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        if opts.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        if let Some(c) = child.as_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                exit_status = Some(status);
+                break;
+            }
+        } else if let Target::Pids(pids) = &opts.target
+            && !pids.iter().any(|&p| process_alive(p))
+        {
+            break;
+        }
+        if reader.is_finished() {
+            break;
+        }
+    }
+    done.store(true, Ordering::Release);
+    let (profile, stats) = reader.join().map_err(|_| {
+        RecordError::Open(OpenError::Other(std::io::Error::other(
+            "reader thread panicked",
+        )))
+    })?;
+    if let Some(c) = child.as_mut()
+        && exit_status.is_none()
+    {
+        // Stopped by the user or the duration: wait for the command if it is ending anyway.
+        exit_status = c.try_wait().ok().flatten();
+    }
+    if let Some(e) = sink_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(RecordError::Sink(e));
+    }
+    Ok(Recording {
+        stats,
+        profile,
+        event: event_kind,
+        exit_status,
+    })
+}
+
+/// One pass over every ring: side-band records first, merged across rings in time order (an
+/// exec on one CPU and the mmaps that follow on another must apply in order), so mappings are
+/// known before the samples that use them; then samples. Returns the number of records handled.
+fn drain_round(events: &mut [PerfEvent], pipeline: &mut Pipeline) -> usize {
+    let kernel = pipeline.kernel();
+    let mut heads = Vec::with_capacity(events.len());
+    let mut count = 0;
+    let mut side_band: Vec<(u64, Vec<u8>)> = Vec::new();
+    for e in events.iter_mut() {
+        let Some(ring) = e.ring() else {
+            heads.push(0);
+            continue;
+        };
+        let head = ring.head();
+        ring.peek(head, |data| {
+            if !is_sample(data) {
+                side_band.push((side_band_time(data).unwrap_or(0), data.to_vec()));
+            }
+        });
+        heads.push(head);
+    }
+    side_band.sort_by_key(|r| r.0);
+    for (time, data) in &side_band {
+        pipeline.side_band(*time, &parse_record(data, kernel));
+    }
+    for (e, head) in events.iter_mut().zip(heads) {
+        let Some(ring) = e.ring() else {
+            continue;
+        };
+        let pos = ring.peek(head, |data| {
+            count += 1;
+            if let Record::Sample(s) = parse_record(data, kernel) {
+                pipeline.sample(&s);
+            }
+        });
+        ring.consume(pos);
+    }
+    count
+}
+
+fn finish_metadata(p: &mut Pipeline) {
+    let stats = p.stats.clone();
+    let m = &mut p.profile.metadata;
+    m.end_time_ns = monotonic_ns();
+    m.lost_samples = stats.lost;
+    m.truncated_samples = stats.truncated_total();
+    m.extra.retain(|k, _| !k.starts_with("truncated."));
+    for (reason, n) in stats.truncated {
+        m.extra
+            .insert(format!("truncated.{}", reason.as_str()), n.to_string());
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (the clock the samples use).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid timespec we pass.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,188 @@
+//! Symbolization of distinct addresses, off the sampling path: ELF symbols and DWARF through
+//! `addr2line` (function names, inlined frames, Rust and C++ demangling, source lines; separate
+//! debug files through build id or debug link) and kernel addresses through `/proc/kallsyms`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// One function frame at an address: the physical function first, then each inlined callee.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SymbolFrame {
+    /// Demangled function name.
+    pub name: String,
+    /// Source file, when known.
+    pub file: Option<String>,
+    /// Source line, when known.
+    pub line: Option<u32>,
+}
+
+/// Turns addresses into function names. Each binary is loaded once and kept.
+#[derive(Default)]
+pub struct Symbolizer {
+    loaders: HashMap<PathBuf, Option<addr2line::Loader>>,
+    kallsyms: Option<Kallsyms>,
+}
+
+impl Symbolizer {
+    /// An empty symbolizer.
+    pub fn new() -> Symbolizer {
+        Symbolizer::default()
+    }
+
+    /// Symbolizes link-time addresses (SVMAs) within the ELF file at `path`. For each address:
+    /// its frames, physical function first, then inlined callees (empty when unknown).
+    ///
+    /// The physical function's name comes from the symbol table when it has one (the linker's
+    /// name, demangled): `symbol` looks it up (`.symtab` and `.dynsym`). DWARF supplies inlined
+    /// callees, lines, and names for code without a symbol.
+    ///
+    /// With a `build_id`, a separate debug file `/usr/lib/debug/.build-id/xx/yyyy.debug` (Debian's
+    /// `-dbg` packages) is used for DWARF and the full symbol table when it exists.
+    pub fn symbolize_file(
+        &mut self,
+        path: &Path,
+        build_id: Option<&str>,
+        svmas: &[u64],
+        symbol: impl Fn(u64) -> Option<String>,
+    ) -> Vec<Vec<SymbolFrame>> {
+        let loader = self.loaders.entry(path.to_path_buf()).or_insert_with(|| {
+            build_id
+                .filter(|id| id.len() > 2)
+                .map(|id| {
+                    PathBuf::from(format!(
+                        "/usr/lib/debug/.build-id/{}/{}.debug",
+                        &id[..2],
+                        &id[2..]
+                    ))
+                })
+                .filter(|p| p.is_file())
+                .and_then(|p| addr2line::Loader::new(p).ok())
+                .or_else(|| addr2line::Loader::new(path).ok())
+        });
+        svmas
+            .iter()
+            .map(|&a| symbolize_one(loader.as_ref(), a, symbol(a)))
+            .collect()
+    }
+
+    /// The kernel function containing `addr`, from `/proc/kallsyms` (read on first use).
+    pub fn kernel(&mut self, addr: u64) -> Option<&str> {
+        self.kallsyms
+            .get_or_insert_with(|| {
+                Kallsyms::parse(&std::fs::read_to_string("/proc/kallsyms").unwrap_or_default())
+            })
+            .lookup(addr)
+    }
+}
+
+fn symbolize_one(
+    loader: Option<&addr2line::Loader>,
+    addr: u64,
+    symbol: Option<String>,
+) -> Vec<SymbolFrame> {
+    let mut frames = Vec::new();
+    if let Some(Ok(mut iter)) = loader.map(|l| l.find_frames(addr)) {
+        while let Ok(Some(frame)) = iter.next() {
+            let name = frame
+                .function
+                .as_ref()
+                .and_then(|f| f.demangle().ok())
+                .map(|n| n.into_owned())
+                .unwrap_or_default();
+            let (file, line) = frame
+                .location
+                .map(|l| (l.file.map(str::to_string), l.line))
+                .unwrap_or((None, None));
+            frames.push(SymbolFrame { name, file, line });
+        }
+    }
+    // addr2line yields the innermost inlined frame first; the profile wants the physical first.
+    frames.reverse();
+    let symbol = symbol
+        .or_else(|| loader.and_then(|l| l.find_symbol(addr)).map(str::to_string))
+        .map(|s| demangle_symbol(&s));
+    match (symbol, frames.first_mut()) {
+        (Some(symbol), Some(physical)) => physical.name = symbol,
+        (Some(symbol), None) => frames.push(SymbolFrame {
+            name: symbol,
+            file: None,
+            line: None,
+        }),
+        (None, _) => {}
+    }
+    frames.retain(|f| !f.name.is_empty());
+    frames
+}
+
+/// Demangles a symbol-table name when it is mangled (Itanium C++ / Rust legacy `_Z…`, Rust v0
+/// `_R…`); any other name is a plain C name and stays as it is (a bare `a` must not become the
+/// C++ type "signed char").
+pub fn demangle_symbol(name: &str) -> String {
+    if name.starts_with("_Z") || name.starts_with("_R") {
+        addr2line::demangle_auto(name.into(), None).into_owned()
+    } else {
+        name.to_string()
+    }
+}
+
+/// The kernel symbol table.
+#[derive(Debug, Default)]
+pub struct Kallsyms {
+    symbols: Vec<(u64, String)>,
+}
+
+impl Kallsyms {
+    /// Parses `/proc/kallsyms` text (`address type name [module]`), keeping text symbols.
+    pub fn parse(text: &str) -> Kallsyms {
+        let mut symbols: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+                let kind = f.next()?;
+                let name = f.next()?;
+                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W"))
+                    .then(|| (addr, name.to_string()))
+            })
+            .collect();
+        symbols.sort_unstable_by_key(|s| s.0);
+        Kallsyms { symbols }
+    }
+
+    /// The symbol at or before `addr`.
+    pub fn lookup(&self, addr: u64) -> Option<&str> {
+        let i = self.symbols.partition_point(|s| s.0 <= addr);
+        Some(&self.symbols.get(i.checked_sub(1)?)?.1)
+    }
+
+    /// Whether any symbol has a real address (kallsyms shows zeros without privilege).
+    pub fn is_empty(&self) -> bool {
+        self.symbols.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_mangled_names_are_demangled() {
+        assert_eq!(demangle_symbol("a"), "a");
+        assert_eq!(demangle_symbol("b"), "b");
+        assert_eq!(demangle_symbol("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(
+            demangle_symbol("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+    }
+
+    #[test]
+    fn kallsyms_lookup_finds_the_enclosing_symbol() {
+        let k = Kallsyms::parse(
+            "ffffffff81000000 T _stext\nffffffff81000100 t do_thing\nffffffff81000200 D data\n",
+        );
+        assert_eq!(k.lookup(0xffffffff81000150), Some("do_thing"));
+        assert_eq!(k.lookup(0xffffffff81000000), Some("_stext"));
+        assert_eq!(k.lookup(0x1000), None);
+    }
+}

@@ -1,0 +1,382 @@
+//! One loaded ELF file as the unwinder sees it: its unwind sections, code bytes, CFI coverage and
+//! function starts. Pure data built from the file's bytes; nothing here touches a process.
+
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
+use object::{
+    Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SectionKind, SymbolKind,
+};
+
+/// Why an ELF file could not be used for unwinding.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot parse ELF file {name}: {source}")]
+pub struct ModuleError {
+    /// Display name of the file.
+    pub name: String,
+    /// The parser's error.
+    #[source]
+    pub source: object::Error,
+}
+
+/// A slice of a module's file bytes, handed to framehop as section data.
+#[derive(Clone)]
+pub struct SectionBytes {
+    bytes: Arc<[u8]>,
+    range: Range<usize>,
+}
+
+impl Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[self.range.clone()]
+    }
+}
+
+/// A section's address range (SVMA, as linked) and its location in the file.
+#[derive(Debug, Clone)]
+struct SectionRef {
+    svma: Range<u64>,
+    file: Range<usize>,
+}
+
+/// A loadable segment: link-time address range and where its bytes lie in the file.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment {
+    /// Link-time virtual address of the segment.
+    pub vaddr: u64,
+    /// Offset of the segment in the file.
+    pub offset: u64,
+    /// Bytes of the segment present in the file.
+    pub filesz: u64,
+}
+
+/// A parsed ELF file: everything the unwinder needs, keyed by link-time addresses (SVMA).
+pub struct CodeModule {
+    name: String,
+    bytes: Arc<[u8]>,
+    segments: Vec<Segment>,
+    text: Option<SectionRef>,
+    eh_frame: Option<SectionRef>,
+    eh_frame_hdr: Option<SectionRef>,
+    debug_frame: Option<SectionRef>,
+    got: Option<SectionRef>,
+    eh_cover: Vec<(u64, u64)>,
+    debug_cover: Vec<(u64, u64)>,
+    functions: Vec<(u64, u64)>,
+    symbols: Vec<(u64, u64, Box<str>)>,
+    build_id: Option<String>,
+}
+
+impl std::fmt::Debug for CodeModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CodeModule")
+            .field("name", &self.name)
+            .field("eh_fdes", &self.eh_cover.len())
+            .field("debug_fdes", &self.debug_cover.len())
+            .field("functions", &self.functions.len())
+            .finish()
+    }
+}
+
+impl CodeModule {
+    /// Parses an ELF file's bytes. `name` is used in messages and as framehop's module name.
+    pub fn parse(name: &str, bytes: Arc<[u8]>) -> Result<CodeModule, ModuleError> {
+        let err = |source| ModuleError {
+            name: name.to_string(),
+            source,
+        };
+        let file = object::File::parse(&*bytes).map_err(err)?;
+        let section = |names: &[&str]| -> Option<SectionRef> {
+            names.iter().find_map(|n| {
+                let s = file.section_by_name(n)?;
+                let (off, size) = s.file_range()?;
+                let start = usize::try_from(off).ok()?;
+                let end = start.checked_add(usize::try_from(size).ok()?)?;
+                (end <= bytes.len()).then(|| SectionRef {
+                    svma: s.address()..s.address() + s.size(),
+                    file: start..end,
+                })
+            })
+        };
+        let text = section(&[".text"]);
+        let eh_frame = section(&[".eh_frame"]);
+        let eh_frame_hdr = section(&[".eh_frame_hdr"]);
+        let debug_frame = section(&[".debug_frame"]);
+        let got = section(&[".got"]);
+        let segments = file
+            .segments()
+            .map(|s| {
+                let (offset, filesz) = s.file_range();
+                Segment {
+                    vaddr: s.address(),
+                    offset,
+                    filesz,
+                }
+            })
+            .collect();
+        let mut symbols: Vec<(u64, u64, Box<str>)> = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+            .filter_map(|s| {
+                let name = s.name().ok().filter(|n| !n.is_empty())?;
+                Some((s.address(), s.address() + s.size().max(1), name.into()))
+            })
+            .collect();
+        symbols.extend(plt_symbols(&file));
+        // Prefer sized, global symbols when several share an address.
+        symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        symbols.dedup_by_key(|s| s.0);
+        let mut functions: Vec<(u64, u64)> = symbols.iter().map(|s| (s.0, s.1)).collect();
+        // Sections of code without symbols still bound functions at their start (e.g. `.plt`).
+        for s in file.sections() {
+            if s.kind() == SectionKind::Text && s.size() > 0 {
+                functions.push((s.address(), s.address()));
+            }
+        }
+        functions.sort_unstable();
+        functions.dedup_by_key(|f| f.0);
+        let build_id = file
+            .build_id()
+            .ok()
+            .flatten()
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+
+        let mut module = CodeModule {
+            name: name.to_string(),
+            bytes,
+            segments,
+            text,
+            eh_frame,
+            eh_frame_hdr,
+            debug_frame,
+            got,
+            eh_cover: Vec::new(),
+            debug_cover: Vec::new(),
+            functions,
+            symbols,
+            build_id,
+        };
+        module.eh_cover = module.fde_ranges(false);
+        module.debug_cover = module.fde_ranges(true);
+        Ok(module)
+    }
+
+    /// Display name (usually the path).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Hex GNU build id, when the file has one.
+    pub fn build_id(&self) -> Option<&str> {
+        self.build_id.as_deref()
+    }
+
+    /// Whether the file has any CFI (`.eh_frame` or `.debug_frame` FDEs).
+    pub fn has_cfi(&self) -> bool {
+        !self.eh_cover.is_empty() || !self.debug_cover.is_empty()
+    }
+
+    /// Number of FDEs in `.eh_frame` and in `.debug_frame`.
+    pub fn fde_counts(&self) -> (usize, usize) {
+        (self.eh_cover.len(), self.debug_cover.len())
+    }
+
+    /// Whether an `.eh_frame` FDE covers the link-time address `svma`.
+    pub fn eh_frame_covers(&self, svma: u64) -> bool {
+        covers(&self.eh_cover, svma)
+    }
+
+    /// Whether a `.debug_frame` FDE covers the link-time address `svma`.
+    pub fn debug_frame_covers(&self, svma: u64) -> bool {
+        covers(&self.debug_cover, svma)
+    }
+
+    /// Start of the function containing `svma`, from the symbol tables (None when unknown).
+    pub fn function_start(&self, svma: u64) -> Option<u64> {
+        let i = self.functions.partition_point(|f| f.0 <= svma);
+        let (start, end) = *self.functions.get(i.checked_sub(1)?)?;
+        // A symbol with a size must contain the address; a sizeless boundary is trusted up to the
+        // next boundary (the gap check keeps a far-away start from being used).
+        if end > start && svma >= end {
+            return None;
+        }
+        Some(start)
+    }
+
+    /// The (raw, possibly mangled) name of the symbol containing `svma`, from `.symtab` or
+    /// `.dynsym`.
+    pub fn symbol_name(&self, svma: u64) -> Option<&str> {
+        let i = self.symbols.partition_point(|s| s.0 <= svma);
+        let (start, end, name) = self.symbols.get(i.checked_sub(1)?)?;
+        (svma >= *start && svma < *end).then_some(&**name)
+    }
+
+    /// The file offset of the link-time address `svma`, when a segment maps it from the file.
+    pub fn file_offset_of(&self, svma: u64) -> Option<u64> {
+        self.segments.iter().find_map(|s| {
+            (svma >= s.vaddr && svma < s.vaddr + s.filesz).then(|| svma - s.vaddr + s.offset)
+        })
+    }
+
+    /// The link-time address of file offset `offset` (the inverse of [`CodeModule::file_offset_of`]).
+    pub fn svma_of_file_offset(&self, offset: u64) -> Option<u64> {
+        self.segments.iter().find_map(|s| {
+            (offset >= s.offset && offset < s.offset + s.filesz)
+                .then(|| offset - s.offset + s.vaddr)
+        })
+    }
+
+    /// Up to `len` code bytes starting at link-time address `svma` (shorter at a segment end).
+    pub fn code(&self, svma: u64, len: usize) -> Option<&[u8]> {
+        let seg = self
+            .segments
+            .iter()
+            .find(|s| svma >= s.vaddr && svma < s.vaddr + s.filesz)?;
+        let start = usize::try_from(svma - seg.vaddr + seg.offset).ok()?;
+        let seg_end = usize::try_from(seg.offset + seg.filesz).ok()?;
+        let end = start.saturating_add(len).min(seg_end).min(self.bytes.len());
+        self.bytes.get(start..end)
+    }
+
+    /// framehop section info exposing `.eh_frame` (+ header) only, or `.debug_frame` only.
+    pub(crate) fn section_info(self: &Arc<Self>, debug_frame: bool) -> ModuleSections {
+        ModuleSections {
+            module: self.clone(),
+            debug_frame,
+        }
+    }
+
+    fn bytes_of(&self, s: &SectionRef) -> SectionBytes {
+        SectionBytes {
+            bytes: self.bytes.clone(),
+            range: s.file.clone(),
+        }
+    }
+
+    fn fde_ranges(&self, debug: bool) -> Vec<(u64, u64)> {
+        let mut bases = BaseAddresses::default();
+        if let Some(t) = &self.text {
+            bases = bases.set_text(t.svma.start);
+        }
+        if let Some(g) = &self.got {
+            bases = bases.set_got(g.svma.start);
+        }
+        let mut out = Vec::new();
+        if debug {
+            let Some(s) = &self.debug_frame else {
+                return out;
+            };
+            let mut section = DebugFrame::new(&self.bytes[s.file.clone()], LittleEndian);
+            section.set_address_size(8);
+            collect_fdes(&section, &bases, &mut out);
+        } else {
+            let Some(s) = &self.eh_frame else {
+                return out;
+            };
+            let bases = bases.set_eh_frame(s.svma.start);
+            let bases = match &self.eh_frame_hdr {
+                Some(h) => bases.set_eh_frame_hdr(h.svma.start),
+                None => bases,
+            };
+            let section = EhFrame::new(&self.bytes[s.file.clone()], LittleEndian);
+            collect_fdes(&section, &bases, &mut out);
+        }
+        out.sort_unstable();
+        out
+    }
+}
+
+/// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` (or of `.plt` after its
+/// 16-byte header) jumps through the i-th `.rela.plt` relocation, whose symbol names it.
+fn plt_symbols(file: &object::File<'_>) -> Vec<(u64, u64, Box<str>)> {
+    let mut out = Vec::new();
+    let (Some(rela), Some(dynsym)) = (
+        file.section_by_name(".rela.plt")
+            .and_then(|s| s.data().ok()),
+        file.dynamic_symbol_table(),
+    ) else {
+        return out;
+    };
+    let (stubs, first) = match file.section_by_name(".plt.sec") {
+        Some(s) => (s, 0),
+        None => match file.section_by_name(".plt") {
+            Some(s) => (s, 16),
+            None => return out,
+        },
+    };
+    for (i, entry) in rela.chunks_exact(24).enumerate() {
+        let info = u64::from_le_bytes(entry[8..16].try_into().unwrap_or([0; 8]));
+        let Ok(sym) = dynsym.symbol_by_index(object::SymbolIndex((info >> 32) as usize)) else {
+            continue;
+        };
+        let Ok(name) = sym.name() else {
+            continue;
+        };
+        let start = stubs.address() + first + 16 * i as u64;
+        if start + 16 <= stubs.address() + stubs.size() && !name.is_empty() {
+            out.push((start, start + 16, format!("{name}@plt").into()));
+        }
+    }
+    out
+}
+
+fn collect_fdes<'a, S>(section: &S, bases: &BaseAddresses, out: &mut Vec<(u64, u64)>)
+where
+    S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
+{
+    let mut entries = section.entries(bases);
+    // A malformed entry ends the walk; the FDEs read so far stay usable.
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry
+            && let Ok(fde) = partial.parse(S::cie_from_offset)
+            && fde.len() > 0
+        {
+            out.push((fde.initial_address(), fde.initial_address() + fde.len()));
+        }
+    }
+}
+
+fn covers(ranges: &[(u64, u64)], addr: u64) -> bool {
+    // Ranges may nest or overlap (rare); check the few that start at or before `addr`.
+    let i = ranges.partition_point(|r| r.0 <= addr);
+    ranges[..i].iter().rev().take(4).any(|r| addr < r.1)
+}
+
+/// framehop's view of a module's sections: either the `.eh_frame` family or `.debug_frame`.
+pub(crate) struct ModuleSections {
+    module: Arc<CodeModule>,
+    debug_frame: bool,
+}
+
+impl framehop::ModuleSectionInfo<SectionBytes> for ModuleSections {
+    fn base_svma(&self) -> u64 {
+        0
+    }
+
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        let m = &self.module;
+        let s = match name {
+            b".text" => m.text.as_ref(),
+            b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref(),
+            b".eh_frame_hdr" if !self.debug_frame => m.eh_frame_hdr.as_ref(),
+            b".got" => m.got.as_ref(),
+            _ => None,
+        };
+        s.map(|s| s.svma.clone())
+    }
+
+    fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
+        let m = &self.module;
+        let s = match name {
+            b".text" => m.text.as_ref(),
+            b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref(),
+            b".eh_frame_hdr" if !self.debug_frame => m.eh_frame_hdr.as_ref(),
+            b".debug_frame" if self.debug_frame => m.debug_frame.as_ref(),
+            _ => None,
+        };
+        s.map(|s| m.bytes_of(s))
+    }
+}

@@ -1,0 +1,106 @@
+//! Truncation policy: every way a stack can end early, its name, and how each unwinder failure
+//! maps to one. This is the one place that decides what a `[truncated: reason]` frame says.
+
+/// Why a stack ends before its thread root. Each stack that ends this way gets one explicit
+/// `[truncated: <reason>]` frame at its root end; nothing is dropped silently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TruncateReason {
+    /// The next read lies past the end of the stack bytes the kernel copied with the sample
+    /// (and no live fallback reader could supply it).
+    StackCopyExhausted,
+    /// A stack read inside the copied range's address space failed (below the sampled SP, or the
+    /// fallback reader refused).
+    UnreadableStack,
+    /// The instruction pointer or a return address lies in no executable mapping.
+    UnmappedAddress,
+    /// Code without CFI whose frame state cannot be decided from its instructions.
+    NoUnwindInfo,
+    /// An unwind step did not move the stack pointer strictly upwards.
+    SpNotIncreasing,
+    /// The frame pointer does not point into the stack above the stack pointer.
+    BadFramePointer,
+    /// A recovered return address does not follow a call instruction.
+    NotAfterCall,
+    /// The CFI could not be evaluated (malformed or unsupported expression).
+    CfiError,
+    /// The sample carried no user registers (a kernel thread, or user state unavailable).
+    NoUserRegisters,
+}
+
+impl TruncateReason {
+    /// Every reason, for reporting.
+    pub const ALL: [TruncateReason; 9] = [
+        TruncateReason::StackCopyExhausted,
+        TruncateReason::UnreadableStack,
+        TruncateReason::UnmappedAddress,
+        TruncateReason::NoUnwindInfo,
+        TruncateReason::SpNotIncreasing,
+        TruncateReason::BadFramePointer,
+        TruncateReason::NotAfterCall,
+        TruncateReason::CfiError,
+        TruncateReason::NoUserRegisters,
+    ];
+
+    /// The short name used in the frame (`[truncated: <name>]`) and in `truncated.<name>` counts.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TruncateReason::StackCopyExhausted => "stack-copy-exhausted",
+            TruncateReason::UnreadableStack => "unreadable-stack",
+            TruncateReason::UnmappedAddress => "unmapped-address",
+            TruncateReason::NoUnwindInfo => "no-unwind-info",
+            TruncateReason::SpNotIncreasing => "sp-not-increasing",
+            TruncateReason::BadFramePointer => "bad-frame-pointer",
+            TruncateReason::NotAfterCall => "not-after-call",
+            TruncateReason::CfiError => "cfi-error",
+            TruncateReason::NoUserRegisters => "no-user-registers",
+        }
+    }
+
+    /// The display name of the truncation frame.
+    pub fn frame_name(self) -> String {
+        format!("[truncated: {}]", self.as_str())
+    }
+
+    /// Maps a framehop failure to a reason. `read_failure` is the last failed stack read's kind,
+    /// when the failure was a read.
+    pub(crate) fn from_framehop(err: framehop::Error, read_failure: Option<ReadFailure>) -> Self {
+        match err {
+            framehop::Error::CouldNotReadStack(_) => match read_failure {
+                Some(ReadFailure::BeyondCopy) => TruncateReason::StackCopyExhausted,
+                _ => TruncateReason::UnreadableStack,
+            },
+            framehop::Error::FramepointerUnwindingMovedBackwards
+            | framehop::Error::DidNotAdvance => TruncateReason::SpNotIncreasing,
+            framehop::Error::IntegerOverflow | framehop::Error::ReturnAddressIsNull => {
+                TruncateReason::CfiError
+            }
+        }
+    }
+
+    /// The reason for a failed stack read of the given kind.
+    pub(crate) fn from_read(read_failure: ReadFailure) -> Self {
+        match read_failure {
+            ReadFailure::BeyondCopy => TruncateReason::StackCopyExhausted,
+            ReadFailure::Unreadable => TruncateReason::UnreadableStack,
+        }
+    }
+}
+
+/// Why a stack read failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFailure {
+    /// Past the end of the copied stack, with no fallback able to read it.
+    BeyondCopy,
+    /// Below the copy, or refused by the fallback reader.
+    Unreadable,
+}
+
+/// How an unwound stack ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StackEnd {
+    /// The unwinder reached the thread's root: CFI marks the return address undefined, or the
+    /// frame-pointer chain or return address ends in zero.
+    Root,
+    /// The stack ends early, for this reason.
+    Truncated(TruncateReason),
+}

@@ -1,0 +1,252 @@
+//! Ground truth: record small C programs with a known call graph, built four ways (frame pointers
+//! + CFI, CFI only, frame pointers only, and an -O2 sibling-call mix), and check every stack.
+//!
+//! For each sample: the stack must run from the thread entry (`_start` or `clone3`) through
+//! `main`/`worker`; no edge between the program's functions may be impossible; no frame may be
+//! invented (a program frame outside the known set, or a foreign frame between program frames);
+//! no stack may end in `[truncated: …]`.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+
+use rootline_capture::recorder::{RecordOptions, Target, record};
+use rootline_profile::Profile;
+
+/// The program's functions (`atof` is glibc's inline wrapper, inlined into `main` with -O2).
+const PROGRAM_FUNCTIONS: [&str; 8] = [
+    "main", "work", "worker", "watcher", "a", "b", "leaf", "atof",
+];
+
+fn c_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c")
+}
+
+/// Compiles the two translation units with their own flags and links them.
+fn build(name: &str, main_flags: &[&str], b_flags: &[&str]) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let cc = |src: &str, flags: &[&str], obj: &Path| {
+        let status = Command::new("cc")
+            .args(flags)
+            .arg("-g")
+            .arg("-c")
+            .arg(c_dir().join(src))
+            .arg("-o")
+            .arg(obj)
+            .status()
+            .expect("cc runs");
+        assert!(status.success(), "cc failed for {src} {flags:?}");
+    };
+    let m = out.with_extension("main.o");
+    let b = out.with_extension("b.o");
+    cc("callgraph_main.c", main_flags, &m);
+    cc("callgraph_b.c", b_flags, &b);
+    let status = Command::new("cc")
+        .arg(&m)
+        .arg(&b)
+        .arg("-lpthread")
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("cc links");
+    assert!(status.success());
+    out
+}
+
+#[derive(Debug, Default)]
+struct Verdict {
+    samples: u64,
+    impossible_edges: u64,
+    invented_frames: u64,
+    not_reaching_root: u64,
+    truncated: u64,
+    startup: u64,
+    examples: Vec<String>,
+}
+
+fn check(profile: &Profile, allow_tail_edge: bool) -> Verdict {
+    let mut allowed: HashSet<(&str, &str)> = [
+        ("main", "work"),
+        ("main", "atof"),
+        ("worker", "work"),
+        ("work", "a"),
+        ("work", "b"),
+        ("a", "leaf"),
+        ("b", "leaf_tail"),
+    ]
+    .into_iter()
+    .collect();
+    if allow_tail_edge {
+        allowed.insert(("work", "leaf_tail"));
+    }
+    let program: HashSet<&str> = PROGRAM_FUNCTIONS
+        .iter()
+        .copied()
+        .chain(["leaf_tail"])
+        .collect();
+    let mut v = Verdict::default();
+    let mut frames = Vec::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        v.samples += 1;
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        let is_program = |f: rootline_profile::FrameId| {
+            profile.frame(f).mapping.is_some_and(|m| {
+                profile
+                    .string(profile.mapping(m).path)
+                    .contains("callgraph")
+            })
+        };
+        let mut bad = None;
+        if names.iter().any(|n| n.starts_with("[truncated")) {
+            v.truncated += 1;
+            bad = Some("truncated");
+        }
+        // Every stack starts at a thread entry: the program's or the loader's `_start` (the
+        // loader continues at its `_dl_start_user` label), or `clone3` for other threads.
+        let entry = names.first().copied().unwrap_or("");
+        // `[kernel: exec]`: time in the launcher's execve, before the program's first instruction.
+        if !matches!(entry, "_start" | "_dl_start_user" | "[kernel: exec]")
+            && !entry.ends_with("clone3")
+        {
+            v.not_reaching_root += 1;
+            bad.get_or_insert("not rooted");
+        }
+        // Program code below the entry: through `main` (main thread, after libc's start code)
+        // or `worker`/`watcher` (after `start_thread`).
+        let is_known = |j: usize| is_program(frames[j]) && program.contains(names[j]);
+        let body = frames
+            .iter()
+            .enumerate()
+            .skip(1)
+            .position(|(j, &f)| is_program(f) && names[j] != "_start")
+            .map(|p| p + 1);
+        match body {
+            None => v.startup += 1,
+            Some(j) => {
+                let prefix_ok = match &names[..j] {
+                    ["_start", start, "__libc_start_call_main"] => {
+                        start.starts_with("__libc_start_main") && names[j] == "main"
+                    }
+                    [clone, "start_thread"] => {
+                        clone.ends_with("clone3") && matches!(names[j], "worker" | "watcher")
+                    }
+                    _ => false,
+                };
+                if !prefix_ok {
+                    v.not_reaching_root += 1;
+                    bad.get_or_insert("not reaching main");
+                }
+                // From the entry function on: program frames with known names, possible edges
+                // only, then (optionally) library frames the leaf called.
+                let last = (j..frames.len())
+                    .take_while(|&k| is_program(frames[k]))
+                    .last();
+                let last = last.unwrap_or(j);
+                // (A leaf may also sit in the program's PLT stub of a library call.)
+                if (j..=last).any(|k| !is_known(k) && !names[k].ends_with("@plt"))
+                    || frames[last + 1..].iter().any(|&f| is_program(f))
+                {
+                    v.invented_frames += 1;
+                    bad.get_or_insert("invented frame");
+                }
+                let edge_ok = |k: usize| {
+                    allowed.contains(&(names[k], names[k + 1]))
+                        || (k + 1 == last && names[last].ends_with("@plt"))
+                };
+                if (j..last).any(|k| !edge_ok(k)) {
+                    v.impossible_edges += 1;
+                    bad.get_or_insert("impossible edge");
+                }
+            }
+        }
+        if let Some(why) = bad
+            && v.examples.iter().filter(|e| e.starts_with(why)).count() < 3
+        {
+            v.examples.push(format!("{why}: {}", names.join(";")));
+        }
+    }
+    v
+}
+
+/// One recording at a time: they sample at 10 kHz and the machine may have only two cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run_build(name: &str, main_flags: &[&str], b_flags: &[&str], allow_tail_edge: bool) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = build(name, main_flags, b_flags);
+    let cpu_seconds = std::env::var("ROOTLINE_GT_CPU_SECONDS").unwrap_or_else(|_| "6".into());
+    let mut opts = RecordOptions::new(Target::Command(vec![
+        binary.clone().into(),
+        cpu_seconds.into(),
+        "1".into(),
+    ]));
+    opts.frequency_hz = 10_000;
+    opts.stack_bytes = 8192;
+    let stop = AtomicBool::new(false);
+    let recording = record(&opts, &stop, None).expect("recording works");
+    assert!(
+        recording.exit_status.is_some_and(|s| s.success()),
+        "workload exits cleanly"
+    );
+    let v = check(&recording.profile, allow_tail_edge);
+    println!(
+        "{name}: samples={} lost={} startup_or_exit={} impossible_edges={} invented_frames={} not_reaching_root={} truncated={}",
+        v.samples,
+        recording.stats.lost,
+        v.startup,
+        v.impossible_edges,
+        v.invented_frames,
+        v.not_reaching_root,
+        v.truncated
+    );
+    for e in &v.examples {
+        println!("  {e}");
+    }
+    let min: u64 = std::env::var("ROOTLINE_GT_MIN_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50_000);
+    assert!(v.samples >= min, "{name}: only {} samples", v.samples);
+    assert_eq!(v.impossible_edges, 0, "{name}: impossible caller edges");
+    assert_eq!(v.invented_frames, 0, "{name}: invented frames");
+    assert_eq!(
+        v.not_reaching_root, 0,
+        "{name}: stacks not reaching the thread entry"
+    );
+    assert_eq!(v.truncated, 0, "{name}: truncated stacks");
+}
+
+#[test]
+fn o0_frame_pointers_and_cfi() {
+    let f = ["-O0", "-fno-omit-frame-pointer"];
+    run_build("callgraph-o0-fp-cfi", &f, &f, false);
+}
+
+#[test]
+fn o2_cfi_only() {
+    let f = ["-O2", "-fomit-frame-pointer"];
+    run_build("callgraph-o2-cfi", &f, &f, true);
+}
+
+#[test]
+fn frame_pointers_without_cfi() {
+    let f = [
+        "-O0",
+        "-fno-omit-frame-pointer",
+        "-fno-asynchronous-unwind-tables",
+    ];
+    run_build("callgraph-fp-nocfi", &f, &f, false);
+}
+
+#[test]
+fn o2_sibling_call_mix() {
+    run_build(
+        "callgraph-o2-sibling-mix",
+        &["-O2", "-fno-optimize-sibling-calls"],
+        &["-O2"],
+        true,
+    );
+}
