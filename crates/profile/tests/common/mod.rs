@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod harness;
+
 use rootline_profile::{
     Frame, FrameKind, Function, Mapping, Profile, SampleType, StackId, ThreadId,
 };
