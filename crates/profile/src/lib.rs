@@ -14,6 +14,12 @@
 //! (amortised O(1), no allocation per sample once a stack is known). What this crate does: keep the
 //! tables consistent, answer queries (frames of a stack, names), and read/write the chunked `.rlp`
 //! file. It has no I/O policy and no platform code.
+//!
+//! The `.rlp` file is written while recording: [`RlpWriter::write_chunk`] appends what is new in the
+//! profile since the previous call as one self-checking chunk, and [`Profile::take_samples`] then
+//! keeps memory bounded. [`read_rlp`] (or [`RlpReader`], chunk by chunk) gives back every complete
+//! chunk and reports a torn or corrupt tail as an [`RlpTailError`] value rather than failing. The
+//! byte layout is in `docs/rlp-format.md`.
 
 mod ids;
 mod metadata;

@@ -214,3 +214,55 @@ fn extreme_values_round_trip() {
     let read = read_rlp(&write_rlp(Vec::new(), &p).unwrap()[..]).unwrap();
     assert_same(&read.profile, &p);
 }
+
+/// A sink that accepts `limit` bytes and then fails, like a full disk.
+struct FullDisk {
+    written: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for FullDisk {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = self.limit - self.written.len();
+        if room == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        }
+        let n = room.min(buf.len());
+        self.written.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_failed_write_leaves_the_earlier_chunks_readable() {
+    let mut rec = Recording::new(8);
+    rec.add_stacks(20, 10);
+    rec.add_samples(100);
+    let first = write_rlp(Vec::new(), &rec.profile).unwrap().len();
+    let snapshot = rec.profile.clone();
+    let mut writer = RlpWriter::new(FullDisk {
+        written: Vec::new(),
+        limit: first + 50,
+    })
+    .unwrap();
+    writer.write_chunk(&rec.profile).unwrap();
+    rec.add_stacks(20, 10);
+    rec.add_samples(100);
+    assert!(matches!(
+        writer.write_chunk(&rec.profile),
+        Err(RlpError::Io { .. })
+    ));
+    // The stream ends in a partial chunk now; the writer refuses to append after it.
+    assert!(writer.write_chunk(&rec.profile).is_err());
+    let file = writer.get_ref().written.clone();
+    assert_eq!(file.len(), first + 50);
+    let read = read_rlp(&file[..]).unwrap();
+    assert_eq!(read.chunks, 1);
+    assert_eq!(read.valid_len, first as u64);
+    assert_eq!(read.tail.unwrap().offset, first as u64);
+    assert_same(&read.profile, &snapshot);
+}
