@@ -42,7 +42,7 @@ pub fn read(reader: impl BufRead) -> Result<Profile, FormatError> {
     Ok(profile)
 }
 
-/// Writes `profile` as a complete `.rlp` file in one chunk.
+/// Writes `profile` as a complete `.rlp` file (one chunk, or several if it is large).
 pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
     write_rlp(writer, profile).map_err(convert)?;
     Ok(())
