@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use rootline_dotnet::collect::{CollectOptions, StopReason, collect};
-use rootline_dotnet::ipc::{IpcError, Provider, SessionConfig};
+use rootline_dotnet::ipc::{
+    DiagnosticsClient, E_UNKNOWN_COMMAND, IpcError, PerfMapType, Provider, SessionConfig,
+};
 use rootline_dotnet::{discover, read_profile_with_stats};
 use rootline_profile::Profile;
 
@@ -30,6 +32,19 @@ enum Command {
     Collect(CollectArgs),
     /// List the .NET processes that have a diagnostics socket.
     Ps,
+    /// Turn perf maps (/tmp/perf-PID.map) on or off in a live .NET 8+ process.
+    Perfmap(PerfmapArgs),
+}
+
+/// Arguments of `rootline dotnet perfmap`.
+#[derive(Debug, clap::Args)]
+struct PerfmapArgs {
+    /// The process.
+    #[arg(short, long)]
+    pid: u32,
+    /// Turn perf maps off instead of on.
+    #[arg(long)]
+    disable: bool,
 }
 
 /// Arguments of `rootline dotnet collect`.
@@ -63,6 +78,36 @@ pub fn run(args: Args) -> Result<()> {
     match args.command {
         Command::Collect(a) => run_collect(a),
         Command::Ps => run_ps(),
+        Command::Perfmap(a) => run_perfmap(a),
+    }
+}
+
+fn run_perfmap(args: PerfmapArgs) -> Result<()> {
+    let socket = discover::find_socket(args.pid).map_err(|e| ipc_error(e, args.pid))?;
+    let client = DiagnosticsClient::new(socket);
+    let result = if args.disable {
+        client.disable_perf_map()
+    } else {
+        client.enable_perf_map(PerfMapType::PerfMap)
+    };
+    match result {
+        Ok(()) => {
+            eprintln!(
+                "rootline: perf maps {} in process {}",
+                if args.disable { "disabled" } else { "enabled" },
+                args.pid
+            );
+            Ok(())
+        }
+        Err(IpcError::Server {
+            hresult: E_UNKNOWN_COMMAND,
+            ..
+        }) => bail!(
+            "process {} runs a .NET older than 8, which cannot switch perf maps on while running; \
+             start it with DOTNET_PerfMapEnabled=1 instead",
+            args.pid
+        ),
+        Err(e) => Err(ipc_error(e, args.pid)),
     }
 }
 

@@ -154,6 +154,11 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
         "{listing}"
     );
 
+    // perfmap: a 3.1 runtime cannot switch perf maps on while running; the user is told how.
+    let out = rootline(&["dotnet", "perfmap", "-p", &pid_s]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DOTNET_PerfMapEnabled=1"));
+
     // A timed collection into a folded file: Spin under Down, cut at 100 frames.
     let folded = dir.path().join("timed.folded");
     let out = rootline(&[
