@@ -10,9 +10,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use rootline_dotnet::collect::{CollectOptions, StopReason, collect};
-use rootline_dotnet::ipc::{IpcError, Provider, SessionConfig};
+use rootline_dotnet::ipc::{
+    DiagnosticsClient, E_UNKNOWN_COMMAND, IpcError, PerfMapType, Provider, SessionConfig,
+};
 use rootline_dotnet::{discover, read_profile_with_stats};
 use rootline_profile::Profile;
+use rootline_repair::RepairOptions;
 
 use crate::exit::{Exit, PERMISSION, TARGET_GONE};
 use crate::input;
@@ -30,6 +33,19 @@ enum Command {
     Collect(CollectArgs),
     /// List the .NET processes that have a diagnostics socket.
     Ps,
+    /// Turn perf maps (/tmp/perf-PID.map) on or off in a live .NET 8+ process.
+    Perfmap(PerfmapArgs),
+}
+
+/// Arguments of `rootline dotnet perfmap`.
+#[derive(Debug, clap::Args)]
+struct PerfmapArgs {
+    /// The process.
+    #[arg(short, long)]
+    pid: u32,
+    /// Turn perf maps off instead of on.
+    #[arg(long)]
+    disable: bool,
 }
 
 /// Arguments of `rootline dotnet collect`.
@@ -56,6 +72,9 @@ struct CollectArgs {
     /// The runtime's buffer for the session, in MB.
     #[arg(long, default_value_t = 256, value_name = "MB")]
     buffer_mb: u32,
+    /// Keep stacks as EventPipe cut them (at 100 frames) instead of repairing them.
+    #[arg(long)]
+    no_repair: bool,
 }
 
 /// Runs `rootline dotnet …`.
@@ -63,6 +82,36 @@ pub fn run(args: Args) -> Result<()> {
     match args.command {
         Command::Collect(a) => run_collect(a),
         Command::Ps => run_ps(),
+        Command::Perfmap(a) => run_perfmap(a),
+    }
+}
+
+fn run_perfmap(args: PerfmapArgs) -> Result<()> {
+    let socket = discover::find_socket(args.pid).map_err(|e| ipc_error(e, args.pid))?;
+    let client = DiagnosticsClient::new(socket);
+    let result = if args.disable {
+        client.disable_perf_map()
+    } else {
+        client.enable_perf_map(PerfMapType::PerfMap)
+    };
+    match result {
+        Ok(()) => {
+            eprintln!(
+                "rootline: perf maps {} in process {}",
+                if args.disable { "disabled" } else { "enabled" },
+                args.pid
+            );
+            Ok(())
+        }
+        Err(IpcError::Server {
+            hresult: E_UNKNOWN_COMMAND,
+            ..
+        }) => bail!(
+            "process {} runs a .NET older than 8, which cannot switch perf maps on while running; \
+             start it with DOTNET_PerfMapEnabled=1 instead",
+            args.pid
+        ),
+        Err(e) => Err(ipc_error(e, args.pid)),
     }
 }
 
@@ -90,6 +139,15 @@ pub fn is_nettrace(path: &Path, forced: Option<&str>, head: &[u8]) -> bool {
                 || head.starts_with(b"Nettrace")
         }
     }
+}
+
+/// [`is_nettrace`] for a file, looking at its first bytes.
+pub fn is_nettrace_file(path: &Path, forced: Option<&str>) -> bool {
+    let mut head = [0u8; 8];
+    let got = File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    is_nettrace(path, forced, &head[..got])
 }
 
 /// Reads a `.nettrace` file into a profile, with an error that names the file and the byte.
@@ -213,6 +271,17 @@ fn run_collect(args: CollectArgs) -> Result<()> {
     };
     let _ = std::fs::remove_file(&trace_path);
     profile.metadata.producer = "rootline dotnet collect (EventPipe)".into();
+    let repaired = if args.no_repair {
+        String::new()
+    } else {
+        let report = rootline_repair::repair(&mut profile, &RepairOptions::default())
+            .context("repairing the collected stacks")?;
+        let t = report.totals();
+        format!(
+            "; repair: {} exact, {} ambiguous, {} unrepairable",
+            t.exact, t.ambiguous, t.unrepairable
+        )
+    };
     input::write_profile(&profile, &args.output, out_format)?;
     let named = if stats.sample_frames == 0 {
         100.0
@@ -221,7 +290,7 @@ fn run_collect(args: CollectArgs) -> Result<()> {
     };
     eprintln!(
         "rootline: wrote {} ({out_format}, {} thread samples, {named:.1}% of managed frames named, \
-         {} samples cut at EventPipe's {}-frame limit)",
+         {} samples cut at EventPipe's {}-frame limit{repaired})",
         args.output.display(),
         stats.managed_samples + stats.external_samples,
         stats.samples_at_cap,

@@ -40,13 +40,22 @@ pub struct Args {
 
 /// Runs `rootline repair`.
 pub fn run(args: Args) -> Result<()> {
-    let in_format = input_format(&args.input, args.input_format.as_deref())?;
-    let out_format = match (&args.format, Format::from_path(&args.output)) {
-        (Some(_), _) => input::output_format(&args.output, args.format.as_deref())?,
-        (None, Some(format)) => input::output_format(&args.output, Some(format.name()))?,
-        (None, None) => in_format,
+    // A .nettrace is read, never written: its repaired profile needs an output format.
+    let nettrace = crate::dotnet::is_nettrace_file(&args.input, args.input_format.as_deref());
+    let in_format = match nettrace {
+        true => None,
+        false => Some(input_format(&args.input, args.input_format.as_deref())?),
     };
-    let mut profile = input::read_profile(&args.input, Some(in_format.name()))?;
+    let out_format = match (&args.format, Format::from_path(&args.output), in_format) {
+        (Some(_), _, _) => input::output_format(&args.output, args.format.as_deref())?,
+        (None, Some(format), _) => input::output_format(&args.output, Some(format.name()))?,
+        (None, None, Some(in_format)) => in_format,
+        (None, None, None) => anyhow::bail!(
+            "rootline can't write .nettrace; give --output an extension of another format or use --format"
+        ),
+    };
+    let forced = in_format.map(|f| f.name()).or(args.input_format.as_deref());
+    let mut profile = input::read_profile(&args.input, forced)?;
     let options = RepairOptions {
         cap: args.cap,
         ..RepairOptions::default()

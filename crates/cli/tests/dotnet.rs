@@ -154,7 +154,12 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
         "{listing}"
     );
 
-    // A timed collection into a folded file: Spin under Down, cut at 100 frames.
+    // perfmap: a 3.1 runtime cannot switch perf maps on while running; the user is told how.
+    let out = rootline(&["dotnet", "perfmap", "-p", &pid_s]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DOTNET_PerfMapEnabled=1"));
+
+    // A timed collection into a folded file, unrepaired: Spin under Down, cut at 100 frames.
     let folded = dir.path().join("timed.folded");
     let out = rootline(&[
         "dotnet",
@@ -163,6 +168,7 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
         &pid_s,
         "--duration",
         "2",
+        "--no-repair",
         "-o",
         folded.to_str().unwrap(),
     ]);
@@ -209,6 +215,16 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
         "rundown present"
     );
     target.assert_still_answers();
+    // `rootline repair` reads the raw trace and finds EventPipe's cap in its metadata.
+    let repaired = dir.path().join("repaired.folded");
+    let out = rootline(&[
+        "repair",
+        raw.to_str().unwrap(),
+        "-o",
+        repaired.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("depth cap 100 (metadata)"));
 
     // SIGKILL of rootline mid-way: the runtime abandons the session, the target runs on, and the
     // next collection works.
@@ -248,6 +264,11 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
         std::fs::read_to_string(&again)
             .unwrap()
             .contains("Rec!Rec.Spin(int32)")
+    );
+    // Repair runs by default.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("; repair: "),
+        "{out:?}"
     );
     target.assert_still_answers();
 }

@@ -17,6 +17,9 @@ const SET_SERVER: u8 = 0xff;
 const EVENTPIPE_STOP: u8 = 0x01;
 const EVENTPIPE_COLLECT: u8 = 0x02;
 const EVENTPIPE_COLLECT2: u8 = 0x03;
+const SET_PROCESS: u8 = 0x04;
+const PROCESS_ENABLE_PERFMAP: u8 = 0x05;
+const PROCESS_DISABLE_PERFMAP: u8 = 0x06;
 const SERVER_OK: u8 = 0x00;
 const SERVER_ERROR: u8 = 0xff;
 /// The runtime does not know the command (an older runtime).
@@ -75,6 +78,7 @@ fn hresult_text(h: u32) -> &'static str {
         E_UNKNOWN_COMMAND => " (unknown command)",
         0x8013_1386 => " (unknown magic)",
         0x8013_1515 => " (not supported)",
+        0x8013_135b => " (not yet available)",
         0x8000_4005 => " (failure)",
         0x8007_0057 => " (invalid argument)",
         _ => "",
@@ -381,6 +385,55 @@ impl DiagnosticsClient {
                 command: "StopTracing",
                 detail: format!("stopped session {stopped}, asked for {id}"),
             });
+        }
+        Ok(())
+    }
+}
+
+/// What `EnablePerfMap` turns on (.NET 8+).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PerfMapType {
+    /// Both `/tmp/perf-PID.map` and jitdump.
+    All = 1,
+    /// Only jitdump (`jit-PID.dump`).
+    JitDump = 2,
+    /// Only the perf map (`/tmp/perf-PID.map`).
+    PerfMap = 3,
+}
+
+impl DiagnosticsClient {
+    /// Asks the runtime to start writing perf maps and/or jitdump files (.NET 8 and later; older
+    /// runtimes answer [`E_UNKNOWN_COMMAND`]).
+    pub fn enable_perf_map(&self, kind: PerfMapType) -> Result<(), IpcError> {
+        self.process_command(
+            "EnablePerfMap",
+            PROCESS_ENABLE_PERFMAP,
+            &(kind as u32).to_le_bytes(),
+        )
+    }
+
+    /// Asks the runtime to stop writing perf maps and jitdump files (.NET 8 and later).
+    pub fn disable_perf_map(&self) -> Result<(), IpcError> {
+        self.process_command("DisablePerfMap", PROCESS_DISABLE_PERFMAP, &[])
+    }
+
+    fn process_command(
+        &self,
+        command: &'static str,
+        id: u8,
+        payload: &[u8],
+    ) -> Result<(), IpcError> {
+        let mut stream = self.connect()?;
+        stream
+            .write_all(&encode_message(SET_PROCESS, id, payload))
+            .map_err(io_err(format!("sending {command}")))?;
+        let answer = read_answer(&mut stream, command)?;
+        let hresult = answer
+            .get(..4)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        if hresult != 0 {
+            return Err(IpcError::Server { command, hresult });
         }
         Ok(())
     }
