@@ -231,32 +231,30 @@ fn pprof_format_reads_our_output_with_equal_totals_and_stacks() {
     }
 }
 
+/// Every pprof fixture is read; where google/pprof ships its expected text (`FILE.string`, the
+/// legacy CPU profiles), totals and stacks match it; and all agree with `go tool pprof -raw`.
 #[test]
-fn fixtures_are_read_and_agree_with_go_tool_pprof() {
+fn fixtures_are_read_and_agree_with_expected_output_and_go_tool_pprof() {
     let go = have_tool("go", &["version"], "apt-get install golang-go");
-    let mut read = 0;
+    let mut expected_checked = 0;
     for path in fixture_files() {
-        match read_file(&path) {
-            Ok(profile) => {
-                read += 1;
-                assert!(!profile.samples().is_empty(), "{}", path.display());
-                if go {
-                    assert_eq!(
-                        summary_of(&profile),
-                        go_pprof_raw(&path),
-                        "{}",
-                        path.display()
-                    );
-                }
-            }
-            Err(e) => {
-                // The legacy binary CPU profiles among google/pprof's test data.
-                assert!(e.to_string().contains("legacy"), "{}: {e}", path.display());
-                byte_error(Err(e));
-            }
+        let profile = read_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!profile.samples().is_empty(), "{}", path.display());
+        let ours = summary_of(&profile);
+        let expected = path.with_file_name(format!(
+            "{}.string",
+            path.file_name().unwrap().to_str().unwrap()
+        ));
+        if expected.exists() {
+            let text = std::fs::read_to_string(&expected).unwrap();
+            assert_eq!(ours, parse_go_raw(&text), "{}", path.display());
+            expected_checked += 1;
+        }
+        if go {
+            assert_eq!(ours, go_pprof_raw(&path), "{}", path.display());
         }
     }
-    assert!(read >= 3);
+    assert_eq!(expected_checked, 3);
 }
 
 /// Every sample's thread and frames (leaf first) with its values, for exact comparisons.
@@ -422,6 +420,22 @@ fn truncated_input_gives_positioned_errors() {
     }
     // Most cuts fall inside a field; the few at field boundaries decode to fewer rows.
     assert!(errors > raw.len() / 2, "{errors} errors");
+    // Legacy CPU profiles: a cut inside the samples is an error at the record; a cut in the maps
+    // text after them still reads.
+    let legacy = std::fs::read(third_party().join("pprof/profile/testdata/cppbench.cpu")).unwrap();
+    let mut legacy_errors = 0;
+    // Every 11th cut (the words are 8 bytes, so cuts land at every offset within a word).
+    for cut in (1..legacy.len()).step_by(11) {
+        if let Err(e) = pprof::read(&legacy[..cut]) {
+            let (at, _) = byte_error(Err(e));
+            assert!(at < cut as u64, "cut {cut}: error at {at}");
+            legacy_errors += 1;
+        }
+    }
+    assert!(
+        legacy_errors > legacy.len() / 11 / 4,
+        "{legacy_errors} errors"
+    );
     for cut in 2..gz.len() {
         let (at, message) = byte_error(pprof::read(&gz[..cut]));
         assert!(at <= cut as u64);
@@ -607,6 +621,7 @@ fn mutated_inputs_never_panic() {
         ),
         pprof::to_message(&rich_profile()).encode_to_vec(),
         small_profile().encode_to_vec(),
+        std::fs::read(third_party().join("pprof/profile/testdata/go.crc32.cpu")).unwrap(),
     ];
     let mut gz = Vec::new();
     pprof::write(&rich_profile(), &mut gz).unwrap();

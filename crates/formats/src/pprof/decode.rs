@@ -128,22 +128,11 @@ pub(super) fn message_from_bytes(bytes: &[u8]) -> Result<(proto::Profile, Offset
 
 /// Decodes and converts a raw (not gzipped) pprof message.
 pub(super) fn profile_from_bytes(bytes: &[u8]) -> Result<Profile, FormatError> {
-    if is_legacy_cpu_profile(bytes) {
-        return Err(invalid(
-            0,
-            "this is a legacy (gperftools or pre-2016 Go) binary CPU profile, not profile.proto; \
-             convert it with `go tool pprof -proto FILE > FILE.pb.gz`",
-        ));
+    if super::legacy::is_legacy(bytes) {
+        return super::legacy::read(bytes);
     }
     let (message, offsets) = message_from_bytes(bytes)?;
     Converter::new(&message, &offsets)?.convert()
-}
-
-/// The legacy CPU profile header: words 0, 3, 0 (32- or 64-bit, little-endian).
-fn is_legacy_cpu_profile(bytes: &[u8]) -> bool {
-    let words64 = [0u64, 3, 0].map(u64::to_le_bytes).concat();
-    let words32 = [0u32, 3, 0].map(u32::to_le_bytes).concat();
-    bytes.starts_with(&words64) || bytes.starts_with(&words32)
 }
 
 const KERNEL_MAPPINGS: &[&str] = &["[kernel.kallsyms]", "[kernel]", "vmlinux", "[vdso]"];

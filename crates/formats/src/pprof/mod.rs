@@ -1,7 +1,8 @@
 //! pprof (`.pb.gz`, `.pprof`): Google's `profile.proto`, as written by Go, pprof-rs, pyroscope and
 //! read by `go tool pprof` and most profile viewers.
 //!
-//! The reader takes the file gzipped or not (gzip is recognised by its magic bytes), caps the
+//! The reader also takes the legacy binary CPU profiles of gperftools and old Go (see the `legacy`
+//! module), as `go tool pprof` does. It takes the file gzipped or not (gzip is recognised by its magic bytes), caps the
 //! decompressed size at [`MAX_DECODED_BYTES`] so a gzip bomb ends in an error rather than in memory
 //! exhaustion, and checks every id and string index before use. Errors carry the byte offset (in the
 //! decompressed protobuf) of the top-level field at fault.
@@ -24,6 +25,7 @@
 
 mod decode;
 pub(crate) mod encode;
+mod legacy;
 pub mod proto;
 
 use std::io::{BufRead, Read, Write};
