@@ -48,6 +48,9 @@ fn sniff(head: &[u8]) -> Option<Format> {
     if head.starts_with(&rootline_profile::rlp::RLP_MAGIC) {
         return Some(Format::Rlp);
     }
+    if rootline_formats::pprof::looks_like(head) {
+        return Some(Format::Pprof);
+    }
     let text = std::str::from_utf8(head).ok()?;
     let first = text.lines().find(|l| !l.trim().is_empty())?;
     let (_, count) = first.trim_end().rsplit_once(' ')?;

@@ -54,6 +54,13 @@ pub fn read_with_limit(reader: impl BufRead, limit: u64) -> Result<Profile, Form
     decode::profile_from_bytes(&bytes)
 }
 
+/// True when a file's first bytes look like pprof: gzip (how pprof files are almost always stored;
+/// rootline writes no other gzipped format) or a legacy CPU profile header. Raw, uncompressed
+/// protobuf has no signature and is recognised by its extension only.
+pub fn looks_like(head: &[u8]) -> bool {
+    head.starts_with(&GZIP_MAGIC) || legacy::is_legacy(head)
+}
+
 /// Decodes the raw `profile.proto` message (not gzipped) without converting it.
 pub fn decode_message(bytes: &[u8]) -> Result<proto::Profile, FormatError> {
     decode::message_from_bytes(bytes).map(|(message, _)| message)
