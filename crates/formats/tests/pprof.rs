@@ -535,6 +535,19 @@ fn out_of_range_ids_and_indexes_are_errors_naming_the_row() {
         (Box::new(|m| m.sample[0].value = vec![1, 2]), "2 values"),
         (Box::new(|m| m.location[0].id = 0), "id 0"),
         (
+            Box::new(|m| {
+                m.period_type = Some(proto::ValueType {
+                    r#type: 50,
+                    unit: 0,
+                })
+            }),
+            "the period type refers to string 50",
+        ),
+        (
+            Box::new(|m| m.comment = vec![9]),
+            "a comment refers to string 9",
+        ),
+        (
             Box::new(|m| m.function.push(m.function[0])),
             "function id 1 appears twice",
         ),
@@ -555,6 +568,16 @@ fn out_of_range_ids_and_indexes_are_errors_naming_the_row() {
         assert!(message.contains(expected), "case {i}: {message}");
         if expected.starts_with("location 99") || expected.contains("values") {
             assert_eq!(at, sample_offset, "case {i}");
+        }
+        if expected.contains("period type") {
+            // period_type (field 11) is written after every field before it.
+            let mut before = m.clone();
+            before.period_type = None;
+            before.period = 0;
+            before.comment.clear();
+            before.default_sample_type = 0;
+            before.doc_url = 0;
+            assert_eq!(at, before.encode_to_vec().len() as u64, "case {i}");
         }
     }
 }

@@ -19,6 +19,15 @@ pub(super) struct Offsets {
     location: Vec<u64>,
     function: Vec<u64>,
     first_string: Option<u64>,
+    sample_type: Vec<u64>,
+    /// Offset of the last occurrence of each scalar field (the one that wins), by field number.
+    last: [u64; 16],
+}
+
+impl Offsets {
+    fn of(&self, tag: usize) -> u64 {
+        self.last.get(tag).copied().unwrap_or(0)
+    }
 }
 
 fn invalid(offset: u64, message: impl Into<String>) -> FormatError {
@@ -118,8 +127,12 @@ pub(super) fn message_from_bytes(bytes: &[u8]) -> Result<(proto::Profile, Offset
             3 => offsets.mapping.push(start),
             4 => offsets.location.push(start),
             5 => offsets.function.push(start),
+            1 => offsets.sample_type.push(start),
             6 if offsets.first_string.is_none() => offsets.first_string = Some(start),
             _ => {}
+        }
+        if let Some(last) = offsets.last.get_mut(tag as usize) {
+            *last = start;
         }
         pos = end;
     }
@@ -179,10 +192,11 @@ impl<'a> Converter<'a> {
     fn convert(self) -> Result<Profile, FormatError> {
         let m = self.message;
         let mut types = Vec::with_capacity(m.sample_type.len());
-        for t in &m.sample_type {
+        for (i, t) in m.sample_type.iter().enumerate() {
+            let at = self.offsets.sample_type.get(i).copied().unwrap_or(0);
             types.push(SampleType::new(
-                self.string(t.r#type, 0, "a sample type")?,
-                self.string(t.unit, 0, "a sample type's unit")?,
+                self.string(t.r#type, at, "a sample type")?,
+                self.string(t.unit, at, "a sample type's unit")?,
             ));
         }
         let mut profile = Profile::new(types);
@@ -202,8 +216,9 @@ impl<'a> Converter<'a> {
         meta.start_time_ns = start;
         meta.end_time_ns = start.saturating_add(u64::try_from(m.duration_nanos).unwrap_or(0));
         if let Some(pt) = m.period_type {
-            let name = self.string(pt.r#type, 0, "the period type")?;
-            let unit = self.string(pt.unit, 0, "the period unit")?;
+            let at = self.offsets.of(11);
+            let name = self.string(pt.r#type, at, "the period type")?;
+            let unit = self.string(pt.unit, at, "the period unit")?;
             meta.extra
                 .insert("pprof.period_type".into(), format!("{name}/{unit}"));
             if unit == "nanoseconds" && m.period > 0 {
@@ -219,18 +234,18 @@ impl<'a> Converter<'a> {
         }
         let mut comments = Vec::new();
         for &c in &m.comment {
-            comments.push(self.string(c, 0, "a comment")?.to_owned());
+            comments.push(self.string(c, self.offsets.of(13), "a comment")?.to_owned());
         }
         if !comments.is_empty() {
             meta.extra
                 .insert("pprof.comments".into(), comments.join("\n"));
         }
-        for (key, index) in [
-            ("pprof.drop_frames", m.drop_frames),
-            ("pprof.keep_frames", m.keep_frames),
-            ("pprof.doc_url", m.doc_url),
+        for (key, index, tag) in [
+            ("pprof.drop_frames", m.drop_frames, 7),
+            ("pprof.keep_frames", m.keep_frames, 8),
+            ("pprof.doc_url", m.doc_url, 15),
         ] {
-            let value = self.string(index, 0, key)?;
+            let value = self.string(index, self.offsets.of(tag), key)?;
             if !value.is_empty() {
                 meta.extra.insert(key.into(), value.to_owned());
             }
