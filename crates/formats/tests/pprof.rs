@@ -499,6 +499,55 @@ fn small_profile() -> proto::Profile {
     }
 }
 
+#[test]
+fn thread_and_time_labels_pick_the_thread_and_time() {
+    let mut m = small_profile();
+    let base = m.string_table.len() as i64;
+    m.string_table.extend(
+        [
+            "thread_id",
+            "42",
+            "thread_name",
+            "main-loop",
+            "pid",
+            "timestamp_ns",
+            "span",
+            "nanoseconds",
+        ]
+        .map(String::from),
+    );
+    let label = |key: i64, str: i64, num: i64, num_unit: i64| proto::Label {
+        key: base + key,
+        str: if str < 0 { 0 } else { base + str },
+        num,
+        num_unit: if num_unit < 0 { 0 } else { base + num_unit },
+    };
+    m.sample[0].label = vec![
+        label(0, 1, 0, -1),       // thread_id="42" (string, as Go's pprof labels are)
+        label(2, 3, 0, -1),       // thread_name="main-loop"
+        label(4, -1, 7, -1),      // pid=7 (numeric)
+        label(5, -1, 123_456, 7), // timestamp_ns=123456 nanoseconds
+        label(6, 1, 0, -1),       // span="42": no place in the model
+    ];
+    m.time_nanos = 100;
+    let mut untimed = m.sample[0].clone();
+    untimed.label.clear();
+    m.sample.push(untimed);
+    let p = pprof::read(&m.encode_to_vec()[..]).unwrap();
+    let samples = p.samples();
+    let t = p.thread(samples.threads[0]);
+    assert_eq!((t.pid, t.tid), (7, 42));
+    assert_eq!(p.thread_name(samples.threads[0]), Some("main-loop"));
+    assert_eq!(
+        samples.times,
+        [123_456, 100],
+        "an unlabelled sample takes the profile's start"
+    );
+    let t = p.thread(samples.threads[1]);
+    assert_eq!((t.pid, t.tid), (0, 0));
+    assert_eq!(p.metadata.extra["pprof.dropped_label_keys"], "span");
+}
+
 /// An edit that breaks a valid message.
 type Change = Box<dyn Fn(&mut proto::Profile)>;
 

@@ -411,6 +411,7 @@ impl<'a> Converter<'a> {
         let mut stacks: HashMap<&[u64], rootline_profile::StackId> = HashMap::new();
         let mut frames: Vec<FrameId> = Vec::new();
         let mut empty_marker = None;
+        let mut other_keys = std::collections::BTreeSet::new();
         for (i, sample) in self.message.sample.iter().enumerate() {
             let at = self.offsets.sample.get(i).copied().unwrap_or(0);
             if sample.value.len() != types {
@@ -452,6 +453,7 @@ impl<'a> Converter<'a> {
                 }
             };
             let labels = self.labels(sample, at)?;
+            other_keys.extend(labels.other_keys.iter().copied());
             let thread = profile.intern_thread(labels.pid, labels.tid);
             if let Some(name) = labels.name {
                 profile.set_thread_name(thread, name);
@@ -464,6 +466,13 @@ impl<'a> Converter<'a> {
                     &sample.value,
                 )
                 .map_err(|e| invalid(at, e.to_string()))?;
+        }
+        if !other_keys.is_empty() {
+            let keys: Vec<&str> = other_keys.into_iter().collect();
+            profile
+                .metadata
+                .extra
+                .insert("pprof.dropped_label_keys".into(), keys.join(","));
         }
         Ok(())
     }
@@ -490,6 +499,8 @@ impl<'a> Converter<'a> {
                 if unit.is_empty() || unit == "nanoseconds" {
                     out.time = number.and_then(|n| u64::try_from(n).ok());
                 }
+            } else {
+                out.other_keys.push(key);
             }
         }
         Ok(out)
@@ -502,4 +513,6 @@ struct Labels<'a> {
     tid: u32,
     name: Option<&'a str>,
     time: Option<u64>,
+    /// Keys of labels the model has no place for.
+    other_keys: Vec<&'a str>,
 }

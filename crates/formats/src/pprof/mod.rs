@@ -12,7 +12,9 @@
 //!   (`inline_depth` 0), the earlier lines are the functions inlined into it; a location without
 //!   lines becomes a frame named by its address (`0x…`);
 //! - `thread_id`/`tid`, `thread_name` and `pid` labels (numeric or string) pick the thread; a
-//!   `timestamp_ns` label gives the sample's time, else the profile's start time is used;
+//!   `timestamp_ns` label gives the sample's time, else the profile's start time is used; the keys
+//!   of other labels, which the model has no place for, are listed in the metadata's
+//!   `pprof.dropped_label_keys`;
 //! - frame kinds are not stored by pprof: frames in a `[kernel.kallsyms]`/`vmlinux` mapping read back
 //!   as kernel frames, `[truncated: …]` names as truncation markers, everything else as native;
 //! - a sample without locations gets a `[truncated: …]` frame saying so, so its value is kept.
