@@ -33,7 +33,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             workers: 4,
-            ticks: 3000,
+            ticks: 2000,
             seed: 7,
             cap: 100,
             whole: true,
