@@ -1,16 +1,27 @@
-//! Times repair on a generated dotnet-trace-like profile (the cut one) and prints throughput and
-//! peak memory. Used by `scripts/bench-repair.sh`.
+//! Benchmark helper for `scripts/bench-repair.sh` (not part of the CLI).
 //!
-//! Usage: `bench_repair [TICKS] [WORKERS]` (defaults 100000 ms, 7 worker threads + main).
+//! - `bench_repair [TICKS] [WORKERS]` times the repair step alone on a generated dotnet-trace-like
+//!   profile (stacks cut at 100 managed frames) and prints throughput and peak memory (defaults
+//!   100000 ms, 7 worker threads + main).
+//! - `bench_repair chromium OUT MB` writes a generated cut profile of about MB megabytes as
+//!   dotnet-trace's Chromium JSON.
 
 #[path = "../tests/support/dotnet_like.rs"]
 mod dotnet_like;
+#[path = "../tests/support/dotnet_trace_files.rs"]
+mod dotnet_trace_files;
 
+use std::io::{BufWriter, Write};
 use std::time::Instant;
 
 use rootline_repair::{RepairOptions, repair};
 
 fn main() {
+    let all: Vec<String> = std::env::args().collect();
+    if all.get(1).map(String::as_str) == Some("chromium") && all.len() == 4 {
+        let mb: u64 = all[3].parse().expect("MB");
+        return write_chromium(&all[2], mb);
+    }
     let mut args = std::env::args().skip(1);
     let ticks: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let workers: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
@@ -66,4 +77,42 @@ fn peak_rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Counts bytes written.
+struct Count(u64);
+
+impl Write for Count {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes a cut profile of about `mb` megabytes as dotnet-trace's Chromium JSON to `path`.
+fn write_chromium(path: &str, mb: u64) {
+    let config = |ticks| dotnet_like::Config {
+        workers: 7,
+        ticks,
+        seed: 11,
+        cap: 100,
+        whole: false,
+    };
+    let pilot = 500;
+    let mut count = Count(0);
+    dotnet_trace_files::write_chromium(&dotnet_like::generate(&config(pilot)).cut, &mut count)
+        .expect("measure");
+    let ticks = ((mb << 20) as f64 / (count.0 as f64 / pilot as f64)).ceil() as usize;
+    let profile = dotnet_like::generate(&config(ticks)).cut;
+    let mut out = BufWriter::new(std::fs::File::create(path).expect("create output"));
+    dotnet_trace_files::write_chromium(&profile, &mut out).expect("write");
+    out.flush().expect("write");
+    println!(
+        "wrote {path}: {} bytes, {} samples ({ticks} ms x 8 threads)",
+        std::fs::metadata(path).map_or(0, |m| m.len()),
+        profile.samples().len()
+    );
 }
