@@ -51,7 +51,10 @@ pub fn run(args: Args) -> Result<()> {
         (None, Some(format), _) => input::output_format(&args.output, Some(format.name()))?,
         (None, None, Some(in_format)) => in_format,
         (None, None, None) => anyhow::bail!(
-            "rootline can't write .nettrace; give --output an extension of another format or use --format"
+            "rootline can't write .nettrace files; name the output {} with a known extension \
+             (.json for Chromium, as dotnet-trace converts, .speedscope.json, .rlp, …) or give \
+             --format",
+            args.output.display()
         ),
     };
     let forced = in_format.map(|f| f.name()).or(args.input_format.as_deref());

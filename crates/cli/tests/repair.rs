@@ -12,14 +12,15 @@ fn rootline(args: &[&str]) -> Output {
         .expect("run rootline")
 }
 
-/// `Threads;Thread (7);Main;f1;…;f{depth-1};leaf` cut to its 100 leaf-most managed frames.
-fn stack(p: &mut Profile, depth: usize, leaf: &str) -> Vec<FrameId> {
+/// `Threads;Thread (7);App!Main;App!{f}1;…;App!{f}{depth-1};leaf` cut to its 100 leaf-most
+/// managed frames.
+fn stack(p: &mut Profile, f: &str, depth: usize, leaf: &str) -> Vec<FrameId> {
     let mut managed: Vec<FrameId> = (0..depth)
         .map(|i| {
             let name = if i == 0 {
                 "App!Main".to_string()
             } else {
-                format!("App!F{i}")
+                format!("App!{f}{i}")
             };
             p.intern_named_frame(&name, FrameKind::Managed)
         })
@@ -38,7 +39,8 @@ fn write_input(path: &Path) {
     let mut p = Profile::new(vec![SampleType::samples()]);
     p.metadata.producer = "dotnet-trace".to_string();
     let t = p.intern_thread(7, 7);
-    // Main called twice; the second call goes 150 deep, so its samples lose `Main` and 50 more.
+    // Samples 3-5 run 150 deep through F…, sample 7 through G…; EventPipe keeps 100 frames, so
+    // they lose `Main` and 50 more.
     for (time, depth) in [
         (1u64, 20usize),
         (2, 90),
@@ -48,7 +50,9 @@ fn write_input(path: &Path) {
         (6, 10),
         (7, 150),
     ] {
-        let frames = stack(&mut p, depth, &format!("App!Leaf{}", time % 2));
+        // The last sample runs code (`G…`) that no other sample shows below the cut.
+        let f = if time == 7 { "G" } else { "F" };
+        let frames = stack(&mut p, f, depth, &format!("App!Leaf{}", time % 2));
         let s = p.intern_stack_root_first(frames).unwrap();
         p.push_sample(time * 1_000_000, t, s, &[1]).unwrap();
     }
@@ -103,7 +107,7 @@ fn repair_restores_main_and_reports_per_thread() {
         assert_eq!(n[..3], ["Threads", "Thread (7)", "App!Main"], "sample {i}");
         assert_eq!(n.len(), 2 + 151);
     }
-    // The last deep sample follows a shallow one (depth 10) and nothing after it: kept, marked.
+    // The last deep sample shares nothing with any other sample: kept, marked.
     let n = names(6);
     assert_eq!(
         n[..3],

@@ -1,6 +1,7 @@
 //! Aligning one truncated stack against its neighbours: the core of repair, on plain frame arrays.
 //!
-//! Stacks here are code frames only, root first, as `u32` frame ids. A truncated stack `t` is the
+//! Stacks here are code frames only, root first, as `u32` keys (the engine passes the frames'
+//! function ids: the same method at another address still matches). A truncated stack `t` is the
 //! leaf end of a longer stack whose base was cut. A donor `d` (a complete or already repaired sample
 //! of the same thread) offers a base: with offset `k` the repaired stack is `d[..k] ++ t`.
 //!

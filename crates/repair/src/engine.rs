@@ -9,6 +9,9 @@
 //!    link from one complete sample.
 //! 2. **Backward pass.** Samples the forward pass could not align try again with the nearest later
 //!    sample that is now complete or repaired (a run that only a later sample can anchor).
+//!
+//! In both passes, when the nearest donors offer no alignment (typically a shallow complete sample
+//! sits between deep ones), the nearest *repaired* samples on each side are tried instead.
 //! 3. Whatever is left is kept with a `[truncated: depth cap N]` frame as its base.
 //!
 //! A sample repaired from a guessed (ambiguous) donor is itself ambiguous. A run of identical
@@ -47,6 +50,8 @@ pub(crate) struct Engine<'a> {
     scratch_t: Vec<u32>,
     scratch_prev: Vec<u32>,
     scratch_next: Vec<u32>,
+    /// Alignment keys (function ids) of the truncated stack and the donors.
+    keys: [Vec<u32>; 3],
     scratch_full: Vec<FrameId>,
     /// Frames (root first) of the last stack built by [`Engine::rebuild`], and its trie node at each
     /// depth: the next build re-interns only the frames past the prefix it shares with the last one.
@@ -74,6 +79,7 @@ impl<'a> Engine<'a> {
             scratch_t: Vec::new(),
             scratch_prev: Vec::new(),
             scratch_next: Vec::new(),
+            keys: Default::default(),
             scratch_full: Vec::new(),
             last_frames: Vec::new(),
             last_nodes: Vec::new(),
@@ -94,8 +100,9 @@ impl<'a> Engine<'a> {
             !truncated[i] && engine.tables.depth(engine.profile.samples().stacks[i]) > 0
         };
         // Forward pass.
-        let mut pending: Vec<(usize, Option<Donor>)> = Vec::new();
+        let mut pending: Vec<(usize, Option<Donor>, Option<Donor>)> = Vec::new();
         let mut prev: Option<Donor> = None;
+        let mut anchor: Option<Donor> = None; // the last repaired sample
         let mut next_pos = 0usize; // position of the next complete sample at or after `pos`
         for (pos, &i) in indices.iter().enumerate() {
             tick();
@@ -120,7 +127,7 @@ impl<'a> Engine<'a> {
                 stack: self.profile.samples().stacks[j as usize],
                 ambiguous: false,
             });
-            match self.attempt(stack, prev, next) {
+            match self.attempt_with_fallback(stack, (prev, next), (anchor, next)) {
                 Some((repaired, ambiguous)) => {
                     self.profile.set_sample_stack(i, repaired)?;
                     outcomes[i] = outcome(ambiguous);
@@ -128,18 +135,21 @@ impl<'a> Engine<'a> {
                         stack: repaired,
                         ambiguous,
                     });
+                    anchor = prev;
                 }
-                None => pending.push((pos, prev)),
+                None => pending.push((pos, prev, anchor)),
             }
         }
         // Backward pass over what is left.
         let mut next: Option<Donor> = None;
+        let mut next_anchor: Option<Donor> = None; // the last repaired sample seen walking back
         let mut waiting = pending.iter().rev().peekable();
         for pos in (0..indices.len()).rev() {
             let i = indices[pos] as usize;
             let stack = self.profile.samples().stacks[i];
-            if let Some(&(_, prev)) = waiting.next_if(|(p, _)| *p == pos) {
-                match self.attempt(stack, prev, next) {
+            if let Some(&(_, prev, anchor)) = waiting.next_if(|(p, _, _)| *p == pos) {
+                let fallback = (anchor.or(prev), next_anchor.or(next));
+                match self.attempt_with_fallback(stack, (prev, next), fallback) {
                     Some((repaired, ambiguous)) => {
                         self.profile.set_sample_stack(i, repaired)?;
                         outcomes[i] = outcome(ambiguous);
@@ -147,6 +157,7 @@ impl<'a> Engine<'a> {
                             stack: repaired,
                             ambiguous,
                         });
+                        next_anchor = next;
                     }
                     None => {
                         let marked = self.mark(stack);
@@ -154,19 +165,37 @@ impl<'a> Engine<'a> {
                         outcomes[i] = SampleOutcome::Unrepairable;
                     }
                 }
-            } else if usable(self, i) || matches!(outcomes[i], SampleOutcome::Exact) {
+            } else if usable(self, i) {
                 next = Some(Donor {
                     stack,
                     ambiguous: false,
                 });
-            } else if outcomes[i] == SampleOutcome::Ambiguous {
+            } else if matches!(outcomes[i], SampleOutcome::Exact | SampleOutcome::Ambiguous) {
                 next = Some(Donor {
                     stack,
-                    ambiguous: true,
+                    ambiguous: outcomes[i] == SampleOutcome::Ambiguous,
                 });
+                next_anchor = next;
             }
         }
         Ok(())
+    }
+
+    /// [`Engine::attempt`] with the nearest donors, then, if that finds no alignment and they
+    /// differ, with the fallback donors (the nearest *repaired* samples: a shallow complete sample
+    /// between deep ones, such as a call to print between two deep recursions, offers no overlap).
+    fn attempt_with_fallback(
+        &mut self,
+        stack: StackId,
+        nearest: (Option<Donor>, Option<Donor>),
+        fallback: (Option<Donor>, Option<Donor>),
+    ) -> Option<(StackId, bool)> {
+        self.attempt(stack, nearest.0, nearest.1).or_else(|| {
+            let fallback = (fallback.0.or(nearest.0), fallback.1.or(nearest.1));
+            (fallback != nearest)
+                .then(|| self.attempt(stack, fallback.0, fallback.1))
+                .flatten()
+        })
     }
 
     /// Aligns the truncated `stack` against the donors; the repaired stack and whether it is a guess.
@@ -203,19 +232,14 @@ impl<'a> Engine<'a> {
         let mut t = std::mem::take(&mut self.scratch_t);
         let mut p = std::mem::take(&mut self.scratch_prev);
         let mut n = std::mem::take(&mut self.scratch_next);
-        self.code_frames(stack, &mut t);
-        p.clear();
-        n.clear();
-        if let Some(d) = prev {
-            self.code_frames(d.stack, &mut p);
-        }
-        if let Some(d) = next {
-            self.code_frames(d.stack, &mut n);
-        }
+        let [mut tk, mut pk, mut nk] = std::mem::take(&mut self.keys);
+        self.code_frames(Some(stack), &mut t, &mut tk);
+        self.code_frames(prev.map(|d| d.stack), &mut p, &mut pk);
+        self.code_frames(next.map(|d| d.stack), &mut n, &mut nk);
         let alignment = self.aligner.align(
-            &t,
-            prev.map(|_| p.as_slice()),
-            next.map(|_| n.as_slice()),
+            &tk,
+            prev.map(|_| pk.as_slice()),
+            next.map(|_| nk.as_slice()),
             self.min_overlap,
         );
         let result = alignment.map(|a| {
@@ -230,19 +254,28 @@ impl<'a> Engine<'a> {
         self.scratch_t = t;
         self.scratch_prev = p;
         self.scratch_next = n;
+        self.keys = [tk, pk, nk];
         result
     }
 
-    /// Code frames (pseudo frames left out) of `stack`, root first.
-    fn code_frames(&self, stack: StackId, out: &mut Vec<u32>) {
-        out.clear();
-        out.extend(
-            self.profile
-                .stack_frames(stack)
-                .filter(|f| !self.tables.pseudo[f.index()])
-                .map(|f| f.0),
-        );
-        out.reverse();
+    /// Code frames (pseudo frames left out) of `stack`, root first, and their alignment keys: the
+    /// frames' functions. Frames are matched by function, not address, so the same method at
+    /// another call site or in re-jitted code (tiered compilation) still aligns; the re-attached
+    /// base keeps the donor's own frames.
+    fn code_frames(&self, stack: Option<StackId>, frames: &mut Vec<u32>, keys: &mut Vec<u32>) {
+        frames.clear();
+        keys.clear();
+        let Some(stack) = stack else {
+            return;
+        };
+        for f in self.profile.stack_frames(stack) {
+            if !self.tables.pseudo[f.index()] {
+                frames.push(f.0);
+                keys.push(self.profile.frame(f).function.0);
+            }
+        }
+        frames.reverse();
+        keys.reverse();
     }
 
     /// `stack` with `base` inserted after its leading pseudo frames, interned.

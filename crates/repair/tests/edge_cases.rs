@@ -180,3 +180,51 @@ fn empty_and_pseudo_only_profiles_are_fine() {
     let report = repair(&mut b.p, &RepairOptions::default()).unwrap();
     assert_eq!(report.outcomes, [SampleOutcome::Whole]);
 }
+
+#[test]
+fn frames_align_by_function_so_rejitted_code_still_matches() {
+    // The donor ran tier-0 code of `b` and `c` (one address), the cut sample tier-1 code (another):
+    // different frames of the same functions.
+    let mut b = Builder::new("test");
+    let frame = |b: &mut Builder, name: &str, address: u64| {
+        let id = b.p.intern_named_frame(name, FrameKind::Jit);
+        let f = *b.p.frame(id);
+        b.p.intern_frame(rootline_profile::Frame { address, ..f })
+    };
+    let main = frame(&mut b, "main", 0x10);
+    let donor = [
+        main,
+        frame(&mut b, "a", 0x20),
+        frame(&mut b, "b", 0x30),
+        frame(&mut b, "c", 0x40),
+    ];
+    let cut = [
+        frame(&mut b, "b", 0x130),
+        frame(&mut b, "c", 0x140),
+        frame(&mut b, "d", 0x150),
+    ];
+    let donor = b.p.intern_stack_root_first(donor).unwrap();
+    let cut = b.p.intern_stack_root_first(cut).unwrap();
+    b.p.push_sample(1, b.thread, donor, &[1]).unwrap();
+    b.p.push_sample(2, b.thread, cut, &[1]).unwrap();
+    let report = repair(&mut b.p, &cap(3)).unwrap();
+    assert_eq!(report.outcomes[1], SampleOutcome::Exact);
+    let repaired: Vec<u64> =
+        b.p.stack_frames(b.p.samples().stacks[1])
+            .map(|f| b.p.frame(f).address)
+            .collect();
+    // The base is the donor's own frames; the cut part keeps its addresses.
+    assert_eq!(repaired, [0x150, 0x140, 0x130, 0x20, 0x10]);
+}
+
+#[test]
+fn a_shallow_sample_between_deep_ones_does_not_break_the_chain() {
+    let mut b = Builder::new("test");
+    b.sample(1, "main;a;b;c"); // complete (cap 5)
+    b.sample(2, "b;c;d;e;x"); // cut: repaired from sample 1
+    b.sample(3, "main;print"); // complete but shares nothing with the cut stacks
+    b.sample(4, "c;d;e;f;y"); // cut: the nearest donors offer nothing; the last repair does
+    let report = repair(&mut b.p, &cap(5)).unwrap();
+    assert_eq!(report.outcomes[3], SampleOutcome::Exact);
+    assert_eq!(b.stack_names(3), "main;a;b;c;d;e;f;y");
+}

@@ -1,0 +1,168 @@
+//! `rootline repair` on real data: a `.nettrace` collected here, with `rootline dotnet collect`, from
+//! a live .NET Core 3.1 process whose main thread recurses 150 frames deep (`Main` → `Down` ×150 →
+//! `Spin`), so EventPipe cuts its samples at 100 frames and they lose `Main`.
+
+#[path = "../../dotnet/tests/common/live.rs"]
+mod live;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use live::{Target, build_target, tools};
+use rootline_profile::{FrameKind, Profile};
+
+const MAIN: &str = "Rec!Rec.Main(class System.String[])";
+const DOWN: &str = "Rec!Rec.Down(int32,int32)";
+const THREAD_START: &str =
+    "System.Private.CoreLib!System.Threading.ThreadHelper.ThreadStart(class System.Object)";
+
+fn rootline(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(args)
+        .output()
+        .expect("run rootline")
+}
+
+fn names(p: &Profile, stack: rootline_profile::StackId) -> Vec<&str> {
+    let mut v: Vec<&str> = p
+        .stack_frames(stack)
+        .filter(|&f| p.frame(f).kind != FrameKind::Pseudo)
+        .map(|f| p.frame_name(f))
+        .collect();
+    v.reverse();
+    v
+}
+
+/// True when the main thread (tid = pid) has a whole sample caught inside the recursion: without
+/// one, no sample on that thread shows what lies below the cut.
+fn has_whole_recursion_sample(trace: &Path, pid: u32) -> bool {
+    let p = rootline_dotnet::read_profile(std::fs::File::open(trace).unwrap()).unwrap();
+    let s = p.samples();
+    (0..s.len()).any(|i| {
+        let n = names(&p, s.stacks[i]);
+        p.thread(s.threads[i]).tid == pid && n.first() == Some(&MAIN) && n.get(2) == Some(&DOWN)
+    })
+}
+
+/// `Main` spans per thread in a Chromium file, a span that ends where the next begins (the same
+/// call, another call site in `Main`) counted once.
+fn main_spans(json: &Path) -> HashMap<u64, usize> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    let mut spans = HashMap::new();
+    let mut last_end: HashMap<u64, String> = HashMap::new();
+    for e in v["traceEvents"].as_array().unwrap() {
+        if !e["name"].as_str().is_some_and(|n| MAIN.ends_with(n)) {
+            continue;
+        }
+        let tid = e["tid"].as_u64().unwrap();
+        let ts = e["ts"].to_string();
+        match e["ph"].as_str() {
+            Some("B") if last_end.get(&tid) != Some(&ts) => *spans.entry(tid).or_default() += 1,
+            Some("E") => {
+                last_end.insert(tid, ts);
+            }
+            _ => {}
+        }
+    }
+    spans
+}
+
+#[test]
+fn repair_restores_main_below_eventpipe_cut_stacks() {
+    let Some((dotnet, mcs)) = tools("repair_restores_main_below_eventpipe_cut_stacks") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_target(&dotnet, &mcs, dir.path());
+    let target = Target::start(&dotnet, &exe, 150, 30);
+    let pid = target.pid();
+    let trace = dir.path().join("rec.nettrace");
+    // Samples caught while the recursion descends or returns are rare (Spin dominates); collect
+    // until at least one was caught below the cap.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let out = rootline(&[
+            "dotnet",
+            "collect",
+            "-p",
+            &pid.to_string(),
+            "--duration",
+            "4",
+            "-o",
+            trace.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        if has_whole_recursion_sample(&trace, pid) {
+            break;
+        }
+        assert!(
+            tries < 5,
+            "no whole sample inside the recursion in {tries} traces"
+        );
+    }
+    drop(target);
+
+    let fixed = dir.path().join("fixed.json");
+    let out = rootline(&[
+        "repair",
+        trace.to_str().unwrap(),
+        "-o",
+        fixed.to_str().unwrap(),
+        "--report",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let report = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{report}");
+    assert!(report.starts_with("depth cap: 100"), "{report}");
+    let row: Vec<u64> = report
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&pid.to_string()))
+        .expect("a row for the main thread")
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let [samples, truncated, exact, ambiguous, unrepairable, ..] = row[..] else {
+        panic!("{row:?}");
+    };
+    assert!(truncated * 2 > samples, "{row:?}");
+    // The recursion count below the cut is not in the data: every repair says so.
+    assert_eq!((exact, unrepairable), (0, 0), "{row:?}");
+    assert_eq!(ambiguous, truncated);
+
+    // Every main-thread sample now runs from `Main`; the worker's whole stacks are untouched.
+    let repaired = rootline_formats::chromium::read(std::io::BufReader::new(
+        std::fs::File::open(&fixed).unwrap(),
+    ))
+    .unwrap();
+    let s = repaired.samples();
+    let (mut main_thread, mut worker) = (0, 0);
+    for i in 0..s.len() {
+        let n = names(&repaired, s.stacks[i]);
+        if repaired.thread(s.threads[i]).tid == pid {
+            main_thread += 1;
+            assert_eq!(n[0], MAIN, "{n:?}");
+        } else {
+            worker += 1;
+            assert_eq!(n[0], THREAD_START, "{n:?}");
+            assert!(n.len() < 100);
+        }
+    }
+    assert!(main_thread > 100 && worker > 100);
+
+    // In the timeline `Main` is one span again: the one real call.
+    let cut = dir.path().join("cut.json");
+    let out = rootline(&[
+        "convert",
+        trace.to_str().unwrap(),
+        "-o",
+        cut.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let (before, after) = (main_spans(&cut), main_spans(&fixed));
+    eprintln!("Main spans before {before:?}, after {after:?}");
+    assert_eq!(after.get(&u64::from(pid)), Some(&1), "{after:?}");
+    assert!(before.get(&u64::from(pid)).copied().unwrap_or(0) >= 1);
+}
