@@ -150,7 +150,7 @@ fn repair_restores_main_below_eventpipe_cut_stacks() {
             assert!(n.len() < 100);
         }
     }
-    assert!(main_thread > 100 && worker > 100);
+    assert!(main_thread > 10 && worker > 10, "{main_thread} {worker}");
 
     // In the timeline `Main` is one span again: the one real call.
     let cut = dir.path().join("cut.json");
