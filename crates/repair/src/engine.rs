@@ -9,10 +9,13 @@
 //!    link from one complete sample.
 //! 2. **Backward pass.** Samples the forward pass could not align try again with the nearest later
 //!    sample that is now complete or repaired (a run that only a later sample can anchor).
+//! 3. Whatever is left is kept with a `[truncated: depth cap N]` frame as its base.
 //!
 //! In both passes, when the nearest donors offer no alignment (typically a shallow complete sample
-//! sits between deep ones), the nearest *repaired* samples on each side are tried instead.
-//! 3. Whatever is left is kept with a `[truncated: depth cap N]` frame as its base.
+//! sits between deep ones, like a call to print between two deep recursions), the nearest
+//! *repaired* samples on each side are tried instead. Frames are compared by function, so the same
+//! method at another address (another call site, re-jitted code) still aligns; the re-attached
+//! base is the donor's own frames.
 //!
 //! A sample repaired from a guessed (ambiguous) donor is itself ambiguous. A run of identical
 //! truncated stacks costs O(1) per sample after the first (each is its predecessor's repair); any
