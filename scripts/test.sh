@@ -16,6 +16,8 @@ need_apt zlib1g-dev
 need_apt golang-go   # pprof tests: `go tool pprof -raw` reads our output and the fixtures
 command -v npm >/dev/null || need_apt npm   # pprof tests: npm pprof-format
 need_apt mono-mcs        # C# compiler for the live .NET targets (crates/dotnet/tests/live.rs)
+need_apt chromium        # headless browser for the speedscope web app check
+command -v node >/dev/null 2>&1 || need_apt nodejs
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi
@@ -40,6 +42,13 @@ fi
 if ! python3 -c 'import dotnetcore2' >/dev/null 2>&1; then
     log "installing the .NET Core 3.1 runtime (pip dotnetcore2)"
     python3 -m pip install -q dotnetcore2 || python3 -m pip install -q --break-system-packages dotnetcore2
+fi
+
+# ---- speedscope web app + puppeteer-core (npm, pinned by tests/js-speedscope/package-lock.json)
+if [ ! -d tests/js-speedscope/node_modules/speedscope ] || [ ! -d tests/js-speedscope/node_modules/puppeteer-core ] \
+    || [ tests/js-speedscope/package-lock.json -nt tests/js-speedscope/node_modules ]; then
+    log "installing npm packages in tests/js-speedscope"
+    (cd tests/js-speedscope && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 # ---- Rust checks and tests ---------------------------------------------------------------------

@@ -365,10 +365,12 @@ pub fn read(reader: impl BufRead) -> Result<Profile, FormatError> {
         profile.metadata.end_time_ns = end_ns.max(0) as u64;
     }
     if unclosed > 0 {
-        profile
-            .metadata
-            .extra
-            .insert("speedscope.unclosed_frames".into(), unclosed.to_string());
+        let extra = &mut profile.metadata.extra;
+        extra.insert("speedscope.unclosed_frames".into(), unclosed.to_string());
+        extra.insert(
+            format!("{}speedscope.unclosed_frames", crate::WARNING_PREFIX),
+            format!("{unclosed} frame(s) were never closed; they were closed at endValue"),
+        );
     }
     Ok(profile)
 }

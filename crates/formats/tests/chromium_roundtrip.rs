@@ -93,6 +93,10 @@ fn reads_the_dotnet_trace_dialect() {
     assert_eq!(p.metadata.extra["chromium.ts_unit"], "ms");
     // The Process frame stays open until 4.5 ms: it is reported as an unclosed slice.
     assert_eq!(p.metadata.extra["chromium.unclosed_slices"], "1");
+    let warnings: Vec<_> = rootline_formats::warnings(&p).collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].0, "chromium.unclosed_slices");
+    assert!(warnings[0].1.contains("pid 0 tid 4243"), "{warnings:?}");
     let totals = common::merged_stack_totals(&p, 0);
     let process = "Process64 Process(4242) (4242) Args: ";
     let main = format!("{process};Threads;Thread (4243);app!Program.Main(class System.String[])");

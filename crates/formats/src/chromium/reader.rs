@@ -5,11 +5,10 @@ use std::collections::HashMap;
 use rustc_hash::FxHashMap;
 use std::io::Read;
 
-use rootline_profile::{FrameKind, Profile, SampleType, StackId};
+mod build;
 
-use super::scan::{Decimal, Kind, Scanner, shorten};
-use super::timeline::{Action, Context, Counters, KeyTrie, NO_PARENT, Sink, StackRef, Timeline};
-use super::{DOTNET_DEPTH_CAP, is_pseudo_frame};
+use super::scan::{Decimal, Kind, Scanner};
+use super::timeline::{Action, Context, Counters, KeyTrie, Sink, StackRef, Timeline};
 use crate::error::{FormatError, Position};
 
 /// The name of a slice that has none (as speedscope shows it).
@@ -61,10 +60,12 @@ impl Field {
 }
 
 /// One `stackFrames` entry.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SfDef {
-    name: Box<str>,
-    category: Box<str>,
+    /// Interned name (index into the reader's names).
+    name: u32,
+    /// Interned category.
+    category: u32,
     parent: Option<u32>,
 }
 
@@ -121,7 +122,6 @@ pub(super) struct TraceReader {
     sf_dense: Vec<u32>,
     /// Frame key per `sf` index, once an event used it.
     sf_key: Vec<u32>,
-    sf_ids: Vec<Box<str>>,
     sf_defs: Vec<Option<SfDef>>,
     threads: Vec<(u32, u32)>,
     thread_index: FxHashMap<(u32, u32), u32>,
@@ -319,18 +319,27 @@ impl TraceReader {
                 return Err(sc.error("each `stackFrames` entry must be an object"));
             }
             sc.begin_object()?;
-            let mut def = SfDef::default();
+            let empty = self.name_of("");
+            let mut def = SfDef {
+                name: empty,
+                category: empty,
+                parent: None,
+            };
             let mut has_parent = false;
             let mut first_key = true;
             while sc.next_key(&mut first_key)? {
                 match sc.text.as_slice() {
                     b"name" => {
                         string_field(sc, "a stack frame's `name`")?;
-                        def.name = sc.text_str().into();
+                        let text = std::mem::take(&mut sc.text);
+                        def.name = self.name_of(std::str::from_utf8(&text).unwrap_or(""));
+                        sc.text = text;
                     }
                     b"category" => {
                         string_field(sc, "a stack frame's `category`")?;
-                        def.category = sc.text_str().into();
+                        let text = std::mem::take(&mut sc.text);
+                        def.category = self.name_of(std::str::from_utf8(&text).unwrap_or(""));
+                        sc.text = text;
                     }
                     b"parent" => {
                         sf_value(sc, &mut parent)?;
@@ -405,7 +414,6 @@ impl TraceReader {
         let i = self.sf_defs.len() as u32;
         self.sf_defs.push(None);
         self.sf_key.push(u32::MAX);
-        self.sf_ids.push(id.into());
         match small {
             Some(n) => {
                 let n = n as usize;
@@ -419,6 +427,15 @@ impl TraceReader {
             }
         }
         i
+    }
+
+    /// The id text of `stackFrames` index `sf`, for messages.
+    fn sf_id(&self, sf: u32) -> String {
+        if let Some(n) = self.sf_dense.iter().position(|&i| i == sf) {
+            return n.to_string();
+        }
+        let id = self.sf_index.iter().find(|&(_, &i)| i == sf);
+        id.map_or_else(String::new, |(id, _)| id.to_string())
     }
 
     fn name_of(&mut self, name: &str) -> u32 {
@@ -588,201 +605,5 @@ impl TraceReader {
         self.start = Some(self.start.map_or(ts, |s| s.min(ts)));
         self.end = self.end.max(ts);
         Ok(())
-    }
-
-    /// The display name of key `key`.
-    fn key_name(&self, key: u32) -> String {
-        let (sf, name) = self.keys[key as usize];
-        match self.sf_defs.get(sf as usize).and_then(Option::as_ref) {
-            Some(def) => self.sf_display_name(def),
-            None => self.names[name as usize].to_string(),
-        }
-    }
-
-    fn sf_display_name(&self, def: &SfDef) -> String {
-        if self.sample_event_dialect && !def.category.is_empty() {
-            // dotnet-trace splits `Module!Method` into category and name; put it back together.
-            format!("{}!{}", def.category, def.name)
-        } else {
-            def.name.to_string()
-        }
-    }
-
-    fn frame_kind(&self, name: &str) -> FrameKind {
-        if is_pseudo_frame(name) {
-            FrameKind::Pseudo
-        } else if self.dotnet {
-            FrameKind::Managed
-        } else {
-            FrameKind::Native
-        }
-    }
-
-    /// Ends every thread and builds the profile.
-    pub(super) fn finish(mut self) -> Result<Profile, FormatError> {
-        let end = self.end;
-        let mut unclosed: Vec<(u32, Vec<u32>)> = Vec::new();
-        let mut cx = Context {
-            trie: &mut self.trie,
-            sink: &mut self.sink,
-            counters: &mut self.counters,
-        };
-        for (i, timeline) in self.timelines.iter_mut().enumerate() {
-            let open = timeline.finish(end, &mut cx);
-            if !open.is_empty() {
-                unclosed.push((i as u32, open));
-            }
-        }
-
-        let mut types = Vec::new();
-        if self.slice_samples || !self.point_samples {
-            types.push(SampleType::wall_nanoseconds());
-        }
-        if self.point_samples {
-            types.push(SampleType::samples());
-        }
-        let mut profile = Profile::new(types);
-
-        let mut key_frames = vec![None; self.keys.len()];
-        let mut node_stacks: Vec<StackId> = Vec::with_capacity(self.trie.nodes.len());
-        for &(parent, key) in &self.trie.nodes {
-            let frame = match key_frames[key as usize] {
-                Some(f) => f,
-                None => {
-                    let name = self.key_name(key);
-                    let f = profile.intern_named_frame(&name, self.frame_kind(&name));
-                    key_frames[key as usize] = Some(f);
-                    f
-                }
-            };
-            let parent = (parent != NO_PARENT).then(|| node_stacks[parent as usize]);
-            node_stacks.push(profile.intern_stack(parent, frame));
-        }
-        let mut sf_stacks: HashMap<u32, StackId> = HashMap::new();
-        for stack in &self.sink.stacks {
-            if let StackRef::Sf(sf) = *stack
-                && !sf_stacks.contains_key(&sf)
-            {
-                let id = self.sf_chain(sf, &mut profile)?;
-                sf_stacks.insert(sf, id);
-            }
-        }
-
-        for &(pid, tid) in &self.threads {
-            let t = profile.intern_thread(pid, tid);
-            if let Some(name) = self.thread_names.get(&(pid, tid)) {
-                profile.set_thread_name(t, name);
-            }
-            if let Some(name) = self.process_names.get(&pid) {
-                profile.set_process_name(pid, name);
-            } else {
-                profile.intern_process(pid);
-            }
-        }
-
-        let wall = self.slice_samples || !self.point_samples;
-        let mut values = Vec::with_capacity(2);
-        for i in 0..self.sink.times.len() {
-            let stack = match self.sink.stacks[i] {
-                StackRef::Node(n) => node_stacks[n as usize],
-                StackRef::Sf(sf) => sf_stacks[&sf],
-            };
-            values.clear();
-            if wall {
-                values.push(self.sink.wall[i]);
-            }
-            if self.point_samples {
-                values.push(self.sink.count[i]);
-            }
-            let thread = rootline_profile::ThreadId(self.sink.threads[i]);
-            profile
-                .push_sample(self.sink.times[i] as u64, thread, stack, &values)
-                .map_err(|e| FormatError::invalid(Position::Input, e.to_string()))?;
-        }
-
-        let m = &mut profile.metadata;
-        m.producer = match (&self.declared_producer, self.dotnet) {
-            (Some(p), _) => format!("{p} (chromium)"),
-            (None, true) => "dotnet-trace (chromium)".into(),
-            (None, false) => "chromium trace events".into(),
-        };
-        if self.dotnet {
-            m.depth_cap = Some(DOTNET_DEPTH_CAP);
-        }
-        if self.declared_depth_cap.is_some() {
-            m.depth_cap = self.declared_depth_cap;
-        }
-        m.start_time_ns = self.start.unwrap_or(0) as u64;
-        m.end_time_ns = self.end.max(self.start.unwrap_or(0)) as u64;
-        let c = self.counters;
-        let extra = &mut m.extra;
-        let unit = match self.scale {
-            Some(0) => "ns",
-            Some(6) => "ms",
-            _ => "us",
-        };
-        extra.insert("chromium.ts_unit".into(), unit.into());
-        extra.insert(
-            "chromium.stack_transitions".into(),
-            c.transitions.to_string(),
-        );
-        let open_total: usize = unclosed.iter().map(|(_, o)| o.len()).sum();
-        extra.insert("chromium.unclosed_slices".into(), open_total.to_string());
-        for (name, value) in [
-            ("chromium.out_of_order_events", c.out_of_order),
-            ("chromium.unmatched_end_events", c.unmatched_end),
-            ("chromium.mismatched_end_events", c.mismatched_end),
-            ("chromium.zero_duration_slices", c.zero_duration),
-        ] {
-            if value > 0 {
-                extra.insert(name.into(), value.to_string());
-            }
-        }
-        for (thread, open) in &unclosed {
-            let (pid, tid) = self.threads[*thread as usize];
-            let names: Vec<String> = open.iter().map(|&k| shorten(&self.key_name(k))).collect();
-            profile
-                .metadata
-                .extra
-                .insert(format!("chromium.unclosed.{pid}.{tid}"), names.join(";"));
-        }
-        Ok(profile)
-    }
-
-    /// The profile stack of `stackFrames` entry `sf`: its parent chain, root first.
-    fn sf_chain(&self, sf: u32, profile: &mut Profile) -> Result<StackId, FormatError> {
-        let mut chain = Vec::new();
-        let mut next = Some(sf);
-        while let Some(id) = next {
-            if chain.len() > self.sf_defs.len() {
-                return Err(FormatError::invalid(
-                    Position::Input,
-                    format!(
-                        "`stackFrames` entry {:?} is its own ancestor (a parent cycle)",
-                        shorten(&self.sf_ids[sf as usize])
-                    ),
-                ));
-            }
-            chain.push(id);
-            next = self.sf_defs[id as usize].as_ref().and_then(|d| d.parent);
-        }
-        let mut parent = None;
-        for &id in chain.iter().rev() {
-            let frame = match &self.sf_defs[id as usize] {
-                Some(def) => {
-                    let name = self.sf_display_name(def);
-                    profile.intern_named_frame(&name, self.frame_kind(&name))
-                }
-                None => profile.intern_named_frame(
-                    &format!(
-                        "[truncated: no stackFrames entry {}]",
-                        shorten(&self.sf_ids[id as usize])
-                    ),
-                    FrameKind::Truncated,
-                ),
-            };
-            parent = Some(profile.intern_stack(parent, frame));
-        }
-        parent.ok_or_else(|| FormatError::invalid(Position::Input, "an empty stack"))
     }
 }

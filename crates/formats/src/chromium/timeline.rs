@@ -32,6 +32,11 @@ impl KeyTrie {
         }
         id
     }
+
+    /// Frees the lookup index once no more nodes will be added.
+    pub fn release_index(&mut self) {
+        self.index = FxHashMap::default();
+    }
 }
 
 /// Where a sample's stack comes from.

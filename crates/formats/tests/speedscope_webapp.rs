@@ -1,0 +1,93 @@
+//! speedscope output opened by the speedscope web app itself (npm `speedscope`) in headless
+//! Chromium, driven by `tests/js-speedscope/speedscope-check.mjs` (installed by `scripts/test.sh`).
+
+use std::path::Path;
+use std::process::Command;
+
+use rootline_formats::speedscope;
+use rootline_profile::{FrameKind, Profile, SampleType};
+
+fn workspace() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// True when the checker can run; otherwise fails in CI and skips (with the reason) elsewhere.
+fn tools_present() -> bool {
+    let js = workspace().join("tests/js-speedscope/node_modules/puppeteer-core");
+    let missing: Vec<&str> = [
+        (!js.exists()).then_some("tests/js-speedscope/node_modules (npm ci there)"),
+        (!Path::new("/usr/bin/chromium").exists()).then_some("/usr/bin/chromium (apt chromium)"),
+        Command::new("node")
+            .arg("--version")
+            .output()
+            .is_err()
+            .then_some("node"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let reason = format!(
+        "missing {}; scripts/test.sh installs them",
+        missing.join(", ")
+    );
+    assert!(std::env::var_os("CI").is_none(), "{reason}");
+    eprintln!("skipping the speedscope web app check: {reason}");
+    false
+}
+
+fn profile() -> Profile {
+    let mut p = Profile::new(vec![SampleType::wall_nanoseconds()]);
+    p.set_process_name(9, "checkout-service");
+    let names = [
+        "Checkout!Program.Main(string[])",
+        "Checkout!OrderService.PlaceOrder()",
+        "Checkout!PriceCalculator.Total(Order)",
+        "Checkout!TaxTable.Lookup(string)",
+    ];
+    for t in 0..2u32 {
+        let thread = p.intern_thread(9, 90 + t);
+        p.set_thread_name(thread, &format!("request worker {t}"));
+        for s in 0..40u32 {
+            let depth = 2 + (s % 3) as usize;
+            let frames: Vec<_> = names[..depth]
+                .iter()
+                .map(|n| p.intern_named_frame(n, FrameKind::Managed))
+                .collect();
+            let stack = p.intern_stack_root_first(frames).unwrap();
+            p.push_sample(u64::from(s) * 1_000_000, thread, stack, &[1_000_000])
+                .unwrap();
+        }
+    }
+    p
+}
+
+#[test]
+fn speedscope_web_app_renders_our_output() {
+    if !tools_present() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rootline-speedscope-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("checkout.speedscope.json");
+    let mut out = Vec::new();
+    speedscope::write(&profile(), &mut out).unwrap();
+    std::fs::write(&file, &out).unwrap();
+    let output = Command::new("node")
+        .arg(workspace().join("tests/js-speedscope/speedscope-check.mjs"))
+        .arg(&file)
+        .arg("request worker 0 (pid 9, tid 90)")
+        .args(["OrderService.PlaceOrder()", "TaxTable.Lookup(string)"])
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        output.status.success(),
+        "speedscope check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+}
