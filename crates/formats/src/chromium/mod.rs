@@ -30,6 +30,7 @@
 //! specifies, `stackFrames` has one entry per distinct stack node (so an `sf`'s parent chain is the
 //! exact stack), and names are JSON-escaped; `otherData` says so (`"tsUnit": "us"`).
 
+mod decimal;
 mod reader;
 mod scan;
 mod timeline;

@@ -202,7 +202,7 @@ impl TraceReader {
                 sc.begin_object()?;
                 let mut first = true;
                 while sc.next_key(&mut first)? {
-                    match sc.text.as_slice() {
+                    match sc.text.as_bytes() {
                         b"traceEvents" => self.read_events(sc, false)?,
                         b"samples" => self.read_samples(sc)?,
                         b"stackFrames" => self.read_stack_frames(sc)?,
@@ -260,10 +260,10 @@ impl TraceReader {
         let ev = &mut self.ev;
         let mut first = true;
         while sc.next_key(&mut first)? {
-            match Field::of(&sc.text) {
+            match Field::of(sc.text.as_bytes()) {
                 Field::Ph => {
                     string_field(sc, "`ph`")?;
-                    ev.ph = sc.text.first().copied().unwrap_or(0);
+                    ev.ph = sc.text.as_bytes().first().copied().unwrap_or(0);
                 }
                 Field::Name => {
                     string_field(sc, "`name`")?;
@@ -272,7 +272,7 @@ impl TraceReader {
                 }
                 Field::Cat => {
                     string_field(sc, "`cat`")?;
-                    ev.sample_event = sc.text == b"sampleEvent";
+                    ev.sample_event = sc.text == "sampleEvent";
                 }
                 Field::Ts => ev.ts = Some(sc.number_or_numeric_string("`ts`")?),
                 Field::Dur => ev.dur = Some(sc.number_or_numeric_string("`dur`")?),
@@ -288,7 +288,7 @@ impl TraceReader {
                     sc.begin_object()?;
                     let mut first = true;
                     while sc.next_key(&mut first)? {
-                        if sc.text == b"name" && sc.kind()? == Kind::String {
+                        if sc.text == "name" && sc.kind()? == Kind::String {
                             sc.string()?;
                             ev.args_name.clear();
                             ev.args_name.push_str(sc.text_str());
@@ -328,17 +328,17 @@ impl TraceReader {
             let mut has_parent = false;
             let mut first_key = true;
             while sc.next_key(&mut first_key)? {
-                match sc.text.as_slice() {
+                match sc.text.as_bytes() {
                     b"name" => {
                         string_field(sc, "a stack frame's `name`")?;
                         let text = std::mem::take(&mut sc.text);
-                        def.name = self.name_of(std::str::from_utf8(&text).unwrap_or(""));
+                        def.name = self.name_of(&text);
                         sc.text = text;
                     }
                     b"category" => {
                         string_field(sc, "a stack frame's `category`")?;
                         let text = std::mem::take(&mut sc.text);
-                        def.category = self.name_of(std::str::from_utf8(&text).unwrap_or(""));
+                        def.category = self.name_of(&text);
                         sc.text = text;
                     }
                     b"parent" => {
@@ -364,7 +364,7 @@ impl TraceReader {
         sc.begin_object()?;
         let mut first = true;
         while sc.next_key(&mut first)? {
-            match Field::of(&sc.text) {
+            match Field::of(sc.text.as_bytes()) {
                 Field::Producer if sc.kind()? == Kind::String => {
                     sc.string()?;
                     self.declared_producer = Some(sc.text_str().to_owned());
@@ -381,7 +381,7 @@ impl TraceReader {
                 }
                 Field::TsUnit if sc.kind()? == Kind::String => {
                     sc.string()?;
-                    let scale = match sc.text.as_slice() {
+                    let scale = match sc.text.as_bytes() {
                         b"ns" => 0,
                         b"us" => 3,
                         b"ms" => 6,
