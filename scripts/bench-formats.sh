@@ -3,6 +3,9 @@
 # (4 threads, 1 ms samples, ~100-deep stacks) of 100 MB and 1 GB: MB/s for reading and writing
 # (wall clock and CPU time) and the reader's peak RSS from /usr/bin/time -v.
 #
+# A second 1 GB trace cycles through a fixed pool of 500 stacks per thread, to show that memory
+# follows distinct stacks and samples, not file size.
+#
 # Usage: scripts/bench-formats.sh [SIZES_MB...]   (default: 100 1024)
 # The traces go to $BENCH_DIR (default: target/bench-formats) and are kept for reruns.
 set -euo pipefail
@@ -54,3 +57,12 @@ for mb in "${sizes[@]}"; do
     "$bin" write "$trace" "$out"
     rm -f "$out"
 done
+
+pooled="$dir/dotnet-style-1024MB-pool500.json"
+if [ ! -s "$pooled" ]; then
+    echo "generating $pooled" >&2
+    "$bin" generate "$pooled" 1024 500 >&2
+fi
+bytes=$(stat -c %s "$pooled")
+echo "== 1024 MB trace, 500 distinct stacks per thread ($bytes bytes)"
+echo "read:  $(measure "$bytes" "$bin" read "$pooled")"

@@ -1,8 +1,9 @@
 //! Benchmark helper for `scripts/bench-formats.sh` (not part of the CLI).
 //!
-//! `chromium_bench generate OUT MB` writes a dotnet-trace style Chromium trace of about MB
+//! `chromium_bench generate OUT MB [POOL]` writes a dotnet-trace style Chromium trace of about MB
 //! megabytes: several threads, 1 ms samples, ~100-deep managed stacks under dotnet-trace's pseudo
-//! frames, changing a few frames per sample.
+//! frames, changing a few frames per sample. With POOL, each thread cycles through its first POOL
+//! stacks, so the number of distinct stacks stays fixed however large the file grows.
 //! `chromium_bench read IN` reads a trace and reports MB/s, samples and distinct stacks.
 //! `chromium_bench write IN OUT` reads a trace, then writes it again and reports the write MB/s.
 
@@ -16,7 +17,7 @@ use rootline_profile::{FrameKind, Profile, SampleType};
 const THREADS: u32 = 4;
 const DEPTH: usize = 100;
 
-fn generate(samples_per_thread: u32) -> Profile {
+fn generate(samples_per_thread: u32, pool: Option<u32>) -> Profile {
     let mut p = Profile::new(vec![SampleType::wall_nanoseconds()]);
     let pid = 4242;
     p.set_process_name(pid, "Demo.App");
@@ -40,7 +41,14 @@ fn generate(samples_per_thread: u32) -> Profile {
         let thread_frame = p.intern_named_frame(&format!("Thread ({tid})"), FrameKind::Pseudo);
         // A managed call path that random-walks: each sample keeps most of the previous stack.
         let mut path: Vec<u32> = (0..DEPTH as u32 - 4).map(|d| d % 40).collect();
+        let mut stacks = Vec::new();
         for s in 0..samples_per_thread {
+            if let Some(pool) = pool.filter(|&p| s >= p) {
+                let stack = stacks[(s % pool) as usize];
+                let time = 1_000_000 * u64::from(s) + u64::from(t) * 1000;
+                p.push_sample(time, thread, stack, &[1_000_000]).unwrap();
+                continue;
+            }
             let keep = path.len() - (next() % 8) as usize;
             path.truncate(keep);
             while path.len() < DEPTH - 4 {
@@ -59,6 +67,7 @@ fn generate(samples_per_thread: u32) -> Profile {
             }
             frames.push(cpu);
             let stack = p.intern_stack_root_first(frames).unwrap();
+            stacks.push(stack);
             let time = 1_000_000 * u64::from(s) + u64::from(t) * 1000;
             p.push_sample(time, thread, stack, &[1_000_000]).unwrap();
         }
@@ -85,12 +94,13 @@ fn size_of(profile: &Profile) -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("generate") if args.len() == 4 => {
+        Some("generate") if args.len() == 4 || args.len() == 5 => {
             let target: u64 = args[3].parse::<u64>().expect("MB") << 20;
-            let pilot = 500;
-            let per_sample = size_of(&generate(pilot)) as f64 / f64::from(pilot);
+            let pool = args.get(4).map(|p| p.parse::<u32>().expect("POOL"));
+            let pilot = 2000;
+            let per_sample = size_of(&generate(pilot, pool)) as f64 / f64::from(pilot);
             let n = (target as f64 / per_sample).ceil() as u32;
-            let profile = generate(n);
+            let profile = generate(n, pool);
             let start = Instant::now();
             let file = File::create(&args[2]).expect("create output");
             chromium::write(&profile, file).expect("write");
@@ -133,7 +143,7 @@ fn main() {
             );
         }
         _ => {
-            eprintln!("usage: chromium_bench generate OUT MB | read IN | write IN OUT");
+            eprintln!("usage: chromium_bench generate OUT MB [POOL] | read IN | write IN OUT");
             std::process::exit(1);
         }
     }
