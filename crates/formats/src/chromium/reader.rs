@@ -38,22 +38,50 @@ enum Field {
 }
 
 impl Field {
+    /// The field a key names. Keys are compared as packed integers: a match on byte strings costs
+    /// a `memcmp` call per candidate, and this runs for every key of every event.
     fn of(key: &[u8]) -> Field {
-        match key {
-            b"ph" => Field::Ph,
-            b"name" => Field::Name,
-            b"cat" => Field::Cat,
-            b"ts" => Field::Ts,
-            b"dur" => Field::Dur,
-            b"tdur" => Field::Tdur,
-            b"weight" => Field::Weight,
-            b"pid" => Field::Pid,
-            b"tid" => Field::Tid,
-            b"sf" => Field::Sf,
-            b"args" => Field::Args,
-            b"producer" => Field::Producer,
-            b"depthCap" => Field::DepthCap,
-            b"tsUnit" => Field::TsUnit,
+        const fn pack(key: &[u8]) -> u64 {
+            let mut v = 0u64;
+            let mut i = 0;
+            while i < key.len() {
+                v |= (key[i] as u64) << (8 * i);
+                i += 1;
+            }
+            v
+        }
+        const PH: u64 = pack(b"ph");
+        const NAME: u64 = pack(b"name");
+        const CAT: u64 = pack(b"cat");
+        const TS: u64 = pack(b"ts");
+        const DUR: u64 = pack(b"dur");
+        const TDUR: u64 = pack(b"tdur");
+        const WEIGHT: u64 = pack(b"weight");
+        const PID: u64 = pack(b"pid");
+        const TID: u64 = pack(b"tid");
+        const SF: u64 = pack(b"sf");
+        const ARGS: u64 = pack(b"args");
+        const PRODUCER: u64 = pack(b"producer");
+        const DEPTH_CAP: u64 = pack(b"depthCap");
+        const TS_UNIT: u64 = pack(b"tsUnit");
+        if key.is_empty() || key.len() > 8 {
+            return Field::Other;
+        }
+        match pack(key) {
+            PH => Field::Ph,
+            NAME => Field::Name,
+            CAT => Field::Cat,
+            TS => Field::Ts,
+            DUR => Field::Dur,
+            TDUR => Field::Tdur,
+            WEIGHT => Field::Weight,
+            PID => Field::Pid,
+            TID => Field::Tid,
+            SF => Field::Sf,
+            ARGS => Field::Args,
+            PRODUCER => Field::Producer,
+            DEPTH_CAP => Field::DepthCap,
+            TS_UNIT => Field::TsUnit,
             _ => Field::Other,
         }
     }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use rootline_profile::{FrameKind, Profile, SampleType, StackId};
+use rootline_profile::{FrameId, FrameKind, Profile, SampleType, StackId};
 
 use super::super::scan::shorten;
 use super::super::timeline::{Context, NO_PARENT, StackRef};
@@ -19,6 +19,15 @@ impl TraceReader {
         match self.sf_defs.get(sf as usize).and_then(Option::as_ref) {
             Some(def) => self.sf_display_name(def),
             None => self.names[name as usize].to_string(),
+        }
+    }
+
+    /// The (name, category) a key is named by; keys with equal pairs get equal frames.
+    fn key_pair(&self, key: u32) -> (u32, u32) {
+        let (sf, name) = self.keys[key as usize];
+        match self.sf_defs.get(sf as usize).and_then(Option::as_ref) {
+            Some(def) => (def.name, def.category),
+            None => (name, u32::MAX),
         }
     }
 
@@ -74,13 +83,23 @@ impl TraceReader {
         let mut profile = Profile::new(types);
 
         let mut key_frames = vec![None; self.keys.len()];
+        let mut pair_frames: HashMap<(u32, u32), FrameId> = HashMap::new();
         let mut node_stacks: Vec<StackId> = Vec::with_capacity(self.trie.nodes.len());
         for &(parent, key) in &self.trie.nodes {
             let frame = match key_frames[key as usize] {
                 Some(f) => f,
                 None => {
-                    let name = self.key_name(key);
-                    let f = profile.intern_named_frame(&name, self.frame_kind(&name));
+                    // Many keys (one per `stackFrames` entry) share a name: build each name once.
+                    let pair = self.key_pair(key);
+                    let f = match pair_frames.get(&pair) {
+                        Some(&f) => f,
+                        None => {
+                            let name = self.key_name(key);
+                            let f = profile.intern_named_frame(&name, self.frame_kind(&name));
+                            pair_frames.insert(pair, f);
+                            f
+                        }
+                    };
                     key_frames[key as usize] = Some(f);
                     f
                 }
