@@ -150,8 +150,11 @@ fn reads_x_events_samples_and_metadata() {
     let samples = r#"{"samples": [{"ts": 5, "tid": 1, "pid": 1, "sf": "7", "weight": "2"}],
       "stackFrames": {"7": {"name": "leaf", "parent": 3}, "3": {"name": "root"}}}"#;
     let p = chromium::read(samples.as_bytes()).unwrap();
-    assert_eq!(p.sample_types(), [SampleType::samples()]);
-    let totals = common::merged_stack_totals(&p, 0);
+    assert_eq!(
+        p.sample_types(),
+        [SampleType::wall_nanoseconds(), SampleType::samples()]
+    );
+    let totals = common::merged_stack_totals(&p, 1);
     assert_eq!(totals, [("root;leaf".to_owned(), 2)].into_iter().collect());
 }
 

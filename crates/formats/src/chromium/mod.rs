@@ -10,7 +10,9 @@
 //!   its `ts` values are read as milliseconds, the producer is `dotnet-trace (chromium)`, and the
 //!   EventPipe depth cap of 100 frames is recorded in the metadata for stack repair.
 //! - `B`/`E` and `X` (complete) slices of any producer, `ts`/`dur` in microseconds.
-//! - the `samples` + `stackFrames` dialect: point samples whose stack is the `sf` entry's parent chain.
+//! - the `samples` + `stackFrames` dialect: point samples whose stack is the `sf` entry's parent
+//!   chain; each counts its `weight` in a `samples` column and, as in speedscope, lasts until the
+//!   next sample on its thread in the `wall` column (the last one on a thread weighs 0 ns).
 //!
 //! Slices rebuild samples per thread: every `B`, `E` or `X` boundary is a stack transition, and the
 //! stack of open slices after it lasts until that thread's next event — one sample whose weight is

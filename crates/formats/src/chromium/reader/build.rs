@@ -73,10 +73,23 @@ impl TraceReader {
         self.key_index = Default::default();
         self.name_index = Default::default();
 
-        let mut types = Vec::new();
-        if self.slice_samples || !self.point_samples {
-            types.push(SampleType::wall_nanoseconds());
+        // Point samples (`samples` entries) last until the next one on their thread, as speedscope
+        // shows them; the last one on a thread has no known length and weighs 0 ns.
+        if self.point_samples {
+            let mut per_thread: Vec<Vec<usize>> = vec![Vec::new(); self.threads.len()];
+            for (i, stack) in self.sink.stacks.iter().enumerate() {
+                if matches!(stack, StackRef::Sf(_)) {
+                    per_thread[self.sink.threads[i] as usize].push(i);
+                }
+            }
+            for mut list in per_thread {
+                list.sort_by_key(|&i| self.sink.times[i]);
+                for pair in list.windows(2) {
+                    self.sink.wall[pair[0]] = self.sink.times[pair[1]] - self.sink.times[pair[0]];
+                }
+            }
         }
+        let mut types = vec![SampleType::wall_nanoseconds()];
         if self.point_samples {
             types.push(SampleType::samples());
         }
@@ -129,7 +142,6 @@ impl TraceReader {
             }
         }
 
-        let wall = self.slice_samples || !self.point_samples;
         let mut values = Vec::with_capacity(2);
         for i in 0..self.sink.times.len() {
             let stack = match self.sink.stacks[i] {
@@ -137,9 +149,7 @@ impl TraceReader {
                 StackRef::Sf(sf) => sf_stacks[&sf],
             };
             values.clear();
-            if wall {
-                values.push(self.sink.wall[i]);
-            }
+            values.push(self.sink.wall[i]);
             if self.point_samples {
                 values.push(self.sink.count[i]);
             }
