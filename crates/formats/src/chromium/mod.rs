@@ -30,7 +30,14 @@
 //! `stackFrames` with `name`/`category`/`parent` — plus `M` events naming processes and threads so
 //! Perfetto shows named tracks. Unlike dotnet-trace, `ts` is in microseconds as the format
 //! specifies, `stackFrames` has one entry per distinct stack node (so an `sf`'s parent chain is the
-//! exact stack), and names are JSON-escaped; `otherData` says so (`"tsUnit": "us"`).
+//! exact stack), and names are JSON-escaped; `otherData` says so (`"tsUnit": "us"`) and carries the
+//! profile's depth cap. A sample sharing its timestamp with the next one on its thread has no length
+//! and leaves no slice; samples without distinct times (e.g. from collapsed stacks) are laid end to
+//! end, each lasting its time value (or 1 ms when the profile has no time column).
+//!
+//! Limits: strings are at most 1 MiB, nesting at most 128 levels, and the JSON must be valid (a
+//! dotnet-trace export whose names hold unescaped `"` or `\`, which TraceEvent does not escape, is
+//! reported as an error at the offending byte).
 
 mod decimal;
 mod reader;
