@@ -125,6 +125,12 @@ fn reads_the_dotnet_trace_dialect() {
     }
     // 11 events, each changes the open stack.
     assert_eq!(p.metadata.extra["chromium.stack_transitions"], "11");
+
+    // Written again (µs, one stackFrames entry per node) it keeps stacks, totals and depth cap.
+    let back = chromium::read(&write(&p)[..]).unwrap();
+    assert_eq!(common::stack_totals(&back, 0), common::stack_totals(&p, 0));
+    assert_eq!(back.metadata.depth_cap, Some(100));
+    assert_eq!(back.metadata.extra["chromium.ts_unit"], "us");
 }
 
 #[test]
