@@ -67,6 +67,30 @@ fn round_trip_keeps_stacks_totals_and_names() {
 }
 
 #[test]
+fn round_trip_across_the_reorder_window() {
+    // More events on one thread than the reader's per-thread reorder window holds (65,536), so
+    // nesting happens in several batches.
+    let original = timed_profile(1, 15_000, 12);
+    let text = write(&original);
+    let back = chromium::read(&text[..]).unwrap();
+    let transitions: u64 = back.metadata.extra["chromium.stack_transitions"]
+        .parse()
+        .unwrap();
+    assert!(transitions > 70_000, "only {transitions} transitions");
+    assert_eq!(back.totals(), original.totals());
+    assert_eq!(
+        common::stack_totals(&back, 0),
+        common::stack_totals(&original, 0)
+    );
+    assert!(
+        !back
+            .metadata
+            .extra
+            .contains_key("chromium.out_of_order_events")
+    );
+}
+
+#[test]
 fn samples_without_times_are_laid_end_to_end() {
     // Collapsed stacks carry no times and no time column: each sample is laid after the
     // previous one and lasts 1 ms.
