@@ -30,6 +30,11 @@ pub trait Memory {
     fn read_code(&mut self, _addr: u64, _buf: &mut [u8]) -> bool {
         false
     }
+    /// Address range of the JIT function containing `addr` (code without a file image), from
+    /// the runtime's perf map or jitdump, when known.
+    fn jit_function(&mut self, _addr: u64) -> Option<std::ops::Range<u64>> {
+        None
+    }
 }
 
 /// A live reader of process memory, used past the end of a sample's copied stack (and for code
@@ -340,6 +345,10 @@ fn no_cfi_rule(
             (at_ip, prev, function)
         }
         None => {
+            if let Some(function) = mem.jit_function(lookup) {
+                return crate::jit::frame_state::rule_in_memory(function, lookup, first, mem)
+                    .ok_or(TruncateReason::NoUnwindInfo);
+            }
             let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
                 &at_ip_buf
             } else {
@@ -384,6 +393,14 @@ fn exec_no_cfi(
             }
             let ra = read(mem, bp.wrapping_add(8))?;
             (ra, bp.checked_add(16), read(mem, bp)?)
+        }
+        NoCfiRule::ReturnAt { ra, saved_bp } => {
+            let new_bp = match saved_bp {
+                Some(o) => read(mem, sp.wrapping_add(u64::from(o)))?,
+                None => bp,
+            };
+            let ra_at = sp.wrapping_add(u64::from(ra));
+            (read(mem, ra_at)?, ra_at.checked_add(8), new_bp)
         }
     };
     let new_sp = new_sp.ok_or(TruncateReason::BadFramePointer)?;
