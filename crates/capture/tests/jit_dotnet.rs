@@ -91,6 +91,11 @@ const EDGES: [(&str, &str); 5] = [
 
 const RECURSION: [(&str, usize); 2] = [("Main", DEEP + 1), ("Shallow", SHALLOW + 1)];
 
+/// Mono's test takes many samples: a shallower recursion keeps each one cheap.
+const MONO_DEEP: usize = 20;
+const MONO_SHALLOW: usize = 10;
+const MONO_RECURSION: [(&str, usize); 2] = [("Main", MONO_DEEP + 1), ("Shallow", MONO_SHALLOW + 1)];
+
 #[test]
 fn coreclr_frames_are_named_whole_and_true() {
     let test = "coreclr_frames_are_named_whole_and_true";
@@ -114,7 +119,7 @@ fn coreclr_frames_are_named_whole_and_true() {
         .env("COMPlus_PerfMapEnabled", "1")
         .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
     let target = Running::start(cmd);
-    let recording = record_pid(target.pid(), 4000, 6.0);
+    let recording = record_pid(target.pid(), 4000, 6.0, 60);
     let graph = Graph {
         short: &coreclr_short,
         entries: &["Main", "Shallow"],
@@ -146,4 +151,47 @@ fn coreclr_frames_are_named_whole_and_true() {
         .expect("a Main frame");
     assert_eq!(main.kind, rootline_profile::FrameKind::Managed);
     assert_eq!(p.string(p.mapping(main.mapping.unwrap()).path), "Calls");
+}
+
+#[test]
+fn mono_frames_are_named_whole_and_true() {
+    let test = "mono_frames_are_named_whole_and_true";
+    let Some(mono) = require(test, "mono (apt-get install mono-runtime)", which("mono")) else {
+        return;
+    };
+    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(&mcs, dir.path(), None);
+    let mut cmd = Command::new(&mono);
+    cmd.arg("--jitmap").arg(&exe).args([
+        MONO_DEEP.to_string(),
+        MONO_SHALLOW.to_string(),
+        "2".into(),
+        "60".into(),
+    ]);
+    let target = Running::start(cmd);
+    let recording = record_pid(target.pid(), 20_000, 10.0, 16);
+    let graph = Graph {
+        short: &mono_short,
+        entries: &["Main", "Shallow"],
+        edges: &EDGES,
+        recursion: Some(("Down", "Spin", &MONO_RECURSION)),
+        is_root: &is_native_root,
+    };
+    let v = check(&recording.profile, &graph);
+    v.print("mono");
+    assert!(
+        v.program_samples >= 20_000,
+        "{} program samples",
+        v.program_samples
+    );
+    assert_eq!(v.impossible_edges, 0);
+    assert_eq!(v.invented, 0);
+    assert_eq!(v.unnamed, 0);
+    assert_eq!(v.not_reaching_entry, 0);
+    assert_eq!(v.truncated, 0);
+    assert_eq!(v.wrong_recursion, 0);
 }

@@ -104,11 +104,11 @@ const EPILOGUE_BYTES: u64 = 384;
 
 /// The rule for the frame at `lookup` (the instruction pointer for the leaf, the return
 /// address minus one for callers) in the JIT function `function`, reading its code from `mem`.
-pub fn rule_in_memory(
+pub fn rule_in_memory<M: Memory + ?Sized>(
     function: std::ops::Range<u64>,
     lookup: u64,
     leaf: bool,
-    mem: &mut dyn Memory,
+    mem: &mut M,
 ) -> Option<NoCfiRule> {
     let target = if leaf { lookup } else { lookup.checked_add(1)? };
     let offset = usize::try_from(target.checked_sub(function.start)?).ok()?;
@@ -169,6 +169,12 @@ fn epilogue_scan(code: &[u8]) -> Option<State> {
             }
             Mnemonic::Add if op0_is_rsp(&instr) => up = up.checked_add(imm(&instr)?)?,
             Mnemonic::Lea if op0_is_rsp(&instr) => up = up.checked_add(rsp_lea(&instr)?)?,
+            _ if is_nop_lea(&instr) => {}
+            // Saving the caller's `rbp` is prologue work: not a path to `ret` that tells.
+            _ if rbp_store(&instr).is_some() => return None,
+            _ if rbp_load(&instr).is_some() => {
+                saved_bp = Some(up.checked_add(rbp_load(&instr)?)?);
+            }
             _ => {
                 if instr.stack_pointer_increment() != 0
                     || writes_sp_or_bp(&instr)
@@ -188,6 +194,40 @@ fn rsp_lea(i: &Instruction) -> Option<u32> {
         return None;
     }
     u32::try_from(i.memory_displacement64() as i64).ok()
+}
+
+/// `lea reg, [reg+0]` (a multi-byte no-op some JITs pad with).
+fn is_nop_lea(i: &Instruction) -> bool {
+    i.mnemonic() == Mnemonic::Lea
+        && i.memory_base() == i.op0_register()
+        && i.memory_index() == Register::None
+        && i.memory_displacement64() == 0
+}
+
+/// `mov [rsp+d], rbp` (d ≥ 0): a save of the caller's `rbp` in a frameless prologue.
+fn rbp_store(i: &Instruction) -> Option<u32> {
+    (i.mnemonic() == Mnemonic::Mov
+        && i.op_count() == 2
+        && i.op_kind(0) == OpKind::Memory
+        && is_sp(i.memory_base())
+        && i.memory_index() == Register::None
+        && i.op_kind(1) == OpKind::Register
+        && i.op1_register() == Register::RBP)
+        .then(|| u32::try_from(i.memory_displacement64() as i64).ok())
+        .flatten()
+}
+
+/// `mov rbp, [rsp+d]` (d ≥ 0): the caller's `rbp` restored from a save slot.
+fn rbp_load(i: &Instruction) -> Option<u32> {
+    (i.mnemonic() == Mnemonic::Mov
+        && i.op_count() == 2
+        && i.op_kind(0) == OpKind::Register
+        && i.op0_register() == Register::RBP
+        && i.op_kind(1) == OpKind::Memory
+        && is_sp(i.memory_base())
+        && i.memory_index() == Register::None)
+        .then(|| u32::try_from(i.memory_displacement64() as i64).ok())
+        .flatten()
 }
 
 fn op0_is_rsp(i: &Instruction) -> bool {
@@ -242,6 +282,13 @@ fn prologue_state(code: &[u8], target: usize) -> Option<State> {
             }
             _ => None,
         };
+        if is_nop_lea(&instr) {
+            continue;
+        }
+        if let Some(d) = rbp_store(&instr) {
+            s.saved_bp.get_or_insert(d);
+            continue;
+        }
         if let Some(n) = down {
             s.ra = s.ra.checked_add(n)?;
             s.saved_bp = s.saved_bp.map(|b| b + n);
@@ -435,6 +482,47 @@ mod tests {
         );
         assert_eq!(leaf(HOTSPOT, 22), Some(ReturnAtSp));
         assert_eq!(leaf(HOTSPOT, 29), Some(ReturnAtSp));
+    }
+
+    /// Mono without a frame pointer: `sub rsp,0x18; mov [rsp],rbx; mov [rsp+8],rbp;
+    /// call rax; lea rbp,[rbp+0]; mov rbx,[rsp]; mov rbp,[rsp+8]; add rsp,0x18; ret`.
+    const MONO: &[u8] = &[
+        0x48, 0x83, 0xec, 0x18, // 0 sub rsp,0x18
+        0x48, 0x89, 0x1c, 0x24, // 4 mov [rsp],rbx
+        0x48, 0x89, 0x6c, 0x24, 0x08, // 8 mov [rsp+8],rbp
+        0xff, 0xd0, // 13 call rax
+        0x48, 0x8d, 0x6d, 0x00, // 15 lea rbp,[rbp+0]
+        0x48, 0x8b, 0x1c, 0x24, // 19 mov rbx,[rsp]
+        0x48, 0x8b, 0x6c, 0x24, 0x08, // 23 mov rbp,[rsp+8]
+        0x48, 0x83, 0xc4, 0x18, // 28 add rsp,0x18
+        0xc3, // 32 ret
+    ];
+
+    #[test]
+    fn mono_saves_rbp_with_a_mov() {
+        use NoCfiRule::*;
+        let framed = ReturnAt {
+            ra: 0x18,
+            saved_bp: Some(8),
+        };
+        assert_eq!(caller_rule(MONO, 15), Some(framed));
+        assert_eq!(leaf(MONO, 13), Some(framed));
+        assert_eq!(leaf(MONO, 19), Some(framed));
+        // After the restore, `rbp` holds the caller's value again.
+        assert_eq!(
+            leaf(MONO, 28),
+            Some(ReturnAt {
+                ra: 0x18,
+                saved_bp: None
+            })
+        );
+        assert_eq!(
+            leaf(MONO, 4),
+            Some(ReturnAt {
+                ra: 0x18,
+                saved_bp: None
+            })
+        );
     }
 
     #[test]

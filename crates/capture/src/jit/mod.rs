@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 pub use names::{JitName, parse_name};
 pub use perfmap::{JitSymbol, PerfMap, SymbolTable};
 
-use crate::unwind::{Memory, ReadFailure, SampleStack};
+use crate::unwind::{Memory, NoCfiRule, ReadFailure, SampleStack};
 
 /// How often a missing perf map is looked for again.
 const OPEN_RETRY: Duration = Duration::from_millis(250);
@@ -36,6 +36,8 @@ const OPEN_RETRY: Duration = Duration::from_millis(250);
 const REREAD_INTERVAL: Duration = Duration::from_millis(10);
 /// Function code cached per symbol, at most.
 const CODE_CACHE_BYTES: u64 = 16 * 1024;
+/// Frame rules cached per process, at most (the cache starts over when full).
+const RULE_CACHE_ENTRIES: usize = 1 << 16;
 
 /// The last `NSpid` entry of `/proc/PID/status`: the process's id in its own PID namespace.
 pub fn namespace_pid(pid: u32) -> u32 {
@@ -126,6 +128,7 @@ pub struct JitProcess {
     pub refused: Option<String>,
     mem: Option<File>,
     code: HashMap<u64, (u64, Arc<[u8]>)>,
+    rules: HashMap<(u64, bool), (Range<u64>, Option<NoCfiRule>)>,
 }
 
 impl JitProcess {
@@ -138,6 +141,7 @@ impl JitProcess {
             refused: None,
             mem: None,
             code: HashMap::new(),
+            rules: HashMap::new(),
         }
     }
 
@@ -283,5 +287,20 @@ impl Memory for JitMemory<'_> {
 
     fn jit_function(&mut self, addr: u64) -> Option<Range<u64>> {
         self.jit.symbol(addr).map(|s| s.start..s.end)
+    }
+
+    fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
+        let function = self.jit_function(lookup)?;
+        if let Some((f, rule)) = self.jit.rules.get(&(lookup, leaf))
+            && *f == function
+        {
+            return Some(*rule);
+        }
+        let rule = frame_state::rule_in_memory(function.clone(), lookup, leaf, self);
+        if self.jit.rules.len() >= RULE_CACHE_ENTRIES {
+            self.jit.rules.clear();
+        }
+        self.jit.rules.insert((lookup, leaf), (function, rule));
+        Some(rule)
     }
 }

@@ -35,6 +35,15 @@ pub trait Memory {
     fn jit_function(&mut self, _addr: u64) -> Option<std::ops::Range<u64>> {
         None
     }
+    /// The rule for a frame at `lookup` in JIT code (`leaf`: the sampled instruction; else a
+    /// return address minus one): None when `lookup` is in no known JIT function, `Some(None)`
+    /// when its state cannot be decided. Implementations may cache it.
+    fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
+        let function = self.jit_function(lookup)?;
+        Some(crate::jit::frame_state::rule_in_memory(
+            function, lookup, leaf, self,
+        ))
+    }
 }
 
 /// A live reader of process memory, used past the end of a sample's copied stack (and for code
@@ -345,9 +354,8 @@ fn no_cfi_rule(
             (at_ip, prev, function)
         }
         None => {
-            if let Some(function) = mem.jit_function(lookup) {
-                return crate::jit::frame_state::rule_in_memory(function, lookup, first, mem)
-                    .ok_or(TruncateReason::NoUnwindInfo);
+            if let Some(rule) = mem.jit_rule(lookup, first) {
+                return rule.ok_or(TruncateReason::NoUnwindInfo);
             }
             let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
                 &at_ip_buf

@@ -87,14 +87,23 @@ impl Drop for Running {
     }
 }
 
-/// Records `pid` for `seconds` at `hz`.
-pub fn record_pid(pid: u32, hz: u32, seconds: f64) -> Recording {
+/// Records `pid` for `seconds` at `hz`, copying `stack_kib` KiB of stack per sample.
+pub fn record_pid(pid: u32, hz: u32, seconds: f64, stack_kib: u32) -> Recording {
     let mut opts = RecordOptions::new(Target::Pids(vec![pid]));
     opts.frequency_hz = hz;
-    opts.stack_bytes = 60 * 1024;
+    opts.stack_bytes = stack_kib * 1024;
     opts.duration = Some(Duration::from_secs_f64(seconds));
-    record(&opts, &AtomicBool::new(false), None).expect("recording works")
+    let r = record(&opts, &AtomicBool::new(false), None).expect("recording works");
+    println!(
+        "recorded pid {pid} at {hz} Hz for {seconds} s: {} samples, {} lost, {} threads",
+        r.stats.samples, r.stats.lost, r.stats.threads
+    );
+    r
 }
+
+/// The recursive function, the function at the bottom of the recursion, and by entry function
+/// the number of recursive frames expected above it.
+pub type Recursion<'a> = (&'static str, &'static str, &'a [(&'static str, usize)]);
 
 /// A target's known call graph.
 pub struct Graph<'a> {
@@ -106,7 +115,7 @@ pub struct Graph<'a> {
     pub edges: &'a [(&'static str, &'static str)],
     /// The recursive function and, by entry, how many times it is on the stack when the
     /// function at the bottom of the recursion is.
-    pub recursion: Option<(&'static str, &'static str, &'a [(&'static str, usize)])>,
+    pub recursion: Option<Recursion<'a>>,
     /// Whether a frame name is a thread's root (`_start`, `clone3`, …).
     pub is_root: &'a dyn Fn(&str) -> bool,
 }
