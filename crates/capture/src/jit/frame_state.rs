@@ -40,6 +40,13 @@ struct State {
     fp: bool,
 }
 
+/// The state at a function's first instruction.
+const INITIAL: State = State {
+    ra: 0,
+    saved_bp: None,
+    fp: false,
+};
+
 impl State {
     fn rule(self) -> NoCfiRule {
         if self.fp {
@@ -241,11 +248,7 @@ fn op0_is_rbp(i: &Instruction) -> bool {
 /// Scan 2: the state at `target` (an offset from the function's start), from the prologue.
 fn prologue_state(code: &[u8], target: usize) -> Option<State> {
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
-    let mut s = State {
-        ra: 0,
-        saved_bp: None,
-        fp: false,
-    };
+    let mut s = INITIAL;
     let mut instr = Instruction::default();
     for _ in 0..MAX_INSTRUCTIONS {
         let at = decoder.position();
@@ -324,6 +327,13 @@ fn prologue_state(code: &[u8], target: usize) -> Option<State> {
             || instr.mnemonic() == Mnemonic::Add && op0_is_rsp(&instr)
             || instr.mnemonic() == Mnemonic::Mov && op0_is_rsp(&instr);
         if flow_ends || epilogue {
+            if s == INITIAL && matches!(instr.flow_control(), FlowControl::Call) {
+                // A call before anything was pushed: an out-of-line prologue (V8's baseline code
+                // calls a builtin that pushes `rbp` and sets it). A function that calls must move
+                // `rsp` first (the call would misalign the stack otherwise), so this is no frameless
+                // caller.
+                s.fp = true;
+            }
             return Some(s);
         }
         if op0_is_rsp(&instr) || instr.stack_pointer_increment() != 0 {
@@ -523,6 +533,20 @@ mod tests {
                 saved_bp: None
             })
         );
+    }
+
+    #[test]
+    fn v8_baseline_code_calls_its_prologue() {
+        // mov ebx,0x40; call +0 (the out-of-line prologue); push rax; call +0
+        let code = [
+            0xbb, 0x40, 0, 0, 0, 0xe8, 0, 0, 0, 0, 0x50, 0xe8, 0, 0, 0, 0,
+        ];
+        assert_eq!(leaf_rule(&code, 5, &code[5..]), Some(NoCfiRule::ReturnAtSp));
+        assert_eq!(
+            leaf_rule(&code, 10, &code[10..]),
+            Some(NoCfiRule::FramePointer)
+        );
+        assert_eq!(caller_rule(&code, 16), Some(NoCfiRule::FramePointer));
     }
 
     #[test]

@@ -375,6 +375,18 @@ fn no_cfi_rule(
     } else {
         instr::caller_rule(function.map(|(code, _)| code))
     };
+    // Code in a file without CFI whose prologue is not at its start (e.g. V8's embedded
+    // builtins in node): simulate the prologue as for JIT code.
+    let rule = rule.or_else(|| {
+        let (code, offset) = function?;
+        if first {
+            let m = region.module.as_ref()?;
+            let at = m.code(region.svma(lookup), 384)?;
+            crate::jit::frame_state::leaf_rule(code, offset, at)
+        } else {
+            crate::jit::frame_state::caller_rule(code, offset + 1)
+        }
+    });
     rule.ok_or(TruncateReason::NoUnwindInfo)
 }
 
