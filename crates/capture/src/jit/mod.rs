@@ -286,7 +286,14 @@ impl Memory for JitMemory<'_> {
     }
 
     fn jit_function(&mut self, addr: u64) -> Option<Range<u64>> {
-        self.jit.symbol(addr).map(|s| s.start..s.end)
+        self.jit
+            .symbol(addr)
+            .filter(|s| s.name.single_function)
+            .map(|s| s.start..s.end)
+    }
+
+    fn jit_pushed_return(&mut self, ra: u64) -> bool {
+        self.jit.symbol(ra).is_some_and(|s| s.name.pushed_returns)
     }
 
     fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {

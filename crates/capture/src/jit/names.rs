@@ -27,6 +27,13 @@ pub struct JitName {
     pub file: Option<String>,
     /// `Managed` for a program's method, `Jit` for runtime-generated code.
     pub kind: FrameKind,
+    /// The symbol is one function entered at its first byte. False for code blobs that hold
+    /// many routines (HotSpot's `Interpreter`, `StubRoutines (1)`, adapters; CoreCLR's precode
+    /// blocks `stub<N> …`): their start says nothing about a frame.
+    pub single_function: bool,
+    /// Return addresses into this code need not follow a call instruction: HotSpot's
+    /// interpreter pushes its return entry and jumps to the callee.
+    pub pushed_returns: bool,
 }
 
 const V8_METHOD_PREFIXES: [&str; 6] = [
@@ -47,11 +54,17 @@ pub fn parse_name(raw: &str) -> JitName {
     if let Some(rest) = V8_METHOD_PREFIXES.iter().find_map(|p| raw.strip_prefix(p)) {
         return v8(rest);
     }
+    // V8 code objects (`Builtin:`, `Stub:`, `BytecodeHandler:`, `RegExp:` …) are functions.
+    let v8_code = raw
+        .split_once(':')
+        .is_some_and(|(tag, _)| !tag.is_empty() && tag.chars().all(|c| c.is_ascii_alphanumeric()));
     let jit = |name: &str| JitName {
         name: name.to_string(),
         module: None,
         file: None,
         kind: FrameKind::Jit,
+        single_function: v8_code,
+        pushed_returns: name == "Interpreter",
     };
     if raw.starts_with("stub<") || raw.contains(':') && !raw.contains('(') {
         // CoreCLR stubs, V8 `Builtin:`/`Stub:`/`BytecodeHandler:`, Mono trampolines.
@@ -63,6 +76,8 @@ pub fn parse_name(raw: &str) -> JitName {
             module: None,
             file: None,
             kind: FrameKind::Managed,
+            single_function: true,
+            pushed_returns: false,
         };
     }
     jit(raw)
@@ -98,6 +113,8 @@ fn coreclr(raw: &str) -> Option<JitName> {
         module: Some(raw[module_start..module_end].to_string()),
         file: None,
         kind: FrameKind::Managed,
+        single_function: true,
+        pushed_returns: false,
     })
 }
 
@@ -113,6 +130,8 @@ fn v8(rest: &str) -> JitName {
         module: None,
         file,
         kind: FrameKind::Managed,
+        single_function: true,
+        pushed_returns: false,
     }
 }
 
@@ -207,6 +226,12 @@ mod tests {
             ("Rec::down (3 bytes)".into(), None, FrameKind::Managed)
         );
         assert_eq!(n("Interpreter").2, FrameKind::Jit);
+        assert!(!parse_name("Interpreter").single_function);
+        assert!(parse_name("Interpreter").pushed_returns);
+        assert!(!parse_name("StubRoutines (1)").single_function);
+        assert!(!parse_name("stub<1> AllocateTemporaryEntryPoints<PRECODE_FIXUP>").single_function);
+        assert!(parse_name("Builtin:ArgumentsAdaptorTrampoline").single_function);
+        assert!(parse_name("void Rec.down(int, int)").single_function);
         assert_eq!(n("generic_trampoline_jit").2, FrameKind::Jit);
     }
 }

@@ -44,6 +44,11 @@ pub trait Memory {
             function, lookup, leaf, self,
         ))
     }
+    /// Whether `ra` lies in JIT code that returns to addresses it pushed itself (so a return
+    /// address there need not follow a call instruction).
+    fn jit_pushed_return(&mut self, _ra: u64) -> bool {
+        false
+    }
 }
 
 /// A live reader of process memory, used past the end of a sample's copied stack (and for code
@@ -298,6 +303,9 @@ impl AddressSpace {
         let region = self
             .region(ra.wrapping_sub(1))
             .ok_or(TruncateReason::NotAfterCall)?;
+        if region.module.is_none() && mem.jit_pushed_return(ra) {
+            return Ok(());
+        }
         let mut buf = [0u8; 8];
         let before = code_before(region, ra, &mut buf, mem);
         match before {
