@@ -311,3 +311,64 @@ impl Memory for JitMemory<'_> {
         Some(rule)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn only_regular_files_of_the_target_user_or_root_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let good = dir.path().join("perf-1.map");
+        std::fs::write(&good, "1000 10 f\n").unwrap();
+        assert!(open_map(me, &good).is_ok());
+
+        let link = dir.path().join("perf-2.map");
+        symlink(&good, &link).unwrap();
+        assert!(
+            matches!(open_map(me, &link), Err(MapRefused::Open { .. })),
+            "a symlink is not followed"
+        );
+
+        let fifo = dir.path().join("perf-3.map");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            open_map(me, &fifo),
+            Err(MapRefused::NotRegular(_))
+        ));
+
+        // A file of another user (only testable as root, who may chown).
+        let our_uid = std::fs::metadata(format!("/proc/{me}")).unwrap().uid();
+        if our_uid == 0 {
+            let other = dir.path().join("perf-4.map");
+            std::fs::write(&other, "1000 10 f\n").unwrap();
+            std::os::unix::fs::chown(&other, Some(4242), None).unwrap();
+            assert!(matches!(
+                open_map(me, &other),
+                Err(MapRefused::WrongOwner { owner: 4242, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn this_process_has_its_own_namespace_pid_and_map_path() {
+        let me = std::process::id();
+        // The test runs in the initial PID namespace or in a container: either way the last
+        // NSpid entry is what the process itself sees as its pid.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let own: u32 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last()?.parse().ok())
+            .unwrap_or(me);
+        assert_eq!(namespace_pid(me), own);
+        assert_eq!(
+            perf_map_path(me),
+            PathBuf::from(format!("/proc/{me}/root/tmp/perf-{own}.map"))
+        );
+    }
+}
