@@ -107,9 +107,10 @@ fn run_perfmap(args: PerfmapArgs) -> Result<()> {
             hresult: E_UNKNOWN_COMMAND,
             ..
         }) => bail!(
-            "process {} runs a .NET older than 8, which cannot switch perf maps on while running; \
-             start it with DOTNET_PerfMapEnabled=1 instead",
-            args.pid
+            "process {} runs a .NET older than 8, which cannot switch perf maps on while running \
+             (it answered \"unknown command\"); {}",
+            args.pid,
+            rootline_dotnet::perfmap::START_TIME_HINT
         ),
         Err(e) => Err(ipc_error(e, args.pid)),
     }

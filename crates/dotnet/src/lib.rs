@@ -5,7 +5,8 @@
 //! itself: [`NetTraceReader`] streams events one at a time with metadata and stacks already
 //! resolved. To trace a live process, [`collect::collect`] finds its diagnostics socket
 //! ([`discover`]), starts an EventPipe session ([`ipc`]), streams the trace into a writer and stops
-//! the session cleanly at a deadline or on request.
+//! the session cleanly at a deadline or on request. Before sampling a .NET process with perf
+//! events, [`perfmap::PerfMapGuard`] switches its perf map on (.NET 8+) and off again afterwards.
 //!
 //! What this crate does: parse the format (V4/V5 FastSerialization objects, V6 blocks, compressed
 //! event headers, per-region stack interning, sequence points) with a positioned error for any
@@ -24,6 +25,8 @@ pub mod events;
 #[cfg(unix)]
 pub mod ipc;
 pub mod nettrace;
+#[cfg(unix)]
+pub mod perfmap;
 
 pub use convert::{ConvertStats, EVENTPIPE_DEPTH_CAP, read_profile, read_profile_with_stats};
 pub use error::{ErrorKind, NetTraceError};

@@ -106,6 +106,13 @@ fn collect_names_managed_frames_and_cuts_deep_stacks_at_100() {
         Err(IpcError::Server { hresult, .. }) => assert_eq!(hresult, ipc::E_UNKNOWN_COMMAND),
         other => panic!("{other:?}"),
     }
+    // What `record` does before sampling a .NET process: the refusal becomes advice.
+    match rootline_dotnet::perfmap::PerfMapGuard::enable(pid) {
+        rootline_dotnet::perfmap::Outcome::Unsupported(msg) => {
+            assert!(msg.contains("COMPlus_PerfMapEnabled=1"), "{msg}")
+        }
+        other => panic!("{other:?}"),
+    }
     target.assert_still_answers();
 }
 

@@ -13,6 +13,7 @@ use rootline_profile::{
     FrameId, FrameKind, Function, Mapping, MappingId, Profile, StackId, ThreadId,
 };
 
+use crate::jit::{JitMaps, JitMemory};
 use crate::perf_event::{Record, Sample};
 use crate::process::{BinaryFile, Processes, thread_name};
 use crate::symbolize::Symbolizer;
@@ -62,6 +63,8 @@ struct RawFrame {
 }
 
 struct RawMapping {
+    /// The process it was first seen in (JIT code is named through that process's maps).
+    pid: u32,
     start: u64,
     end: u64,
     file_offset: u64,
@@ -86,6 +89,7 @@ pub struct Pipeline {
     pub stats: Stats,
     processes: Processes,
     symbolizer: Symbolizer,
+    jit: JitMaps,
     kernel: bool,
     period_nanos: Option<i64>,
     mappings: Vec<RawMapping>,
@@ -112,6 +116,7 @@ impl Pipeline {
             stats: Stats::default(),
             processes: Processes::new(),
             symbolizer: Symbolizer::new(),
+            jit: JitMaps::new(),
             kernel,
             period_nanos,
             mappings: Vec::new(),
@@ -156,6 +161,7 @@ impl Pipeline {
             } => {
                 if exec {
                     self.processes.exec(pid);
+                    self.jit.exec(pid);
                     self.exec_times.insert(pid, time);
                 }
                 if let Some(&t) = self.threads.get(&(pid, tid)) {
@@ -242,10 +248,13 @@ impl Pipeline {
 
     fn unwind_once(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> StackEnd {
         let state = self.processes.get(pid);
-        let mut mem = SampleStack {
-            base: sp,
-            bytes: stack,
-            fallback: None,
+        let mut mem = JitMemory {
+            stack: SampleStack {
+                base: sp,
+                bytes: stack,
+                fallback: None,
+            },
+            jit: self.jit.process(pid),
         };
         state.space.unwind(ip, sp, bp, &mut mem, &mut self.addrs)
     }
@@ -265,6 +274,7 @@ impl Pipeline {
         }
         let m = self.mappings.len() as u32;
         self.mappings.push(RawMapping {
+            pid,
             start: region.start,
             end: region.end,
             file_offset: region.file_offset,
@@ -365,6 +375,9 @@ impl Pipeline {
         for i in start..self.frames.len() {
             let frame = self.frames[i];
             let ids = match frame.kind {
+                RawKind::User(m, _) if self.mappings[m as usize].binary.module.is_none() => {
+                    self.jit_frame(m, frame)
+                }
                 RawKind::User(m, _) => {
                     let mapping = self.profile_mapping(m);
                     let syms = symbols.remove(&i).unwrap_or_default();
@@ -432,6 +445,55 @@ impl Pipeline {
             };
             self.frame_map.push(ids);
         }
+    }
+
+    /// The frame of an address in code without a file image: named through the process's JIT
+    /// map when it has an entry, else `path+0xOFFSET` like any unnamed address.
+    fn jit_frame(&mut self, m: u32, frame: RawFrame) -> Vec<FrameId> {
+        let lookup = match frame.kind {
+            RawKind::User(_, true) => frame.address - 1,
+            _ => frame.address,
+        };
+        let mapping = &self.mappings[m as usize];
+        let (pid, start, end) = (mapping.pid, mapping.start, mapping.end);
+        let symbol = self.jit.process(pid).symbol(lookup).cloned();
+        let Some(symbol) = symbol else {
+            let mapping = self.profile_mapping(m);
+            let m = &self.mappings[m as usize];
+            let base = match basename(&m.binary.path) {
+                "" => "[anon]",
+                b => b,
+            };
+            let name = format!("{base}+0x{:x}", frame.address - m.start + m.file_offset);
+            return vec![self.frame(
+                &name,
+                None,
+                Some(mapping),
+                frame.address,
+                None,
+                0,
+                FrameKind::Native,
+            )];
+        };
+        let name = symbol.name;
+        let module = name.module.as_deref().unwrap_or("[jit]");
+        let path = self.profile.intern_string(module);
+        let mapping = self.profile.intern_mapping(Mapping {
+            start,
+            end,
+            file_offset: 0,
+            path,
+            build_id: None,
+        });
+        vec![self.frame(
+            &name.name,
+            name.file.as_deref(),
+            Some(mapping),
+            frame.address,
+            None,
+            0,
+            name.kind,
+        )]
     }
 
     fn file_offset(&self, m: u32, frame: RawFrame) -> u64 {

@@ -15,6 +15,14 @@ pub enum NoCfiRule {
     ReturnAtSpPlus8,
     /// Inside a frame-pointer body: return address at `[rbp+8]`, caller's `rbp` at `[rbp]`.
     FramePointer,
+    /// Return address at `[sp+ra]`; the caller's `rbp` at `[sp+saved_bp]` when given, else still
+    /// in `rbp` (JIT code: see `jit::frame_state`).
+    ReturnAt {
+        /// Offset of the return address from `sp`.
+        ra: u32,
+        /// Offset of the saved caller's `rbp` from `sp`, once pushed.
+        saved_bp: Option<u32>,
+    },
 }
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];

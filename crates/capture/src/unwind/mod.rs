@@ -30,6 +30,25 @@ pub trait Memory {
     fn read_code(&mut self, _addr: u64, _buf: &mut [u8]) -> bool {
         false
     }
+    /// Address range of the JIT function containing `addr` (code without a file image), from
+    /// the runtime's perf map or jitdump, when known.
+    fn jit_function(&mut self, _addr: u64) -> Option<std::ops::Range<u64>> {
+        None
+    }
+    /// The rule for a frame at `lookup` in JIT code (`leaf`: the sampled instruction; else a
+    /// return address minus one): None when `lookup` is in no known JIT function, `Some(None)`
+    /// when its state cannot be decided. Implementations may cache it.
+    fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
+        let function = self.jit_function(lookup)?;
+        Some(crate::jit::frame_state::rule_in_memory(
+            function, lookup, leaf, self,
+        ))
+    }
+    /// Whether `ra` lies in JIT code that returns to addresses it pushed itself (so a return
+    /// address there need not follow a call instruction).
+    fn jit_pushed_return(&mut self, _ra: u64) -> bool {
+        false
+    }
 }
 
 /// A live reader of process memory, used past the end of a sample's copied stack (and for code
@@ -284,6 +303,9 @@ impl AddressSpace {
         let region = self
             .region(ra.wrapping_sub(1))
             .ok_or(TruncateReason::NotAfterCall)?;
+        if region.module.is_none() && mem.jit_pushed_return(ra) {
+            return Ok(());
+        }
         let mut buf = [0u8; 8];
         let before = code_before(region, ra, &mut buf, mem);
         match before {
@@ -340,6 +362,9 @@ fn no_cfi_rule(
             (at_ip, prev, function)
         }
         None => {
+            if let Some(rule) = mem.jit_rule(lookup, first) {
+                return rule.ok_or(TruncateReason::NoUnwindInfo);
+            }
             let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
                 &at_ip_buf
             } else {
@@ -358,6 +383,18 @@ fn no_cfi_rule(
     } else {
         instr::caller_rule(function.map(|(code, _)| code))
     };
+    // Code in a file without CFI whose prologue is not at its start (e.g. V8's embedded
+    // builtins in node): simulate the prologue as for JIT code.
+    let rule = rule.or_else(|| {
+        let (code, offset) = function?;
+        if first {
+            let m = region.module.as_ref()?;
+            let at = m.code(region.svma(lookup), 384)?;
+            crate::jit::frame_state::leaf_rule(code, offset, at)
+        } else {
+            crate::jit::frame_state::caller_rule(code, offset + 1)
+        }
+    });
     rule.ok_or(TruncateReason::NoUnwindInfo)
 }
 
@@ -384,6 +421,14 @@ fn exec_no_cfi(
             }
             let ra = read(mem, bp.wrapping_add(8))?;
             (ra, bp.checked_add(16), read(mem, bp)?)
+        }
+        NoCfiRule::ReturnAt { ra, saved_bp } => {
+            let new_bp = match saved_bp {
+                Some(o) => read(mem, sp.wrapping_add(u64::from(o)))?,
+                None => bp,
+            };
+            let ra_at = sp.wrapping_add(u64::from(ra));
+            (read(mem, ra_at)?, ra_at.checked_add(8), new_bp)
         }
     };
     let new_sp = new_sp.ok_or(TruncateReason::BadFramePointer)?;

@@ -1,0 +1,570 @@
+//! The frame state of JIT code, which has no CFI: where the return address and the caller's
+//! `rbp` are at an instruction, decided from the function's start (perf map / jitdump) and its
+//! instructions (decoded with iced-x86).
+//!
+//! Two analyses, both exact on the code JITs emit (fixed frames: `rsp` moves only in the
+//! prologue, the epilogues, and around calls):
+//!
+//! 1. **Epilogue scan** (leaf only), forwards from the instruction pointer along the fall-through
+//!    path (over conditional branches and calls, whose net effect on `rsp` is nil): adding up
+//!    `pop`s and `add rsp, N` until a `ret` tells exactly how far above `rsp` the return address
+//!    is, and where a `pop rbp` took the caller's `rbp` from. This covers every point of a frame
+//!    whose path to `ret` is straight: the body of a frameless method, and every epilogue
+//!    instruction including those after `pop rbp` (HotSpot's return poll, `ret`). It gives up
+//!    (and leaves the decision to the prologue) at anything that moves `rsp` downwards, sets
+//!    `rsp` from `rbp` (`leave`, `mov rsp, rbp`: a frame-pointer frame), writes `rbp`, or jumps.
+//! 2. **Prologue simulation**, forwards from the function's start up to the instruction
+//!    pointer: `push`, `sub rsp, N`, `lea rsp, [rsp-N]` move the return address further above
+//!    `rsp`; `push rbp` records where the caller's `rbp` is; `mov rbp, rsp` or
+//!    `lea rbp, [rsp+N]` pointing `rbp` at its saved copy establishes a standard frame pointer
+//!    (`[rbp]` caller's `rbp`, `[rbp+8]` return address). The prologue ends at the first call,
+//!    jump, return or upward `rsp` move; from there on the frame is what the prologue built.
+//!
+//! Caller frames (stopped at a call) use the prologue simulation alone.
+
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+use crate::unwind::{Memory, NoCfiRule};
+
+/// Instructions examined by one scan at most.
+const MAX_INSTRUCTIONS: usize = 96;
+
+/// Where the return address and caller's `rbp` are relative to the current `rsp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct State {
+    /// Bytes between `rsp` and the return address.
+    ra: u32,
+    /// Bytes between `rsp` and the saved caller's `rbp`, once pushed.
+    saved_bp: Option<u32>,
+    /// `rbp` points at its saved copy: a standard frame pointer.
+    fp: bool,
+}
+
+/// The state at a function's first instruction.
+const INITIAL: State = State {
+    ra: 0,
+    saved_bp: None,
+    fp: false,
+};
+
+impl State {
+    fn rule(self) -> NoCfiRule {
+        if self.fp {
+            return NoCfiRule::FramePointer;
+        }
+        match (self.ra, self.saved_bp) {
+            (0, None) => NoCfiRule::ReturnAtSp,
+            (ra, saved_bp) => NoCfiRule::ReturnAt { ra, saved_bp },
+        }
+    }
+}
+
+fn is_sp(r: Register) -> bool {
+    matches!(r, Register::RSP | Register::ESP | Register::SP)
+}
+
+fn is_rbp(r: Register) -> bool {
+    matches!(
+        r,
+        Register::RBP | Register::EBP | Register::BP | Register::BPL
+    )
+}
+
+/// Whether the instruction writes `rsp` or `rbp` in a way neither scan models.
+fn writes_sp_or_bp(i: &Instruction) -> bool {
+    if i.op_count() == 0 || i.op_kind(0) != OpKind::Register {
+        return false;
+    }
+    let r = i.op0_register();
+    (is_sp(r) || is_rbp(r))
+        && !matches!(
+            i.mnemonic(),
+            Mnemonic::Cmp | Mnemonic::Test | Mnemonic::Push
+        )
+}
+
+fn imm(i: &Instruction) -> Option<u32> {
+    (i.op_count() == 2 && i.op_kind(1) != OpKind::Register && i.op_kind(1) != OpKind::Memory)
+        .then(|| i.immediate(1))
+        .and_then(|v| u32::try_from(v).ok())
+}
+
+/// The leaf rule at offset `ip_offset` of a function whose code starts at `start` (bytes from
+/// the function's first instruction), with `at_ip` the bytes from the instruction pointer on.
+/// `start` may be shorter than the function: the prologue simulation needs only its beginning.
+pub fn leaf_rule(start: &[u8], ip_offset: usize, at_ip: &[u8]) -> Option<NoCfiRule> {
+    if let Some(s) = epilogue_scan(at_ip) {
+        return Some(s.rule());
+    }
+    prologue_state(start, ip_offset).map(State::rule)
+}
+
+/// The rule for a caller frame stopped at a call whose return address is at `ra_offset`.
+pub fn caller_rule(start: &[u8], ra_offset: usize) -> Option<NoCfiRule> {
+    prologue_state(start, ra_offset).map(State::rule)
+}
+
+/// Bytes of a function's start read for the prologue simulation.
+const PROLOGUE_BYTES: u64 = 512;
+/// Bytes from the instruction pointer read for the epilogue scan.
+const EPILOGUE_BYTES: u64 = 384;
+
+/// The rule for the frame at `lookup` (the instruction pointer for the leaf, the return
+/// address minus one for callers) in the JIT function `function`, reading its code from `mem`.
+pub fn rule_in_memory<M: Memory + ?Sized>(
+    function: std::ops::Range<u64>,
+    lookup: u64,
+    leaf: bool,
+    mem: &mut M,
+) -> Option<NoCfiRule> {
+    let target = if leaf { lookup } else { lookup.checked_add(1)? };
+    let offset = usize::try_from(target.checked_sub(function.start)?).ok()?;
+    let mut start = vec![0u8; (function.end - function.start).min(PROLOGUE_BYTES) as usize];
+    if !mem.read_code(function.start, &mut start) {
+        return None;
+    }
+    if !leaf {
+        return caller_rule(&start, offset);
+    }
+    let mut at_ip = vec![0u8; function.end.saturating_sub(target).min(EPILOGUE_BYTES) as usize];
+    if !mem.read_code(target, &mut at_ip) {
+        at_ip.clear();
+    }
+    leaf_rule(&start, offset, &at_ip)
+}
+
+/// Scan 1: the state at the first instruction of `code`, from its path to a `ret`.
+fn epilogue_scan(code: &[u8]) -> Option<State> {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut up: u32 = 0;
+    let mut saved_bp = None;
+    let mut instr = Instruction::default();
+    for _ in 0..MAX_INSTRUCTIONS {
+        if !decoder.can_decode() {
+            return None;
+        }
+        decoder.decode_out(&mut instr);
+        if instr.is_invalid() {
+            return None;
+        }
+        let state = State {
+            ra: up,
+            saved_bp,
+            fp: false,
+        };
+        match instr.flow_control() {
+            FlowControl::Return => return Some(state),
+            // A jump after the frame is (partly) popped: a tail call, the callee returns for us.
+            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+                if up > 0 || saved_bp.is_some() =>
+            {
+                return Some(state);
+            }
+            FlowControl::Call | FlowControl::IndirectCall => continue,
+            FlowControl::Next | FlowControl::ConditionalBranch => {}
+            _ => return None,
+        }
+        match instr.mnemonic() {
+            Mnemonic::Pop => {
+                if instr.op_kind(0) != OpKind::Register || is_sp(instr.op0_register()) {
+                    return None;
+                }
+                if is_rbp(instr.op0_register()) {
+                    saved_bp = Some(up);
+                }
+                up = up.checked_add(8)?;
+            }
+            Mnemonic::Add if op0_is_rsp(&instr) => up = up.checked_add(imm(&instr)?)?,
+            Mnemonic::Lea if op0_is_rsp(&instr) => up = up.checked_add(rsp_lea(&instr)?)?,
+            _ if is_nop_lea(&instr) => {}
+            // Saving the caller's `rbp` is prologue work: not a path to `ret` that tells.
+            _ if rbp_store(&instr).is_some() => return None,
+            _ if rbp_load(&instr).is_some() => {
+                saved_bp = Some(up.checked_add(rbp_load(&instr)?)?);
+            }
+            _ => {
+                if instr.stack_pointer_increment() != 0
+                    || writes_sp_or_bp(&instr)
+                    || instr.mnemonic() == Mnemonic::Leave
+                {
+                    return None;
+                }
+            }
+        }
+    }
+    None
+}
+
+/// `lea rsp, [rsp+N]` with N ≥ 0: N.
+fn rsp_lea(i: &Instruction) -> Option<u32> {
+    if !is_sp(i.memory_base()) || i.memory_index() != Register::None {
+        return None;
+    }
+    u32::try_from(i.memory_displacement64() as i64).ok()
+}
+
+/// `lea reg, [reg+0]` (a multi-byte no-op some JITs pad with).
+fn is_nop_lea(i: &Instruction) -> bool {
+    i.mnemonic() == Mnemonic::Lea
+        && i.memory_base() == i.op0_register()
+        && i.memory_index() == Register::None
+        && i.memory_displacement64() == 0
+}
+
+/// `mov [rsp+d], rbp` (d ≥ 0): a save of the caller's `rbp` in a frameless prologue.
+fn rbp_store(i: &Instruction) -> Option<u32> {
+    (i.mnemonic() == Mnemonic::Mov
+        && i.op_count() == 2
+        && i.op_kind(0) == OpKind::Memory
+        && is_sp(i.memory_base())
+        && i.memory_index() == Register::None
+        && i.op_kind(1) == OpKind::Register
+        && i.op1_register() == Register::RBP)
+        .then(|| u32::try_from(i.memory_displacement64() as i64).ok())
+        .flatten()
+}
+
+/// `mov rbp, [rsp+d]` (d ≥ 0): the caller's `rbp` restored from a save slot.
+fn rbp_load(i: &Instruction) -> Option<u32> {
+    (i.mnemonic() == Mnemonic::Mov
+        && i.op_count() == 2
+        && i.op_kind(0) == OpKind::Register
+        && i.op0_register() == Register::RBP
+        && i.op_kind(1) == OpKind::Memory
+        && is_sp(i.memory_base())
+        && i.memory_index() == Register::None)
+        .then(|| u32::try_from(i.memory_displacement64() as i64).ok())
+        .flatten()
+}
+
+fn op0_is_rsp(i: &Instruction) -> bool {
+    i.op_count() > 0 && i.op_kind(0) == OpKind::Register && is_sp(i.op0_register())
+}
+
+fn op0_is_rbp(i: &Instruction) -> bool {
+    i.op_count() > 0 && i.op_kind(0) == OpKind::Register && is_rbp(i.op0_register())
+}
+
+/// Scan 2: the state at `target` (an offset from the function's start), from the prologue.
+fn prologue_state(code: &[u8], target: usize) -> Option<State> {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut s = INITIAL;
+    let mut instr = Instruction::default();
+    for _ in 0..MAX_INSTRUCTIONS {
+        let at = decoder.position();
+        if at == target || s.fp {
+            // At the target, or past the prologue of a frame-pointer function.
+            return Some(s);
+        }
+        if at > target {
+            // The target is not on an instruction boundary.
+            return None;
+        }
+        if !decoder.can_decode() {
+            // The bytes end inside straight-line code: the state stays what the prologue built.
+            return Some(s);
+        }
+        decoder.decode_out(&mut instr);
+        if instr.is_invalid() {
+            return None;
+        }
+        let down = match instr.mnemonic() {
+            Mnemonic::Push if op0_is_rsp(&instr) => return None,
+            Mnemonic::Push => Some(8),
+            Mnemonic::Sub if op0_is_rsp(&instr) => Some(imm(&instr)?),
+            Mnemonic::Lea if op0_is_rsp(&instr) => {
+                if !is_sp(instr.memory_base()) || instr.memory_index() != Register::None {
+                    return None;
+                }
+                let d = instr.memory_displacement64() as i64;
+                if d > 0 {
+                    // An upward move: an epilogue, the prologue is over.
+                    return Some(s);
+                }
+                Some(u32::try_from(-d).ok()?)
+            }
+            _ => None,
+        };
+        if is_nop_lea(&instr) {
+            continue;
+        }
+        if let Some(d) = rbp_store(&instr) {
+            s.saved_bp.get_or_insert(d);
+            continue;
+        }
+        if let Some(n) = down {
+            s.ra = s.ra.checked_add(n)?;
+            s.saved_bp = s.saved_bp.map(|b| b + n);
+            if instr.mnemonic() == Mnemonic::Push && op0_is_rbp(&instr) && s.saved_bp.is_none() {
+                s.saved_bp = Some(0);
+            }
+            continue;
+        }
+        if op0_is_rbp(&instr) && instr.op0_register() == Register::RBP {
+            let frame_at = match instr.mnemonic() {
+                Mnemonic::Mov
+                    if instr.op_kind(1) == OpKind::Register && is_sp(instr.op1_register()) =>
+                {
+                    Some(0)
+                }
+                Mnemonic::Lea
+                    if is_sp(instr.memory_base()) && instr.memory_index() == Register::None =>
+                {
+                    u32::try_from(instr.memory_displacement64() as i64).ok()
+                }
+                _ => None,
+            };
+            if frame_at.is_some() && frame_at == s.saved_bp {
+                s.fp = true;
+                continue;
+            }
+        }
+        let flow_ends = !matches!(
+            instr.flow_control(),
+            FlowControl::Next | FlowControl::ConditionalBranch
+        );
+        let epilogue = matches!(instr.mnemonic(), Mnemonic::Pop | Mnemonic::Leave)
+            || instr.mnemonic() == Mnemonic::Add && op0_is_rsp(&instr)
+            || instr.mnemonic() == Mnemonic::Mov && op0_is_rsp(&instr);
+        if flow_ends || epilogue {
+            if s == INITIAL && matches!(instr.flow_control(), FlowControl::Call) {
+                // A call before anything was pushed: an out-of-line prologue (V8's baseline code
+                // calls a builtin that pushes `rbp` and sets it). A function that calls must move
+                // `rsp` first (the call would misalign the stack otherwise), so this is no frameless
+                // caller.
+                s.fp = true;
+            }
+            return Some(s);
+        }
+        if op0_is_rsp(&instr) || instr.stack_pointer_increment() != 0 {
+            // An `rsp` change not modelled (e.g. `and rsp, -16`): no guess.
+            return None;
+        }
+        if op0_is_rbp(&instr) && s.saved_bp.is_none() && writes_sp_or_bp(&instr) {
+            // `rbp` overwritten before the caller's value was saved.
+            return None;
+        }
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `push rbp; mov rbp,rsp; push rbx; sub rsp,0x18; mov eax,[rdi]; test eax,eax; jz +2;
+    ///  call rax; add rsp,0x18; pop rbx; pop rbp; ret`
+    const FP_FUNC: &[u8] = &[
+        0x55, // 0 push rbp
+        0x48, 0x89, 0xe5, // 1 mov rbp,rsp
+        0x53, // 4 push rbx
+        0x48, 0x83, 0xec, 0x18, // 5 sub rsp,0x18
+        0x8b, 0x07, // 9 mov eax,[rdi]
+        0x85, 0xc0, // 11 test eax,eax
+        0x74, 0x02, // 13 jz +2
+        0xff, 0xd0, // 15 call rax
+        0x48, 0x83, 0xc4, 0x18, // 17 add rsp,0x18
+        0x5b, // 21 pop rbx
+        0x5d, // 22 pop rbp
+        0xc3, // 23 ret
+    ];
+
+    fn leaf(code: &[u8], off: usize) -> Option<NoCfiRule> {
+        leaf_rule(code, off, &code[off..])
+    }
+
+    #[test]
+    fn frame_pointer_function_at_every_instruction() {
+        use NoCfiRule::*;
+        assert_eq!(leaf(FP_FUNC, 0), Some(ReturnAtSp));
+        let pushed_bp = ReturnAt {
+            ra: 8,
+            saved_bp: Some(0),
+        };
+        assert_eq!(leaf(FP_FUNC, 1), Some(pushed_bp));
+        assert_eq!(leaf(FP_FUNC, 4), Some(FramePointer));
+        assert_eq!(leaf(FP_FUNC, 5), Some(FramePointer));
+        // In the body the path to `ret` is straight (over the branch and the call).
+        let body = ReturnAt {
+            ra: 0x28,
+            saved_bp: Some(0x20),
+        };
+        assert_eq!(leaf(FP_FUNC, 9), Some(body));
+        assert_eq!(leaf(FP_FUNC, 15), Some(body));
+        // From the epilogue on, the scan to `ret` is exact.
+        assert_eq!(
+            leaf(FP_FUNC, 17),
+            Some(ReturnAt {
+                ra: 0x18 + 16,
+                saved_bp: Some(0x18 + 8)
+            })
+        );
+        assert_eq!(
+            leaf(FP_FUNC, 21),
+            Some(ReturnAt {
+                ra: 16,
+                saved_bp: Some(8)
+            })
+        );
+        assert_eq!(leaf(FP_FUNC, 22), Some(pushed_bp));
+        assert_eq!(leaf(FP_FUNC, 23), Some(ReturnAtSp));
+        // A caller stopped after `call rax`.
+        assert_eq!(caller_rule(FP_FUNC, 17), Some(FramePointer));
+    }
+
+    /// A frameless function (CoreCLR style): `push rbx; sub rsp,0x20; loop: dec ecx; jnz loop;
+    /// call [rip+0]; add rsp,0x20; pop rbx; ret`.
+    const FRAMELESS: &[u8] = &[
+        0x53, // 0 push rbx
+        0x48, 0x83, 0xec, 0x20, // 1 sub rsp,0x20
+        0xff, 0xc9, // 5 dec ecx
+        0x75, 0xfc, // 7 jnz 5
+        0xff, 0x15, 0, 0, 0, 0, // 9 call [rip]
+        0x48, 0x83, 0xc4, 0x20, // 15 add rsp,0x20
+        0x5b, // 19 pop rbx
+        0xc3, // 20 ret
+    ];
+
+    #[test]
+    fn frameless_function_at_every_instruction() {
+        use NoCfiRule::*;
+        assert_eq!(leaf(FRAMELESS, 0), Some(ReturnAtSp));
+        assert_eq!(
+            leaf(FRAMELESS, 1),
+            Some(ReturnAt {
+                ra: 8,
+                saved_bp: None
+            })
+        );
+        let body = ReturnAt {
+            ra: 0x28,
+            saved_bp: None,
+        };
+        assert_eq!(leaf(FRAMELESS, 5), Some(body));
+        assert_eq!(leaf(FRAMELESS, 7), Some(body));
+        assert_eq!(leaf(FRAMELESS, 9), Some(body));
+        assert_eq!(leaf(FRAMELESS, 15), Some(body));
+        assert_eq!(
+            leaf(FRAMELESS, 19),
+            Some(ReturnAt {
+                ra: 8,
+                saved_bp: None
+            })
+        );
+        assert_eq!(leaf(FRAMELESS, 20), Some(ReturnAtSp));
+        assert_eq!(caller_rule(FRAMELESS, 15), Some(body));
+    }
+
+    /// HotSpot with -XX:+PreserveFramePointer: stack bang, `push rbp; mov rbp,rsp; sub rsp,0x10`,
+    /// and an epilogue whose return poll sits between `pop rbp` and `ret`.
+    const HOTSPOT: &[u8] = &[
+        0x89, 0x84, 0x24, 0x00, 0xc0, 0xfe, 0xff, // 0 mov [rsp-0x14000],eax
+        0x55, // 7 push rbp
+        0x48, 0x89, 0xe5, // 8 mov rbp,rsp
+        0x48, 0x83, 0xec, 0x10, // 11 sub rsp,0x10
+        0x01, 0xf7, // 15 add edi,esi
+        0x48, 0x83, 0xc4, 0x10, // 17 add rsp,0x10
+        0x5d, // 21 pop rbp
+        0x49, 0x3b, 0xa7, 0x20, 0x03, 0x00, 0x00, // 22 cmp rsp,[r15+0x320]
+        0x0f, 0x87, 0x10, 0x00, 0x00, 0x00, // 29 ja +0x10
+        0xc3, // 35 ret
+    ];
+
+    #[test]
+    fn hotspot_entry_and_return_poll() {
+        use NoCfiRule::*;
+        assert_eq!(leaf(HOTSPOT, 0), Some(ReturnAtSp));
+        assert_eq!(leaf(HOTSPOT, 7), Some(ReturnAtSp));
+        assert_eq!(
+            leaf(HOTSPOT, 8),
+            Some(ReturnAt {
+                ra: 8,
+                saved_bp: Some(0)
+            })
+        );
+        assert_eq!(leaf(HOTSPOT, 11), Some(FramePointer));
+        assert_eq!(
+            leaf(HOTSPOT, 15),
+            Some(ReturnAt {
+                ra: 0x18,
+                saved_bp: Some(0x10)
+            })
+        );
+        assert_eq!(leaf(HOTSPOT, 22), Some(ReturnAtSp));
+        assert_eq!(leaf(HOTSPOT, 29), Some(ReturnAtSp));
+    }
+
+    /// Mono without a frame pointer: `sub rsp,0x18; mov [rsp],rbx; mov [rsp+8],rbp;
+    /// call rax; lea rbp,[rbp+0]; mov rbx,[rsp]; mov rbp,[rsp+8]; add rsp,0x18; ret`.
+    const MONO: &[u8] = &[
+        0x48, 0x83, 0xec, 0x18, // 0 sub rsp,0x18
+        0x48, 0x89, 0x1c, 0x24, // 4 mov [rsp],rbx
+        0x48, 0x89, 0x6c, 0x24, 0x08, // 8 mov [rsp+8],rbp
+        0xff, 0xd0, // 13 call rax
+        0x48, 0x8d, 0x6d, 0x00, // 15 lea rbp,[rbp+0]
+        0x48, 0x8b, 0x1c, 0x24, // 19 mov rbx,[rsp]
+        0x48, 0x8b, 0x6c, 0x24, 0x08, // 23 mov rbp,[rsp+8]
+        0x48, 0x83, 0xc4, 0x18, // 28 add rsp,0x18
+        0xc3, // 32 ret
+    ];
+
+    #[test]
+    fn mono_saves_rbp_with_a_mov() {
+        use NoCfiRule::*;
+        let framed = ReturnAt {
+            ra: 0x18,
+            saved_bp: Some(8),
+        };
+        assert_eq!(caller_rule(MONO, 15), Some(framed));
+        assert_eq!(leaf(MONO, 13), Some(framed));
+        assert_eq!(leaf(MONO, 19), Some(framed));
+        // After the restore, `rbp` holds the caller's value again.
+        assert_eq!(
+            leaf(MONO, 28),
+            Some(ReturnAt {
+                ra: 0x18,
+                saved_bp: None
+            })
+        );
+        assert_eq!(
+            leaf(MONO, 4),
+            Some(ReturnAt {
+                ra: 0x18,
+                saved_bp: None
+            })
+        );
+    }
+
+    #[test]
+    fn v8_baseline_code_calls_its_prologue() {
+        // mov ebx,0x40; call +0 (the out-of-line prologue); push rax; call +0
+        let code = [
+            0xbb, 0x40, 0, 0, 0, 0xe8, 0, 0, 0, 0, 0x50, 0xe8, 0, 0, 0, 0,
+        ];
+        assert_eq!(leaf_rule(&code, 5, &code[5..]), Some(NoCfiRule::ReturnAtSp));
+        assert_eq!(
+            leaf_rule(&code, 10, &code[10..]),
+            Some(NoCfiRule::FramePointer)
+        );
+        assert_eq!(caller_rule(&code, 16), Some(NoCfiRule::FramePointer));
+    }
+
+    #[test]
+    fn a_lea_frame_pointer_and_an_undecodable_function() {
+        // CoreCLR: push rbp; push rbx; sub rsp,8; lea rbp,[rsp+0x10]; nop; call [rax]
+        let code = [
+            0x55, 0x53, 0x48, 0x83, 0xec, 0x08, 0x48, 0x8d, 0x6c, 0x24, 0x10, 0x90, 0xff, 0x10,
+        ];
+        assert_eq!(
+            leaf_rule(&code, 6, &code[6..]),
+            Some(NoCfiRule::ReturnAt {
+                ra: 0x18,
+                saved_bp: Some(0x10)
+            })
+        );
+        assert_eq!(caller_rule(&code, 14), Some(NoCfiRule::FramePointer));
+        // `and rsp,-16` is not modelled: no guess.
+        let odd = [0x48, 0x83, 0xe4, 0xf0, 0x90, 0xe9, 0, 0, 0, 0];
+        assert_eq!(leaf_rule(&odd, 4, &odd[4..]), None);
+    }
+}

@@ -1,0 +1,374 @@
+//! JIT code: names and frame states for code that has no file image and no unwind tables
+//! (.NET, Mono, Node/V8, the JVM).
+//!
+//! What the caller does: keep one [`JitMaps`], and for each sample of process `pid` unwind with a
+//! [`JitMemory`] (the sample's stack plus [`JitMaps::process`]), so that the unwinder can find the
+//! start of the JIT function at an address and read its code; at symbolization, ask
+//! [`JitProcess::symbol`] for the name of a JIT address.
+//!
+//! What this module does: finds the process's perf map the way the process itself wrote it —
+//! through `/proc/PID/root` (its mount namespace: a container's own `/tmp`) under its PID in its
+//! own PID namespace (`NSpid`) — and reads it only if it is a regular file (not a symlink) owned
+//! by the target's user or root; reads it incrementally when an address misses ([`perfmap`]);
+//! parses each runtime's name style ([`names`]); reads JIT code from `/proc/PID/mem`, caching
+//! each function's bytes; and decides the frame state in JIT code ([`frame_state`]).
+
+pub mod frame_state;
+pub mod names;
+pub mod perfmap;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use names::{JitName, parse_name};
+pub use perfmap::{JitSymbol, PerfMap, SymbolTable};
+
+use crate::unwind::{Memory, NoCfiRule, ReadFailure, SampleStack};
+
+/// How often a missing perf map is looked for again.
+const OPEN_RETRY: Duration = Duration::from_millis(250);
+/// How often a perf map is re-read when an address misses.
+const REREAD_INTERVAL: Duration = Duration::from_millis(10);
+/// Function code cached per symbol, at most.
+const CODE_CACHE_BYTES: u64 = 16 * 1024;
+/// Frame rules cached per process, at most (the cache starts over when full).
+const RULE_CACHE_ENTRIES: usize = 1 << 16;
+
+/// The last `NSpid` entry of `/proc/PID/status`: the process's id in its own PID namespace.
+pub fn namespace_pid(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last()?.parse().ok())
+        })
+        .unwrap_or(pid)
+}
+
+/// Where process `pid` writes its perf map, as a path this process can open:
+/// `/proc/PID/root/tmp/perf-NSPID.map`.
+pub fn perf_map_path(pid: u32) -> PathBuf {
+    PathBuf::from(format!(
+        "/proc/{pid}/root/tmp/perf-{}.map",
+        namespace_pid(pid)
+    ))
+}
+
+/// Why a JIT map was not used.
+#[derive(Debug, thiserror::Error)]
+pub enum MapRefused {
+    /// The file does not exist (yet), or cannot be opened.
+    #[error("cannot open {path}: {source}")]
+    Open {
+        /// The path tried.
+        path: PathBuf,
+        /// The cause (a symlink shows as ELOOP).
+        source: std::io::Error,
+    },
+    /// Not a regular file.
+    #[error("{0} is not a regular file")]
+    NotRegular(PathBuf),
+    /// Owned by someone other than the target's user or root.
+    #[error("{path} is owned by uid {owner}, not by the target's uid {target} or root")]
+    WrongOwner {
+        /// The path.
+        path: PathBuf,
+        /// The file's owner.
+        owner: u32,
+        /// The target's uid.
+        target: u32,
+    },
+}
+
+/// Opens a JIT map of process `pid` safely: no symlink in the last component (`O_NOFOLLOW`), a
+/// regular file, owned by the process's uid or root.
+pub fn open_map(pid: u32, path: &std::path::Path) -> Result<File, MapRefused> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| MapRefused::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let meta = file.metadata().map_err(|source| MapRefused::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(MapRefused::NotRegular(path.to_path_buf()));
+    }
+    let target = std::fs::metadata(format!("/proc/{pid}"))
+        .map(|m| m.uid())
+        .unwrap_or(0);
+    if meta.uid() != 0 && meta.uid() != target {
+        return Err(MapRefused::WrongOwner {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            target,
+        });
+    }
+    Ok(file)
+}
+
+/// The JIT state of one process: its perf map, cached code, and a handle on its memory.
+#[derive(Debug)]
+pub struct JitProcess {
+    pid: u32,
+    map: Option<PerfMap<File>>,
+    last_open_try: Option<Instant>,
+    last_read: Option<Instant>,
+    /// Why the perf map was last refused, when it exists but was not used.
+    pub refused: Option<String>,
+    mem: Option<File>,
+    code: HashMap<u64, (u64, Arc<[u8]>)>,
+    rules: HashMap<(u64, bool), (Range<u64>, Option<NoCfiRule>)>,
+}
+
+impl JitProcess {
+    fn new(pid: u32) -> JitProcess {
+        JitProcess {
+            pid,
+            map: None,
+            last_open_try: None,
+            last_read: None,
+            refused: None,
+            mem: None,
+            code: HashMap::new(),
+            rules: HashMap::new(),
+        }
+    }
+
+    /// The symbol at `addr`, re-reading the perf map (at most every 10 ms) when it misses.
+    pub fn symbol(&mut self, addr: u64) -> Option<&JitSymbol> {
+        let hit = self
+            .map
+            .as_ref()
+            .is_some_and(|m| m.symbols.lookup(addr).is_some());
+        if !hit {
+            self.refresh();
+        }
+        self.map.as_ref()?.symbols.lookup(addr)
+    }
+
+    /// Reads what the runtime appended to its perf map (opening it first if needed).
+    pub fn refresh(&mut self) {
+        let now = Instant::now();
+        if self.map.is_none() {
+            if self
+                .last_open_try
+                .is_some_and(|t| now.duration_since(t) < OPEN_RETRY)
+            {
+                return;
+            }
+            self.last_open_try = Some(now);
+            match open_map(self.pid, &perf_map_path(self.pid)) {
+                Ok(f) => {
+                    self.map = Some(PerfMap::new(f));
+                    self.refused = None;
+                }
+                Err(MapRefused::Open { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    return;
+                }
+                Err(e) => {
+                    self.refused = Some(e.to_string());
+                    return;
+                }
+            }
+        } else if self
+            .last_read
+            .is_some_and(|t| now.duration_since(t) < REREAD_INTERVAL)
+        {
+            return;
+        }
+        self.last_read = Some(now);
+        if let Some(m) = self.map.as_mut() {
+            let _ = m.read_more();
+        }
+    }
+
+    /// Number of symbols known.
+    pub fn symbol_count(&self) -> usize {
+        self.map.as_ref().map_or(0, |m| m.symbols.len())
+    }
+
+    /// Reads process memory at `addr` (code), from the cache of the enclosing symbol's bytes
+    /// when possible.
+    pub fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        let len = buf.len() as u64;
+        if let Some(sym) = self.symbol(addr).cloned()
+            && addr + len <= sym.end
+        {
+            let cached = match self.code.get(&sym.start) {
+                Some((end, bytes)) if *end == sym.end => Some(bytes.clone()),
+                _ => {
+                    let n = (sym.end - sym.start).min(CODE_CACHE_BYTES);
+                    let mut bytes = vec![0u8; n as usize];
+                    if self.read_mem(sym.start, &mut bytes) {
+                        let bytes: Arc<[u8]> = bytes.into();
+                        self.code.insert(sym.start, (sym.end, bytes.clone()));
+                        Some(bytes)
+                    } else {
+                        None
+                    }
+                }
+            };
+            if let Some(bytes) = cached {
+                let off = (addr - sym.start) as usize;
+                if let Some(src) = bytes.get(off..off + buf.len()) {
+                    buf.copy_from_slice(src);
+                    return true;
+                }
+            }
+        }
+        self.read_mem(addr, buf)
+    }
+
+    fn read_mem(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        if self.mem.is_none() {
+            self.mem = File::open(format!("/proc/{}/mem", self.pid)).ok();
+        }
+        self.mem
+            .as_ref()
+            .is_some_and(|f| f.read_exact_at(buf, addr).is_ok())
+    }
+}
+
+/// JIT state of every process seen.
+#[derive(Debug, Default)]
+pub struct JitMaps {
+    procs: HashMap<u32, JitProcess>,
+}
+
+impl JitMaps {
+    /// No processes yet.
+    pub fn new() -> JitMaps {
+        JitMaps::default()
+    }
+
+    /// The state of process `pid` (created on first use; nothing is read until needed).
+    pub fn process(&mut self, pid: u32) -> &mut JitProcess {
+        self.procs
+            .entry(pid)
+            .or_insert_with(|| JitProcess::new(pid))
+    }
+
+    /// The process exec'd: its old JIT state no longer applies.
+    pub fn exec(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+}
+
+/// A sample's memory for the unwinder: its copied stack, plus JIT code and function starts of
+/// its process.
+pub struct JitMemory<'a> {
+    /// The sample's stack.
+    pub stack: SampleStack<'a>,
+    /// The process's JIT state.
+    pub jit: &'a mut JitProcess,
+}
+
+impl Memory for JitMemory<'_> {
+    fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
+        self.stack.read_stack_u64(addr)
+    }
+
+    fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        self.jit.read_code(addr, buf)
+    }
+
+    fn jit_function(&mut self, addr: u64) -> Option<Range<u64>> {
+        self.jit
+            .symbol(addr)
+            .filter(|s| s.name.single_function)
+            .map(|s| s.start..s.end)
+    }
+
+    fn jit_pushed_return(&mut self, ra: u64) -> bool {
+        self.jit.symbol(ra).is_some_and(|s| s.name.pushed_returns)
+    }
+
+    fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
+        let function = self.jit_function(lookup)?;
+        if let Some((f, rule)) = self.jit.rules.get(&(lookup, leaf))
+            && *f == function
+        {
+            return Some(*rule);
+        }
+        let rule = frame_state::rule_in_memory(function.clone(), lookup, leaf, self);
+        if self.jit.rules.len() >= RULE_CACHE_ENTRIES {
+            self.jit.rules.clear();
+        }
+        self.jit.rules.insert((lookup, leaf), (function, rule));
+        Some(rule)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn only_regular_files_of_the_target_user_or_root_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let good = dir.path().join("perf-1.map");
+        std::fs::write(&good, "1000 10 f\n").unwrap();
+        assert!(open_map(me, &good).is_ok());
+
+        let link = dir.path().join("perf-2.map");
+        symlink(&good, &link).unwrap();
+        assert!(
+            matches!(open_map(me, &link), Err(MapRefused::Open { .. })),
+            "a symlink is not followed"
+        );
+
+        let fifo = dir.path().join("perf-3.map");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            open_map(me, &fifo),
+            Err(MapRefused::NotRegular(_))
+        ));
+
+        // A file of another user (only testable as root, who may chown).
+        let our_uid = std::fs::metadata(format!("/proc/{me}")).unwrap().uid();
+        if our_uid == 0 {
+            let other = dir.path().join("perf-4.map");
+            std::fs::write(&other, "1000 10 f\n").unwrap();
+            std::os::unix::fs::chown(&other, Some(4242), None).unwrap();
+            assert!(matches!(
+                open_map(me, &other),
+                Err(MapRefused::WrongOwner { owner: 4242, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn this_process_has_its_own_namespace_pid_and_map_path() {
+        let me = std::process::id();
+        // The test runs in the initial PID namespace or in a container: either way the last
+        // NSpid entry is what the process itself sees as its pid.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let own: u32 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last()?.parse().ok())
+            .unwrap_or(me);
+        assert_eq!(namespace_pid(me), own);
+        assert_eq!(
+            perf_map_path(me),
+            PathBuf::from(format!("/proc/{me}/root/tmp/perf-{own}.map"))
+        );
+    }
+}

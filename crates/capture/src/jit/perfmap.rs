@@ -1,0 +1,288 @@
+//! Perf maps (`/tmp/perf-PID.map`): one line per piece of JIT code, `START SIZE NAME`, with START
+//! and SIZE in hexadecimal (optional `0x`, any case, any padding) and a NAME that may hold spaces.
+//!
+//! Runtimes append to the file while they run, so [`PerfMap`] reads it incrementally: each
+//! [`PerfMap::read_more`] consumes only the bytes appended since the last call and keeps a torn
+//! last line (a write in progress) until its newline arrives. Later entries replace earlier ones
+//! they overlap (code memory reused after a method was freed or moved).
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Seek, SeekFrom};
+
+use super::names::{JitName, parse_name};
+
+/// One perf-map line, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerfMapEntry {
+    /// First code address.
+    pub start: u64,
+    /// Code size in bytes (at least 1).
+    pub size: u64,
+    /// The name as the runtime wrote it.
+    pub raw: String,
+}
+
+/// Why a perf-map line was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("perf map line {line}: {reason}")]
+pub struct LineError {
+    /// 1-based line number.
+    pub line: u64,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+fn hex(field: &str) -> Option<u64> {
+    let digits = field
+        .strip_prefix("0x")
+        .or_else(|| field.strip_prefix("0X"))
+        .unwrap_or(field);
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// Parses one line (without its newline). `line` is the 1-based number used in errors.
+pub fn parse_line(text: &str, line: u64) -> Result<PerfMapEntry, LineError> {
+    let err = |reason| LineError { line, reason };
+    let text = text.trim_end_matches('\r').trim_start();
+    let (start, rest) = text
+        .split_once([' ', '\t'])
+        .ok_or(err("fewer than 3 fields"))?;
+    let rest = rest.trim_start();
+    let (size, name) = rest
+        .split_once([' ', '\t'])
+        .ok_or(err("fewer than 3 fields"))?;
+    let start = hex(start).ok_or(err("start address is not hexadecimal"))?;
+    let size = hex(size).ok_or(err("size is not hexadecimal"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(err("empty name"));
+    }
+    if size == 0 || start.checked_add(size).is_none() {
+        return Err(err("empty or overflowing address range"));
+    }
+    Ok(PerfMapEntry {
+        start,
+        size,
+        raw: name.to_string(),
+    })
+}
+
+/// A symbol from a JIT map: its code range and parsed name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JitSymbol {
+    /// First code address.
+    pub start: u64,
+    /// One past the last code address.
+    pub end: u64,
+    /// The parsed name.
+    pub name: JitName,
+}
+
+/// Non-overlapping JIT symbols by start address; a newer symbol replaces the ones it overlaps.
+#[derive(Debug, Default, Clone)]
+pub struct SymbolTable {
+    by_start: BTreeMap<u64, JitSymbol>,
+}
+
+impl SymbolTable {
+    /// Inserts a symbol, removing every older one it overlaps.
+    pub fn insert(&mut self, symbol: JitSymbol) {
+        let (start, end) = (symbol.start, symbol.end);
+        if let Some((&s, prev)) = self.by_start.range(..start).next_back()
+            && prev.end > start
+        {
+            self.by_start.remove(&s);
+        }
+        let covered: Vec<u64> = self.by_start.range(start..end).map(|(&s, _)| s).collect();
+        for s in covered {
+            self.by_start.remove(&s);
+        }
+        self.by_start.insert(start, symbol);
+    }
+
+    /// The symbol containing `addr`.
+    pub fn lookup(&self, addr: u64) -> Option<&JitSymbol> {
+        let (_, s) = self.by_start.range(..=addr).next_back()?;
+        (addr < s.end).then_some(s)
+    }
+
+    /// Number of symbols.
+    pub fn len(&self) -> usize {
+        self.by_start.len()
+    }
+
+    /// Whether there are no symbols.
+    pub fn is_empty(&self) -> bool {
+        self.by_start.is_empty()
+    }
+}
+
+/// An incrementally read perf map.
+#[derive(Debug)]
+pub struct PerfMap<R> {
+    source: R,
+    offset: u64,
+    pending: Vec<u8>,
+    lines: u64,
+    /// Lines that did not parse (kept for reporting; the rest of the file is still used).
+    pub bad_lines: Vec<LineError>,
+    /// The symbols read so far.
+    pub symbols: SymbolTable,
+}
+
+impl<R: Read + Seek> PerfMap<R> {
+    /// A map read from `source` (nothing is read until [`PerfMap::read_more`]).
+    pub fn new(source: R) -> PerfMap<R> {
+        PerfMap {
+            source,
+            offset: 0,
+            pending: Vec::new(),
+            lines: 0,
+            bad_lines: Vec::new(),
+            symbols: SymbolTable::default(),
+        }
+    }
+
+    /// Reads what was appended since the last call; returns the number of new entries. A last
+    /// line without its newline is kept back until the rest of it is written.
+    pub fn read_more(&mut self) -> io::Result<usize> {
+        self.source.seek(SeekFrom::Start(self.offset))?;
+        let mut buf = Vec::new();
+        let n = (&mut self.source).take(64 << 20).read_to_end(&mut buf)?;
+        self.offset += n as u64;
+        self.pending.extend_from_slice(&buf);
+        let Some(last_nl) = self.pending.iter().rposition(|&b| b == b'\n') else {
+            return Ok(0);
+        };
+        let complete: Vec<u8> = self.pending.drain(..=last_nl).collect();
+        let mut added = 0;
+        for raw in complete[..last_nl].split(|&b| b == b'\n') {
+            self.lines += 1;
+            if raw.is_empty() {
+                continue;
+            }
+            let text = String::from_utf8_lossy(raw);
+            match parse_line(&text, self.lines) {
+                Ok(e) => {
+                    self.symbols.insert(JitSymbol {
+                        start: e.start,
+                        end: e.start + e.size,
+                        name: parse_name(&e.raw),
+                    });
+                    added += 1;
+                }
+                Err(e) => {
+                    if self.bad_lines.len() < 16 {
+                        self.bad_lines.push(e);
+                    }
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    /// Bytes consumed so far (complete lines plus a held-back torn line).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    #[test]
+    fn every_runtime_style_parses() {
+        let coreclr = parse_line(
+            "00007FAA2D861E50 100 void [Rec] Rec::Main(string[])[Optimized]",
+            1,
+        )
+        .unwrap();
+        assert_eq!(coreclr.start, 0x7faa_2d86_1e50);
+        assert_eq!(coreclr.size, 0x100);
+        assert_eq!(coreclr.raw, "void [Rec] Rec::Main(string[])[Optimized]");
+        let mono = parse_line("41002fd0 178 Rec:Main (string[])", 2).unwrap();
+        assert_eq!((mono.start, mono.size), (0x4100_2fd0, 0x178));
+        assert_eq!(mono.raw, "Rec:Main (string[])");
+        let node = parse_line("0x3d0c0b3fe0c0 0x1c JS:*fib /tmp/x.js:3:13", 3).unwrap();
+        assert_eq!((node.start, node.size), (0x3d0c_0b3f_e0c0, 0x1c));
+        let jvm = parse_line(
+            "0x00007f3a2c4a1b20 0x00000000000001a0 void Rec.down(int, int)",
+            4,
+        )
+        .unwrap();
+        assert_eq!(jvm.raw, "void Rec.down(int, int)");
+        let tabs = parse_line("  7f00\t  10\t name  with  spaces \r", 5).unwrap();
+        assert_eq!(tabs.raw, "name  with  spaces");
+    }
+
+    #[test]
+    fn bad_lines_say_which_and_why() {
+        assert_eq!(parse_line("zz 10 f", 7).unwrap_err().line, 7);
+        assert!(parse_line("1000 10", 1).is_err());
+        assert!(parse_line("1000 0 f", 1).is_err());
+        assert!(parse_line("ffffffffffffffff 10 f", 1).is_err());
+        assert!(parse_line("1000 10 ", 1).is_err());
+        assert!(parse_line("11112222333344445 10 f", 1).is_err());
+        assert!(parse_line("", 1).is_err());
+    }
+
+    /// A growing file: a reader over shared bytes the test appends to.
+    #[derive(Clone, Default)]
+    struct Growing(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+    impl Read for Growing {
+        fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+            unreachable!("PerfMap seeks first")
+        }
+    }
+    struct At(Growing, u64);
+    impl Read for At {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let data = self.0.0.borrow();
+            let mut c = Cursor::new(&data[..]);
+            c.set_position(self.1);
+            let n = c.read(buf)?;
+            self.1 += n as u64;
+            Ok(n)
+        }
+    }
+    impl Seek for At {
+        fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+            if let SeekFrom::Start(p) = pos {
+                self.1 = p;
+            }
+            Ok(self.1)
+        }
+    }
+
+    #[test]
+    fn a_growing_map_with_a_torn_line_is_read_incrementally() {
+        let file = Growing::default();
+        let mut map = PerfMap::new(At(file.clone(), 0));
+        file.0
+            .borrow_mut()
+            .extend_from_slice(b"1000 100 first\n2000 80 sec");
+        assert_eq!(map.read_more().unwrap(), 1);
+        assert!(map.symbols.lookup(0x2010).is_none(), "torn line held back");
+        assert_eq!(map.symbols.lookup(0x10ff).unwrap().start, 0x1000);
+        assert!(map.symbols.lookup(0x1100).is_none());
+        file.0
+            .borrow_mut()
+            .extend_from_slice(b"ond\nbogus line\n1080 10 replaces first\n");
+        assert_eq!(map.read_more().unwrap(), 2);
+        assert_eq!(map.symbols.lookup(0x2010).unwrap().name.name, "second");
+        assert_eq!(
+            map.symbols.lookup(0x1085).unwrap().name.name,
+            "replaces first"
+        );
+        // The overlapped older entry is gone entirely.
+        assert!(map.symbols.lookup(0x1000).is_none());
+        assert_eq!(map.bad_lines.len(), 1);
+        assert_eq!(map.bad_lines[0].line, 3);
+        assert_eq!(map.read_more().unwrap(), 0);
+    }
+}

@@ -1,0 +1,270 @@
+//! Shared pieces of the JIT runtime tests: finding tools, running a target that prints `ready`,
+//! recording it, and checking every stack against the target's known call graph.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use rootline_capture::recorder::{RecordOptions, Recording, Target, record};
+use rootline_profile::{FrameKind, Profile};
+
+/// One recording at a time: they sample at a high rate on a machine with few cores.
+pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A tool on PATH.
+pub fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Returns `found` or, when missing, prints why the test is skipped (panics under `CI`, where
+/// scripts/test.sh installs everything).
+pub fn require<T>(test: &str, what: &str, found: Option<T>) -> Option<T> {
+    if found.is_none() {
+        let msg = format!("{test}: needs {what}");
+        if std::env::var_os("CI").is_some() {
+            panic!("{msg}");
+        }
+        eprintln!("skipping {msg}");
+    }
+    found
+}
+
+/// The directory of this file's sources (C#, JS, Java targets).
+pub fn sources() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jit")
+}
+
+/// A running target, killed when dropped.
+pub struct Running {
+    /// The process.
+    pub child: Child,
+}
+
+impl Running {
+    /// Starts `cmd` and waits until it prints `ready` on stdout.
+    pub fn start(mut cmd: Command) -> Running {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.trim() == "ready"
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("the target prints ready");
+        Running { child }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Records `pid` for `seconds` at `hz`, copying `stack_kib` KiB of stack per sample.
+pub fn record_pid(pid: u32, hz: u32, seconds: f64, stack_kib: u32) -> Recording {
+    let mut opts = RecordOptions::new(Target::Pids(vec![pid]));
+    opts.frequency_hz = hz;
+    opts.stack_bytes = stack_kib * 1024;
+    opts.duration = Some(Duration::from_secs_f64(seconds));
+    let r = record(&opts, &AtomicBool::new(false), None).expect("recording works");
+    println!(
+        "recorded pid {pid} at {hz} Hz for {seconds} s: {} samples, {} lost, {} threads",
+        r.stats.samples, r.stats.lost, r.stats.threads
+    );
+    r
+}
+
+/// The recursive function, the function at the bottom of the recursion, and by entry function
+/// the number of recursive frames expected above it.
+pub type Recursion<'a> = (&'static str, &'static str, &'a [(&'static str, usize)]);
+
+/// A target's known call graph.
+pub struct Graph<'a> {
+    /// Maps a frame's name to the program function it is, or None for anything else.
+    pub short: &'a dyn Fn(&str) -> Option<&'static str>,
+    /// Functions a thread's program part starts at (`Main`, a worker's entry).
+    pub entries: &'a [&'static str],
+    /// Caller → callee pairs that exist in the program.
+    pub edges: &'a [(&'static str, &'static str)],
+    /// The recursive function and, by entry, how many times it is on the stack when the
+    /// function at the bottom of the recursion is.
+    pub recursion: Option<Recursion<'a>>,
+    /// Whether a frame name is a thread's root (`_start`, `clone3`, …).
+    pub is_root: &'a dyn Fn(&str) -> bool,
+}
+
+/// What a check found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// All samples.
+    pub samples: u64,
+    /// Samples with program frames.
+    pub program_samples: u64,
+    /// Program samples with an unnamed JIT frame between program frames.
+    pub unnamed: u64,
+    /// Program samples with a foreign frame between program frames.
+    pub invented: u64,
+    /// Program samples with a caller edge the program does not have.
+    pub impossible_edges: u64,
+    /// Program samples whose program part does not start at an entry.
+    pub not_reaching_entry: u64,
+    /// Program samples whose stack does not start at a thread root.
+    pub not_rooted: u64,
+    /// Program samples ending in `[truncated: …]`.
+    pub truncated: u64,
+    /// Program samples below the recursion with the wrong recursion count.
+    pub wrong_recursion: u64,
+    /// Program samples below the recursion with the right recursion count.
+    pub exact_recursion: u64,
+    /// Program frames by kind.
+    pub kinds: BTreeMap<String, u64>,
+    /// A few bad stacks, for the log.
+    pub examples: Vec<String>,
+}
+
+impl Verdict {
+    /// Prints the counts.
+    pub fn print(&self, what: &str) {
+        println!(
+            "{what}: samples={} program_samples={} impossible_edges={} invented={} unnamed={} \
+             not_reaching_entry={} not_rooted={} truncated={} exact_recursion={} \
+             wrong_recursion={} kinds={:?}",
+            self.samples,
+            self.program_samples,
+            self.impossible_edges,
+            self.invented,
+            self.unnamed,
+            self.not_reaching_entry,
+            self.not_rooted,
+            self.truncated,
+            self.exact_recursion,
+            self.wrong_recursion,
+            self.kinds
+        );
+        for e in &self.examples {
+            println!("  {e}");
+        }
+    }
+}
+
+/// Checks every sample of `profile` against `graph`.
+pub fn check(profile: &Profile, graph: &Graph<'_>) -> Verdict {
+    let edges: HashSet<(&str, &str)> = graph.edges.iter().copied().collect();
+    let mut v = Verdict::default();
+    let mut frames = Vec::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        v.samples += 1;
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        let short: Vec<Option<&str>> = names.iter().map(|n| (graph.short)(n)).collect();
+        let Some(first) = short.iter().position(Option::is_some) else {
+            continue;
+        };
+        let last = short.iter().rposition(Option::is_some).unwrap_or(first);
+        v.program_samples += 1;
+        for j in first..=last {
+            if short[j].is_some() {
+                let kind = format!("{:?}", profile.frame(frames[j]).kind);
+                *v.kinds.entry(kind).or_default() += 1;
+            }
+        }
+        let mut bad: Option<&str> = None;
+        if names.iter().any(|n| n.starts_with("[truncated"))
+            || frames
+                .iter()
+                .any(|&f| profile.frame(f).kind == FrameKind::Truncated)
+        {
+            v.truncated += 1;
+            bad.get_or_insert("truncated");
+        }
+        if !(graph.is_root)(names[0]) {
+            v.not_rooted += 1;
+            bad.get_or_insert("not rooted");
+        }
+        if !graph.entries.contains(&short[first].unwrap_or("")) {
+            v.not_reaching_entry += 1;
+            bad.get_or_insert("not reaching an entry");
+        }
+        let foreign: Vec<usize> = (first..=last).filter(|&j| short[j].is_none()).collect();
+        if foreign
+            .iter()
+            .any(|&j| names[j].starts_with('[') || names[j].contains("+0x"))
+        {
+            v.unnamed += 1;
+            bad.get_or_insert("unnamed");
+        } else if !foreign.is_empty() {
+            v.invented += 1;
+            bad.get_or_insert("invented");
+        }
+        let program: Vec<&str> = (first..=last).filter_map(|j| short[j]).collect();
+        if program.windows(2).any(|w| !edges.contains(&(w[0], w[1]))) {
+            v.impossible_edges += 1;
+            bad.get_or_insert("impossible edge");
+        }
+        if let Some((recursive, leaf, counts)) = graph.recursion
+            && program.contains(&leaf)
+            && let Some(&(_, want)) = counts.iter().find(|(e, _)| Some(*e) == short[first])
+        {
+            let got = program.iter().filter(|&&n| n == recursive).count();
+            if got == want {
+                v.exact_recursion += 1;
+            } else {
+                v.wrong_recursion += 1;
+                bad.get_or_insert("wrong recursion count");
+            }
+        }
+        if let Some(why) = bad
+            && v.examples.iter().filter(|e| e.starts_with(why)).count() < 2
+        {
+            let mut shown: Vec<String> = Vec::new();
+            let mut k = 0;
+            while k < names.len() {
+                let mut n = 1;
+                while k + n < names.len() && names[k + n] == names[k] {
+                    n += 1;
+                }
+                shown.push(if n > 1 {
+                    format!("{} x{n}", names[k])
+                } else {
+                    names[k].to_string()
+                });
+                k += n;
+            }
+            v.examples.push(format!("{why}: {}", shown.join(";")));
+        }
+    }
+    v
+}
+
+/// Thread roots as the C library and the dynamic loader make them.
+pub fn is_native_root(name: &str) -> bool {
+    matches!(name, "_start" | "_dl_start_user") || name.ends_with("clone3") || name == "clone"
+}
