@@ -6,7 +6,7 @@
 //! the problem, so a caller can name the file and the place. No reader panics on any input.
 //!
 //! [`Format`] names the formats, picks one from a file name or a `--format` value, and dispatches to
-//! the module with [`read`] and [`write`]. Adding a format means adding a module, a variant and two
+//! the module with [`read()`] and [`write()`]. Adding a format means adding a module, a variant and two
 //! match arms.
 //!
 //! Readers that recover from damage (a torn `.rlp` tail, unclosed slices in a trace) keep going and

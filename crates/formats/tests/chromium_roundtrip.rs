@@ -93,7 +93,7 @@ fn round_trip_across_the_reorder_window() {
 #[test]
 fn samples_without_times_are_laid_end_to_end() {
     // Collapsed stacks carry no times and no time column: each sample is laid after the
-    // previous one and lasts 1 ms.
+    // previous one and lasts 1 ms per count, so the trace keeps the profile's proportions.
     let folded = "a;b;c 3\na;b 2\nx 1\n";
     let original = rootline_formats::folded::read(folded.as_bytes()).unwrap();
     let back = chromium::read(&write(&original)[..]).unwrap();
@@ -101,7 +101,7 @@ fn samples_without_times_are_laid_end_to_end() {
         .into_iter()
         .map(|(s, v)| format!("{s} {}", v / 1_000_000))
         .collect();
-    assert_eq!(stacks, ["a;b 1", "a;b;c 1", "x 1"]);
+    assert_eq!(stacks, ["a;b 2", "a;b;c 3", "x 1"]);
 }
 
 /// The shape `dotnet-trace convert --format chromium` writes (TraceEvent's

@@ -149,11 +149,29 @@ impl EventWriter<'_> {
     }
 }
 
+/// True when stack nodes `a` and `b` run the same function (so one span can cover both).
+fn same_function(profile: &Profile, a: StackId, b: StackId) -> bool {
+    let function = |n: StackId| profile.frame(profile.stack(n).frame).function;
+    function(a) == function(b)
+}
+
 /// Writes `profile` as trace-event JSON in dotnet-trace's shape (see the module documentation).
 pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
     let mut w = BufWriter::with_capacity(1 << 20, writer);
     let samples = profile.samples();
     let column = time_column(profile).map(|c| &samples.values[c]);
+    // Without a time column, a sample lasts one sampling period per count it carries (collapsed
+    // stacks give counts, not times), so span widths keep the profile's proportions.
+    let counts = profile
+        .sample_types()
+        .iter()
+        .position(|t| t.unit == "count")
+        .map(|c| &samples.values[c]);
+    let period_ns = profile
+        .metadata
+        .sample_rate_hz
+        .filter(|&hz| hz > 0)
+        .map_or(DEFAULT_SAMPLE_NS, |hz| 1_000_000_000 / i64::from(hz));
 
     // Samples per thread, in time order.
     let mut per_thread: Vec<Vec<u32>> = vec![Vec::new(); profile.threads().len()];
@@ -195,7 +213,13 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
         let list = &per_thread[t];
         let thread = profile.threads()[t];
         let (pid, tid) = (thread.pid, thread.tid);
-        let weight = |i: u32| -> i64 { column.map_or(DEFAULT_SAMPLE_NS, |c| c[i as usize]).max(0) };
+        let weight = |i: u32| -> i64 {
+            match (column, counts) {
+                (Some(c), _) => c[i as usize].max(0),
+                (None, Some(c)) => c[i as usize].max(0).saturating_mul(period_ns),
+                (None, None) => period_ns,
+            }
+        };
         // Samples without distinct times (e.g. read from collapsed stacks) are laid end to end by
         // their time value; otherwise each lasts until the next sample on the thread.
         let timed = list.len() < 2
@@ -226,7 +250,13 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
                 node = profile.stack(id).parent;
             }
             cur.reverse();
-            let common = prev.iter().zip(&cur).take_while(|(a, b)| a == b).count();
+            // Spans continue while the function at each depth stays the same, as dotnet-trace's
+            // writer does: a new call site or address in the same method is not a new call.
+            let common = prev
+                .iter()
+                .zip(&cur)
+                .take_while(|&(&a, &b)| a == b || same_function(profile, a, b))
+                .count();
             for &node in prev[common..].iter().rev() {
                 ew.slice(b'E', node, start, pid, tid);
             }
@@ -255,6 +285,13 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
     }
     ew.flush_to(&mut w)?;
     w.write_all(b"\n],\n\"displayTimeUnit\":\"ms\",\n\"stackFrames\":{")?;
+    // Every referenced node needs its whole parent chain in `stackFrames`. Parents have smaller
+    // ids than their children, so one pass from the top down marks them all.
+    for index in (0..profile.stacks().len()).rev() {
+        if let (true, Some(parent)) = (ew.used[index], profile.stacks()[index].parent) {
+            ew.used[parent.index()] = true;
+        }
+    }
     let mut first = true;
     let mut itoa = itoa::Buffer::new();
     for (index, node) in profile.stacks().iter().enumerate() {
