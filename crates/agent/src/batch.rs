@@ -1,0 +1,267 @@
+//! Turns drained sample buffers into per-process [`Profile`]s for the exporters.
+//!
+//! The [`Resolver`] mirrors the capture thread's stack cache from the definitions and evictions in
+//! the record stream, so it holds at most what the cache holds (plus stacks evicted while still
+//! referenced in a buffer). Keys are never reused, so a mirror entry can never name the wrong stack.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rootline_profile::{
+    Frame, FrameId, FrameKind, Function, Mapping, Profile, SampleType, StackId,
+};
+
+use crate::buffer::{Record, SampleBuffer};
+use crate::cache::{SharedStack, StackKey};
+use crate::process::ProcessInfo;
+use crate::source::FrameDesc;
+
+/// The samples of one process for one export.
+#[derive(Debug)]
+pub struct ProcessProfile {
+    /// The process.
+    pub process: Arc<ProcessInfo>,
+    /// Its samples: value columns `samples/count` and `cpu/nanoseconds`.
+    pub profile: Profile,
+    /// Number of samples in `profile`.
+    pub samples: u64,
+}
+
+/// Everything one export carries.
+#[derive(Debug, Default)]
+pub struct ExportBatch {
+    /// Sequence number of the export, from 1.
+    pub sequence: u64,
+    /// Start of the period covered, nanoseconds since the Unix epoch.
+    pub start_ns: u64,
+    /// End of the period covered, nanoseconds since the Unix epoch.
+    pub end_ns: u64,
+    /// One profile per sampled process, in order of first sample.
+    pub processes: Vec<ProcessProfile>,
+    /// Total samples over all processes.
+    pub samples: u64,
+}
+
+/// Mirror of the stack cache, fed by the record stream.
+#[derive(Debug, Default)]
+pub struct Resolver {
+    stacks: HashMap<StackKey, SharedStack>,
+    unresolved: u64,
+}
+
+/// Per-process profile under construction.
+struct Builder {
+    profile: Profile,
+    samples: u64,
+    stack_ids: HashMap<StackKey, StackId>,
+    frame_ids: HashMap<FrameDesc, FrameId>,
+}
+
+impl Resolver {
+    /// An empty mirror.
+    pub fn new() -> Resolver {
+        Resolver::default()
+    }
+
+    /// Samples whose key had no definition (always 0 unless the stream is broken); such samples
+    /// are kept with a `[truncated: stack definition missing]` stack.
+    pub fn unresolved(&self) -> u64 {
+        self.unresolved
+    }
+
+    /// Applies `buffer`'s records in order, adding its samples to `batch` (per process).
+    pub fn drain_into(&mut self, buffer: &SampleBuffer, batch: &mut BatchBuilder) {
+        for record in buffer.records() {
+            match record {
+                Record::Define { key, stack } => {
+                    self.stacks.insert(*key, Arc::clone(stack));
+                }
+                Record::Evict { key } => {
+                    self.stacks.remove(key);
+                }
+                Record::Sample(sample) => {
+                    let stack = self.stacks.get(&sample.key);
+                    if stack.is_none() {
+                        self.unresolved += 1;
+                    }
+                    batch.add(
+                        &sample.process,
+                        sample.tid,
+                        sample.time_ns,
+                        sample.weight_ns,
+                        sample.key,
+                        stack.map(|s| &s[..]),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Forgets every key (after the final rundown).
+    pub fn clear(&mut self) {
+        self.stacks.clear();
+    }
+}
+
+/// Collects samples into one profile per process.
+#[derive(Default)]
+pub struct BatchBuilder {
+    order: Vec<u32>,
+    processes: HashMap<u32, (Arc<ProcessInfo>, Builder)>,
+    sample_rate_hz: Option<u32>,
+}
+
+impl BatchBuilder {
+    /// An empty builder; `sample_rate_hz` goes into each profile's metadata.
+    pub fn new(sample_rate_hz: Option<u32>) -> BatchBuilder {
+        BatchBuilder {
+            sample_rate_hz,
+            ..BatchBuilder::default()
+        }
+    }
+
+    fn add(
+        &mut self,
+        process: &Arc<ProcessInfo>,
+        tid: u32,
+        time_ns: u64,
+        weight_ns: u64,
+        key: StackKey,
+        stack: Option<&[FrameDesc]>,
+    ) {
+        let pid = process.pid;
+        let rate = self.sample_rate_hz;
+        let order = &mut self.order;
+        let (_, builder) = self.processes.entry(pid).or_insert_with(|| {
+            order.push(pid);
+            (Arc::clone(process), Builder::new(process, rate))
+        });
+        builder.add(pid, tid, time_ns, weight_ns, key, stack);
+    }
+
+    /// Finishes the batch covering `start_ns..end_ns`.
+    pub fn finish(mut self, sequence: u64, start_ns: u64, end_ns: u64) -> ExportBatch {
+        let mut batch = ExportBatch {
+            sequence,
+            start_ns,
+            end_ns,
+            ..ExportBatch::default()
+        };
+        for pid in self.order {
+            if let Some((process, mut builder)) = self.processes.remove(&pid) {
+                builder.profile.metadata.start_time_ns = start_ns;
+                builder.profile.metadata.end_time_ns = end_ns;
+                batch.samples += builder.samples;
+                batch.processes.push(ProcessProfile {
+                    process,
+                    profile: builder.profile,
+                    samples: builder.samples,
+                });
+            }
+        }
+        batch
+    }
+}
+
+impl Builder {
+    fn new(process: &ProcessInfo, sample_rate_hz: Option<u32>) -> Builder {
+        let mut profile = Profile::new(vec![SampleType::samples(), SampleType::cpu_nanoseconds()]);
+        profile.metadata.producer = "rootline agent".to_string();
+        profile.metadata.command_line = process.command_line.clone();
+        profile.metadata.sample_rate_hz = sample_rate_hz;
+        profile.metadata.host = crate::host_name();
+        if let Some(comm) = &process.comm {
+            profile.set_process_name(process.pid, comm);
+        }
+        if let Some(cmd) = &process.command_line {
+            let cmd = profile.intern_string(cmd);
+            profile.intern_process(process.pid).command_line = Some(cmd);
+        }
+        Builder {
+            profile,
+            samples: 0,
+            stack_ids: HashMap::new(),
+            frame_ids: HashMap::new(),
+        }
+    }
+
+    fn add(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        time_ns: u64,
+        weight_ns: u64,
+        key: StackKey,
+        stack: Option<&[FrameDesc]>,
+    ) {
+        let stack_id = match self.stack_ids.get(&key) {
+            Some(&id) => id,
+            None => {
+                let id = self.intern_stack(stack);
+                self.stack_ids.insert(key, id);
+                id
+            }
+        };
+        let thread = self.profile.intern_thread(pid, tid);
+        let weight = i64::try_from(weight_ns).unwrap_or(i64::MAX);
+        // Cannot fail: the thread and stack were interned just above, and there are two values.
+        let _ = self
+            .profile
+            .push_sample(time_ns, thread, stack_id, &[1, weight]);
+        self.samples += 1;
+    }
+
+    fn intern_stack(&mut self, stack: Option<&[FrameDesc]>) -> StackId {
+        let mut parent = None;
+        match stack {
+            Some(frames) if !frames.is_empty() => {
+                for frame in frames {
+                    let id = self.intern_frame(frame);
+                    parent = Some(self.profile.intern_stack(parent, id));
+                }
+            }
+            Some(_) => {
+                let id = self
+                    .profile
+                    .intern_named_frame("[truncated: empty stack]", FrameKind::Truncated);
+                parent = Some(self.profile.intern_stack(None, id));
+            }
+            None => {
+                let id = self.profile.intern_named_frame(
+                    "[truncated: stack definition missing]",
+                    FrameKind::Truncated,
+                );
+                parent = Some(self.profile.intern_stack(None, id));
+            }
+        }
+        parent.unwrap_or(StackId(0))
+    }
+
+    fn intern_frame(&mut self, frame: &FrameDesc) -> FrameId {
+        if let Some(&id) = self.frame_ids.get(frame) {
+            return id;
+        }
+        let name = self.profile.intern_string(&frame.name);
+        let function = self.profile.intern_function(Function { name, file: None });
+        let mapping = frame.module.as_ref().map(|module| {
+            let path = self.profile.intern_string(module);
+            self.profile.intern_mapping(Mapping {
+                start: 0,
+                end: 0,
+                file_offset: 0,
+                path,
+                build_id: None,
+            })
+        });
+        let id = self.profile.intern_frame(Frame {
+            function,
+            mapping,
+            address: frame.address,
+            line: None,
+            inline_depth: frame.inline_depth,
+            kind: frame.kind,
+        });
+        self.frame_ids.insert(frame.clone(), id);
+        id
+    }
+}

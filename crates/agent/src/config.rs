@@ -1,0 +1,435 @@
+//! The agent's configuration: a TOML file (every key optional), then the OpenTelemetry environment
+//! variables for the OTLP exporter.
+//!
+//! ```toml
+//! frequency_hz = 99
+//! export_interval = "10s"
+//! export_timeout = "5s"
+//! memory_limit = "64MiB"
+//!
+//! [targets]            # nothing set: the whole host
+//! regex = ["^java$"]
+//!
+//! [cache]
+//! buckets = 4096
+//! bucket_limit = 4
+//! byte_budget = "8MiB"
+//!
+//! [buffers]
+//! bytes = "1MiB"       # each of the two
+//!
+//! [exporters.otlp]     # endpoint from OTEL_EXPORTER_OTLP_* when not given here
+//! [exporters.pprof]
+//! directory = "/var/lib/rootline/pprof"
+//! max_bytes = "256MiB"
+//! [exporters.rlp]
+//! directory = "/var/lib/rootline/rlp"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::cache::CacheLimits;
+use crate::targets::TargetConfig;
+
+/// A configuration error, with the file and what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has an unknown key or a bad value (the message names the line).
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// Values that parse but do not fit together.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Everything the agent needs to run.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Sampling frequency per CPU (or per thread), Hz. Default 99.
+    pub frequency_hz: u32,
+    /// How often the exporter thread exports. Default 10 s.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub export_interval: Duration,
+    /// Time limit of one export attempt. Default 5 s.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub export_timeout: Duration,
+    /// Hard cap on the agent's pipeline memory (cache, buffers, exporter working set). Default 64 MiB.
+    #[serde(deserialize_with = "de_bytes")]
+    pub memory_limit: usize,
+    /// How often target rules are re-evaluated for sources that sample per process. Default 1 s.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub target_refresh: Duration,
+    /// What to profile.
+    pub targets: TargetConfig,
+    /// Stack cache shape.
+    pub cache: CacheConfig,
+    /// Sample buffer size.
+    pub buffers: BufferConfig,
+    /// Where profiles go; several at once are fine.
+    pub exporters: ExportersConfig,
+}
+
+/// Stack cache settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Hash buckets. Default 4096.
+    pub buckets: usize,
+    /// Most stacks per bucket (MRU order). Default 4.
+    pub bucket_limit: usize,
+    /// Byte budget of all cached stacks. Default 8 MiB.
+    #[serde(deserialize_with = "de_bytes")]
+    pub byte_budget: usize,
+}
+
+/// Sample buffer settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BufferConfig {
+    /// Byte budget of each of the two buffers. Default 1 MiB.
+    #[serde(deserialize_with = "de_bytes")]
+    pub bytes: usize,
+}
+
+/// The exporters to run; each is on when its table is present.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportersConfig {
+    /// OTLP/HTTP protobuf.
+    pub otlp: Option<OtlpConfig>,
+    /// pprof files in a directory.
+    pub pprof: Option<DirConfig>,
+    /// `.rlp` streams in a directory.
+    pub rlp: Option<DirConfig>,
+}
+
+/// OTLP/HTTP exporter settings. Unset values come from the `OTEL_*` environment variables.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpConfig {
+    /// Full URL of the profiles endpoint, or a base URL to which `/v1development/profiles` is added.
+    pub endpoint: Option<String>,
+    /// Extra HTTP headers (e.g. an API key).
+    pub headers: BTreeMap<String, String>,
+    /// Gzip the request body. Default true.
+    pub gzip: bool,
+    /// Retries after a failed attempt. Default 2.
+    pub retries: u32,
+    /// Wait before the first retry; doubles on each retry. Default 500 ms.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub backoff: Duration,
+    /// Extra resource attributes (`OTEL_RESOURCE_ATTRIBUTES` adds to these).
+    pub resource_attributes: BTreeMap<String, String>,
+    /// `service.name` (`OTEL_SERVICE_NAME` overrides it). Default: the process's name.
+    pub service_name: Option<String>,
+}
+
+/// A directory exporter's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirConfig {
+    /// Where the files go (created if missing).
+    pub directory: PathBuf,
+    /// Byte cap of the directory's files from this exporter; the oldest are deleted past it.
+    /// Default 256 MiB.
+    #[serde(default = "default_dir_cap", deserialize_with = "de_bytes")]
+    pub max_bytes: usize,
+}
+
+fn default_dir_cap() -> usize {
+    256 << 20
+}
+
+impl Default for AgentConfig {
+    fn default() -> AgentConfig {
+        AgentConfig {
+            frequency_hz: 99,
+            export_interval: Duration::from_secs(10),
+            export_timeout: Duration::from_secs(5),
+            memory_limit: 64 << 20,
+            target_refresh: Duration::from_secs(1),
+            targets: TargetConfig::default(),
+            cache: CacheConfig::default(),
+            buffers: BufferConfig::default(),
+            exporters: ExportersConfig::default(),
+        }
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> CacheConfig {
+        CacheConfig {
+            buckets: 4096,
+            bucket_limit: 4,
+            byte_budget: 8 << 20,
+        }
+    }
+}
+
+impl Default for BufferConfig {
+    fn default() -> BufferConfig {
+        BufferConfig { bytes: 1 << 20 }
+    }
+}
+
+impl Default for OtlpConfig {
+    fn default() -> OtlpConfig {
+        OtlpConfig {
+            endpoint: None,
+            headers: BTreeMap::new(),
+            gzip: true,
+            retries: 2,
+            backoff: Duration::from_millis(500),
+            resource_attributes: BTreeMap::new(),
+            service_name: None,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// The cache limits.
+    pub fn limits(&self) -> CacheLimits {
+        CacheLimits {
+            buckets: self.buckets,
+            bucket_limit: self.bucket_limit,
+            byte_budget: self.byte_budget,
+        }
+    }
+}
+
+/// Fixed allowance, besides cache and buffers, for the exporter's working set and bookkeeping.
+pub const WORKING_ALLOWANCE: usize = 4 << 20;
+
+impl AgentConfig {
+    /// Parses TOML text; `path` is only used in messages.
+    pub fn from_toml(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
+        let config: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        AgentConfig::from_toml(&text, path)
+    }
+
+    /// Memory the pipeline may use at most, by its parts: the cache budget; each buffer's budget
+    /// twice (record slots, plus the frames of the stacks it defines); the exporter's mirror of the
+    /// cache (at most the cache plus stacks evicted while both buffers still refer to them); the
+    /// exporter's per-export profiles (bounded by a buffer's content, a few times over); and a
+    /// fixed allowance.
+    pub fn memory_estimate(&self) -> usize {
+        let buffer = self.buffers.bytes;
+        self.cache.byte_budget * 2 + buffer * 2 * 2 + buffer * 2 + buffer * 4 + WORKING_ALLOWANCE
+    }
+
+    /// Checks that the values fit together, in particular that [`Self::memory_estimate`] is within
+    /// `memory_limit`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.frequency_hz == 0 || self.frequency_hz > 10_000 {
+            return Err(ConfigError::Invalid(format!(
+                "frequency_hz = {} is out of range; use 1..=10000 (99 is the usual choice)",
+                self.frequency_hz
+            )));
+        }
+        if self.export_interval < Duration::from_millis(10) {
+            return Err(ConfigError::Invalid(
+                "export_interval must be at least 10ms".into(),
+            ));
+        }
+        if self.export_timeout.is_zero() {
+            return Err(ConfigError::Invalid("export_timeout must not be 0".into()));
+        }
+        let estimate = self.memory_estimate();
+        if estimate > self.memory_limit {
+            return Err(ConfigError::Invalid(format!(
+                "cache.byte_budget and buffers.bytes need up to {} bytes, more than memory_limit = {} \
+                 bytes; raise memory_limit or lower them",
+                estimate, self.memory_limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A cache byte budget that holds `stacks` stacks of `depth` frames each.
+pub fn stack_budget_for(stacks: usize, depth: usize) -> usize {
+    stacks * crate::cache::stack_cost(depth)
+}
+
+/// Parses `500ms`, `10s`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(value * scale).ok()
+}
+
+/// Parses `1048576`, `512KiB`, `8MiB`, `1GiB` (also `K`, `M`, `G`, `KB`, `MB`, `GB` as binary).
+pub fn parse_bytes(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: usize = number.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return None,
+    };
+    value.checked_mul(1usize << shift)
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrText {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    match NumOrText::deserialize(d)? {
+        NumOrText::Int(secs) => Ok(Duration::from_secs(secs)),
+        NumOrText::Float(secs) => Duration::try_from_secs_f64(secs)
+            .map_err(|_| serde::de::Error::custom("duration out of range")),
+        NumOrText::Text(text) => parse_duration(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "bad duration {text:?}; write e.g. \"500ms\", \"10s\", \"2m\""
+            ))
+        }),
+    }
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{}ms", d.as_millis()))
+}
+
+fn de_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    match NumOrText::deserialize(d)? {
+        NumOrText::Int(n) => usize::try_from(n).map_err(serde::de::Error::custom),
+        NumOrText::Float(_) => Err(serde::de::Error::custom(
+            "byte sizes are whole numbers or e.g. \"8MiB\"",
+        )),
+        NumOrText::Text(text) => parse_bytes(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "bad byte size {text:?}; write e.g. 1048576, \"512KiB\", \"8MiB\""
+            ))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_issue() {
+        let c = AgentConfig::from_toml("", Path::new("x.toml")).unwrap();
+        assert_eq!(c.frequency_hz, 99);
+        assert_eq!(c.export_interval, Duration::from_secs(10));
+        assert!(c.exporters.otlp.is_none());
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let text = r#"
+            frequency_hz = 49
+            export_interval = "500ms"
+            export_timeout = 2
+            memory_limit = "128MiB"
+            [targets]
+            regex = ["^java$"]
+            cgroups = ["/kubepods/pod1"]
+            [cache]
+            buckets = 16
+            byte_budget = "64KiB"
+            [buffers]
+            bytes = "256KiB"
+            [exporters.otlp]
+            endpoint = "http://127.0.0.1:4318"
+            headers = { "x-api-key" = "k" }
+            backoff = "100ms"
+            [exporters.pprof]
+            directory = "/tmp/p"
+            max_bytes = "10MiB"
+        "#;
+        let c = AgentConfig::from_toml(text, Path::new("x.toml")).unwrap();
+        assert_eq!(c.export_interval, Duration::from_millis(500));
+        assert_eq!(c.export_timeout, Duration::from_secs(2));
+        assert_eq!(c.cache.byte_budget, 64 << 10);
+        assert_eq!(c.cache.bucket_limit, 4);
+        let otlp = c.exporters.otlp.unwrap();
+        assert_eq!(otlp.headers["x-api-key"], "k");
+        assert!(otlp.gzip);
+        assert_eq!(c.exporters.pprof.unwrap().max_bytes, 10 << 20);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_fix() {
+        let err = AgentConfig::from_toml(
+            "frequency_hz = 99\nexport_interval = \"10 parsecs\"\n",
+            Path::new("a.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("line 2"), "{err}");
+        let err = AgentConfig::from_toml("bogus = 1", Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bogus"), "{err}");
+        let err = AgentConfig::from_toml("memory_limit = \"1MiB\"", Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("raise memory_limit"), "{err}");
+    }
+
+    #[test]
+    fn units() {
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("x"), None);
+        assert_eq!(parse_bytes("8MiB"), Some(8 << 20));
+        assert_eq!(parse_bytes("12"), Some(12));
+        assert_eq!(parse_bytes("3 parsecs"), None);
+    }
+}

@@ -1,0 +1,354 @@
+//! OTLP/HTTP protobuf export to an OpenTelemetry Collector's `/v1development/profiles`.
+//!
+//! Endpoint, headers and resource follow the OpenTelemetry environment variables:
+//! `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (used as is), else `OTEL_EXPORTER_OTLP_ENDPOINT` (with
+//! `/v1development/profiles` appended), else `http://localhost:4318/v1development/profiles`; an
+//! `endpoint` in the config file takes precedence over both. `OTEL_EXPORTER_OTLP_HEADERS` (and
+//! `…_PROFILES_HEADERS`) add `key=value,…` headers; `OTEL_RESOURCE_ATTRIBUTES` adds resource
+//! attributes and `OTEL_SERVICE_NAME` sets `service.name`. Each process's profile goes out as one
+//! request whose resource carries `host.name`, `process.pid`, `process.executable.name`,
+//! `process.command_line`, `process.executable.path` and, in a container, `container.id`.
+//! Bodies are gzipped; an attempt that times out, fails to connect or gets 408/429/5xx is retried
+//! with exponential backoff. HTTPS uses rustls with the WebPKI roots.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+
+use super::{ExportError, Exporter};
+use crate::batch::{ExportBatch, ProcessProfile};
+use crate::config::OtlpConfig;
+use rootline_profile::Profile;
+
+/// Path of the profiles signal under an OTLP/HTTP base URL.
+pub const PROFILES_PATH: &str = "/v1development/profiles";
+
+/// Turns one process's profile and its resource attributes into the bytes of a protobuf
+/// `ExportProfilesServiceRequest`.
+pub trait OtlpEncoder: Send {
+    /// Encodes `profile` with `resource` as the request's resource attributes.
+    fn encode(
+        &self,
+        profile: &Profile,
+        resource: &[(String, String)],
+    ) -> Result<Vec<u8>, ExportError>;
+}
+
+/// Where and how to send, resolved from the config and the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpSettings {
+    /// Full URL of the profiles endpoint.
+    pub url: String,
+    /// HTTP headers added to every request.
+    pub headers: Vec<(String, String)>,
+    /// Resource attributes added to every request (before the per-process ones).
+    pub resource: BTreeMap<String, String>,
+    /// `service.name`, when set.
+    pub service_name: Option<String>,
+    /// Gzip bodies.
+    pub gzip: bool,
+    /// Time limit of one attempt.
+    pub timeout: Duration,
+    /// Retries after a failed attempt.
+    pub retries: u32,
+    /// First backoff; doubles on each retry.
+    pub backoff: Duration,
+}
+
+impl OtlpSettings {
+    /// Resolves the settings from `config`, the export timeout and an environment lookup (pass
+    /// `|k| std::env::var(k).ok()` for the real environment).
+    pub fn resolve(
+        config: &OtlpConfig,
+        timeout: Duration,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> OtlpSettings {
+        let nonempty = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+        let url = config
+            .endpoint
+            .clone()
+            .map(|e| with_signal_path(&e))
+            .or_else(|| nonempty("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT"))
+            .or_else(|| nonempty("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| with_signal_path(&e)))
+            .unwrap_or_else(|| format!("http://localhost:4318{PROFILES_PATH}"));
+        let mut headers: Vec<(String, String)> = config
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for var in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
+        ] {
+            if let Some(text) = nonempty(var) {
+                headers.extend(parse_key_values(&text));
+            }
+        }
+        let mut resource = config.resource_attributes.clone();
+        if let Some(text) = nonempty("OTEL_RESOURCE_ATTRIBUTES") {
+            resource.extend(parse_key_values(&text));
+        }
+        let service_name = nonempty("OTEL_SERVICE_NAME")
+            .or_else(|| config.service_name.clone())
+            .or_else(|| resource.get("service.name").cloned());
+        OtlpSettings {
+            url,
+            headers,
+            resource,
+            service_name,
+            gzip: config.gzip,
+            timeout,
+            retries: config.retries,
+            backoff: config.backoff,
+        }
+    }
+}
+
+/// `base` with `/v1development/profiles` appended, unless it already ends in it.
+fn with_signal_path(base: &str) -> String {
+    let base = base.trim().trim_end_matches('/');
+    if base.ends_with(PROFILES_PATH) {
+        base.to_string()
+    } else {
+        format!("{base}{PROFILES_PATH}")
+    }
+}
+
+/// Parses the W3C-baggage-like `k1=v1,k2=v2` lists of the OTel environment variables
+/// (percent-encoded values decoded; malformed entries skipped).
+pub fn parse_key_values(text: &str) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|item| {
+            let (k, v) = item.split_once('=')?;
+            let k = percent_decode(k.trim());
+            (!k.is_empty()).then(|| (k, percent_decode(v.trim())))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            let b = (hi * 16 + lo) as u8;
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The OTLP/HTTP exporter.
+pub struct OtlpExporter {
+    settings: OtlpSettings,
+    encoder: Box<dyn OtlpEncoder>,
+    http: ureq::Agent,
+    host: Option<String>,
+}
+
+impl OtlpExporter {
+    /// An exporter sending with `settings`, encoding with `encoder`.
+    pub fn new(settings: OtlpSettings, encoder: Box<dyn OtlpEncoder>) -> OtlpExporter {
+        let http = ureq::Agent::config_builder()
+            .timeout_global(Some(settings.timeout))
+            .http_status_as_error(false)
+            .user_agent(concat!("rootline-agent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .new_agent();
+        OtlpExporter {
+            settings,
+            encoder,
+            http,
+            host: crate::host_name(),
+        }
+    }
+
+    /// The resolved settings.
+    pub fn settings(&self) -> &OtlpSettings {
+        &self.settings
+    }
+
+    /// Resource attributes of one process's request.
+    pub fn resource_for(&self, process: &ProcessProfile) -> Vec<(String, String)> {
+        let mut attrs: BTreeMap<String, String> = self.settings.resource.clone();
+        let info = &process.process;
+        if let Some(host) = &self.host {
+            attrs
+                .entry("host.name".into())
+                .or_insert_with(|| host.clone());
+        }
+        attrs.insert("process.pid".into(), info.pid.to_string());
+        if let Some(comm) = &info.comm {
+            attrs.insert("process.executable.name".into(), comm.clone());
+        }
+        if let Some(cmd) = &info.command_line {
+            attrs.insert("process.command_line".into(), cmd.clone());
+        }
+        if let Some(exe) = &info.executable {
+            attrs.insert("process.executable.path".into(), exe.clone());
+        }
+        if let Some(id) = &info.container_id {
+            attrs.insert("container.id".into(), id.clone());
+        }
+        let service = self
+            .settings
+            .service_name
+            .clone()
+            .or_else(|| info.comm.clone())
+            .unwrap_or_else(|| "unknown_service".into());
+        attrs.insert("service.name".into(), service);
+        attrs.into_iter().collect()
+    }
+
+    fn send_once(&self, body: &[u8]) -> Result<(), (ExportError, bool)> {
+        let mut request = self
+            .http
+            .post(&self.settings.url)
+            .header("Content-Type", "application/x-protobuf");
+        if self.settings.gzip {
+            request = request.header("Content-Encoding", "gzip");
+        }
+        for (k, v) in &self.settings.headers {
+            request = request.header(k.as_str(), v.as_str());
+        }
+        match request.send(body) {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                if (200..300).contains(&status) {
+                    return Ok(());
+                }
+                let body = response
+                    .body_mut()
+                    .with_config()
+                    .limit(512)
+                    .read_to_string()
+                    .unwrap_or_default();
+                let retry = matches!(status, 408 | 429 | 500..=599);
+                Err((ExportError::Status { status, body }, retry))
+            }
+            Err(e) => Err((
+                ExportError::Transport(format!("{}: {e}", self.settings.url)),
+                true,
+            )),
+        }
+    }
+}
+
+impl Exporter for OtlpExporter {
+    fn name(&self) -> &str {
+        "otlp"
+    }
+
+    fn export_process(
+        &mut self,
+        _batch: &ExportBatch,
+        process: &ProcessProfile,
+    ) -> Result<(), ExportError> {
+        let resource = self.resource_for(process);
+        let raw = self.encoder.encode(&process.profile, &resource)?;
+        let body = if self.settings.gzip {
+            let mut gz = GzEncoder::new(Vec::with_capacity(raw.len() / 3), Compression::fast());
+            gz.write_all(&raw)
+                .and_then(|_| gz.finish())
+                .map_err(|e| ExportError::Encode(e.to_string()))?
+        } else {
+            raw
+        };
+        let mut backoff = self.settings.backoff;
+        let mut attempt = 0;
+        loop {
+            match self.send_once(&body) {
+                Ok(()) => return Ok(()),
+                Err((err, retry)) => {
+                    if !retry || attempt >= self.settings.retries {
+                        return Err(err);
+                    }
+                    tracing::debug!("OTLP attempt {} failed, retrying: {err}", attempt + 1);
+                    std::thread::sleep(backoff);
+                    backoff = backoff.saturating_mul(2);
+                    attempt += 1;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn endpoint_precedence() {
+        let c = OtlpConfig::default();
+        let t = Duration::from_secs(1);
+        let s = OtlpSettings::resolve(&c, t, env(&[]));
+        assert_eq!(s.url, "http://localhost:4318/v1development/profiles");
+        let s = OtlpSettings::resolve(
+            &c,
+            t,
+            env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318/")]),
+        );
+        assert_eq!(s.url, "https://c:4318/v1development/profiles");
+        let s = OtlpSettings::resolve(
+            &c,
+            t,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318/"),
+                ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", "http://p:1/custom"),
+            ]),
+        );
+        assert_eq!(s.url, "http://p:1/custom");
+        let c = OtlpConfig {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            ..OtlpConfig::default()
+        };
+        let s = OtlpSettings::resolve(&c, t, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x")]));
+        assert_eq!(s.url, "http://127.0.0.1:9/v1development/profiles");
+    }
+
+    #[test]
+    fn headers_resource_and_service_from_env() {
+        let s = OtlpSettings::resolve(
+            &OtlpConfig::default(),
+            Duration::from_secs(1),
+            env(&[
+                ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=a%20b, x=1,bad,é=%é%"),
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    "deployment.environment=prod,k8s.node.name=n1",
+                ),
+                ("OTEL_SERVICE_NAME", "checkout"),
+            ]),
+        );
+        assert_eq!(
+            s.headers,
+            vec![
+                ("api-key".into(), "a b".into()),
+                ("x".into(), "1".into()),
+                ("é".into(), "%é%".into())
+            ]
+        );
+        assert_eq!(s.resource["k8s.node.name"], "n1");
+        assert_eq!(s.service_name.as_deref(), Some("checkout"));
+    }
+}

@@ -1,0 +1,507 @@
+//! The two threads and the hand-off between them.
+//!
+//! The capture thread polls the [`SampleSource`], keeps the [`StackCache`] and writes records into
+//! the *active* buffer. The exporter thread owns nothing while it waits; at each tick of
+//! `export_interval` it swaps the active buffer with the empty spare, resolves the records into
+//! per-process profiles and runs every exporter on them, then returns the emptied buffer as the new
+//! spare. When the active buffer fills up and the spare is there, the capture thread swaps by
+//! itself and wakes the exporter early. When the spare is not there — the exporter is still busy
+//! with it — both buffers are full: the escape hatch drops the new sample and counts it. The cache
+//! is only touched for samples that fit, so a dropped sample never leaves a stack defined in the
+//! cache but missing from the stream.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::batch::{BatchBuilder, Resolver};
+use crate::buffer::{RECORD_COST, Record, SampleBuffer, SampleRecord, define_cost};
+use crate::cache::{InsertPlan, Lookup, StackCache};
+use crate::config::AgentConfig;
+use crate::export::Exporter;
+use crate::process::ProcessInfo;
+use crate::source::{RawSample, SampleSource, SourceError};
+use crate::stats::{Counters, Stats};
+use crate::targets::{TargetError, Targets};
+
+/// Longest a capture poll waits, so a stop request is seen quickly.
+const POLL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// An error starting or running the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A target rule is invalid.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// The sample source failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// A thread could not be started or panicked.
+    #[error("agent thread: {0}")]
+    Thread(String),
+}
+
+/// Hand-off state between the two threads.
+struct Hand {
+    active: SampleBuffer,
+    active_since_ns: u64,
+    spare: Option<SampleBuffer>,
+    ready: Option<(SampleBuffer, u64, u64)>,
+    capture_done: bool,
+}
+
+struct Shared {
+    hand: Mutex<Hand>,
+    wake: Condvar,
+    stop: AtomicBool,
+    counters: Counters,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Hand> {
+        // A poisoned lock means the other thread panicked; the data is still consistent enough to
+        // count and flush, so keep going.
+        self.hand.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running agent: a capture thread and an exporter thread.
+pub struct Agent {
+    shared: Arc<Shared>,
+    capture: Option<JoinHandle<Result<(), SourceError>>>,
+    exporter: Option<JoinHandle<()>>,
+}
+
+impl Agent {
+    /// Starts the agent with `source` and `exporters`. `/proc` is read for process facts.
+    pub fn start(
+        config: &AgentConfig,
+        source: Box<dyn SampleSource>,
+        exporters: Vec<Box<dyn Exporter>>,
+    ) -> Result<Agent, AgentError> {
+        Agent::start_with_proc(config, source, exporters, Path::new("/proc"))
+    }
+
+    /// Like [`Agent::start`], reading process facts under `proc_root`.
+    pub fn start_with_proc(
+        config: &AgentConfig,
+        source: Box<dyn SampleSource>,
+        exporters: Vec<Box<dyn Exporter>>,
+        proc_root: &Path,
+    ) -> Result<Agent, AgentError> {
+        let targets = Targets::new(&config.targets, proc_root)?;
+        let names = exporters.iter().map(|e| e.name().to_string()).collect();
+        let now = crate::now_ns();
+        let shared = Arc::new(Shared {
+            hand: Mutex::new(Hand {
+                active: SampleBuffer::new(config.buffers.bytes),
+                active_since_ns: now,
+                spare: Some(SampleBuffer::new(config.buffers.bytes)),
+                ready: None,
+                capture_done: false,
+            }),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            counters: Counters::new(names),
+        });
+        let capture = Capture {
+            shared: Arc::clone(&shared),
+            cache: StackCache::new(config.cache.limits()),
+            plan: InsertPlan::default(),
+            evicted: Vec::new(),
+            processes: HashMap::new(),
+            targets,
+            proc_root: proc_root.to_path_buf(),
+            refresh: config.target_refresh,
+        };
+        let capture = std::thread::Builder::new()
+            .name("rootline-capture".into())
+            .spawn(move || capture.run(source))
+            .map_err(|e| AgentError::Thread(e.to_string()))?;
+        let export = ExportLoop {
+            shared: Arc::clone(&shared),
+            exporters,
+            resolver: Resolver::new(),
+            interval: config.export_interval,
+            sample_rate_hz: config.frequency_hz,
+            sequence: 0,
+            last_status: Stats::default(),
+        };
+        let exporter = std::thread::Builder::new()
+            .name("rootline-export".into())
+            .spawn(move || export.run())
+            .map_err(|e| AgentError::Thread(e.to_string()))?;
+        Ok(Agent {
+            shared,
+            capture: Some(capture),
+            exporter: Some(exporter),
+        })
+    }
+
+    /// The counters as of now.
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// True when the capture thread has ended (stop requested, or the source failed).
+    pub fn capture_finished(&self) -> bool {
+        self.capture.as_ref().is_none_or(|h| h.is_finished())
+    }
+
+    /// Stops capturing, flushes both buffers through a final export, and returns the final
+    /// counters. The source's error, if it failed, is returned after the flush.
+    pub fn stop(mut self) -> Result<Stats, AgentError> {
+        self.shared.stop.store(true, Relaxed);
+        let capture = self.capture.take().map(|h| h.join());
+        let exporter = self.exporter.take().map(|h| h.join());
+        if let Some(Err(_)) = exporter {
+            return Err(AgentError::Thread("exporter thread panicked".into()));
+        }
+        match capture {
+            Some(Err(_)) => return Err(AgentError::Thread("capture thread panicked".into())),
+            Some(Ok(Err(e))) => return Err(e.into()),
+            _ => {}
+        }
+        Ok(self.stats())
+    }
+
+    /// Runs until `stop` becomes true (e.g. set by a SIGTERM handler) or the source fails, then
+    /// stops as [`Agent::stop`] does.
+    pub fn run_until(self, stop: &AtomicBool) -> Result<Stats, AgentError> {
+        while !stop.load(Relaxed) && !self.capture_finished() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.stop()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        if let Some(h) = self.capture.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.exporter.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// capture thread
+
+struct Capture {
+    shared: Arc<Shared>,
+    cache: StackCache,
+    plan: InsertPlan,
+    evicted: Vec<u64>,
+    /// Target decision per pid seen: `None` = not a target.
+    processes: HashMap<u32, Option<Arc<ProcessInfo>>>,
+    targets: Targets,
+    proc_root: PathBuf,
+    refresh: Duration,
+}
+
+impl Capture {
+    fn run(mut self, mut source: Box<dyn SampleSource>) -> Result<(), SourceError> {
+        let result = self.poll_loop(source.as_mut());
+        let keys = self.cache.rundown();
+        let stats = self.cache.stats();
+        self.shared.counters.publish_cache(&stats);
+        tracing::info!(
+            stacks = keys.len(),
+            hits = stats.hits,
+            misses = stats.misses,
+            evictions = stats.evictions,
+            "stack cache rundown: {} stacks cached at the end",
+            keys.len()
+        );
+        let mut hand = self.shared.lock();
+        hand.capture_done = true;
+        drop(hand);
+        self.shared.wake.notify_all();
+        result
+    }
+
+    fn poll_loop(&mut self, source: &mut dyn SampleSource) -> Result<(), SourceError> {
+        source.set_targets(self.targets.scan().as_deref())?;
+        let mut next_refresh = Instant::now() + self.refresh;
+        while !self.shared.stop.load(Relaxed) {
+            let stats = source.poll(POLL_TIMEOUT, &mut |sample| self.handle(sample))?;
+            if stats.lost > 0 {
+                self.shared.counters.lost.fetch_add(stats.lost, Relaxed);
+            }
+            self.shared.counters.publish_cache(&self.cache.stats());
+            if Instant::now() >= next_refresh {
+                next_refresh = Instant::now() + self.refresh;
+                self.forget_exited();
+                if !self.targets.is_host() {
+                    source.set_targets(self.targets.scan().as_deref())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the facts of processes that no longer exist, so churn does not grow the table.
+    fn forget_exited(&mut self) {
+        let root = &self.proc_root;
+        self.processes
+            .retain(|pid, _| root.join(pid.to_string()).exists());
+    }
+
+    fn process(&mut self, pid: u32) -> Option<Arc<ProcessInfo>> {
+        if let Some(known) = self.processes.get(&pid) {
+            return known.clone();
+        }
+        let info = ProcessInfo::read(&self.proc_root, pid);
+        let decision = self.targets.matches(&info).then(|| Arc::new(info));
+        self.processes.insert(pid, decision.clone());
+        decision
+    }
+
+    fn handle(&mut self, sample: &RawSample<'_>) {
+        let shared = Arc::clone(&self.shared);
+        let counters = &shared.counters;
+        let Some(process) = self.process(sample.pid) else {
+            counters.ignored.fetch_add(1, Relaxed);
+            return;
+        };
+        counters.captured.fetch_add(1, Relaxed);
+        let mut hand = shared.lock();
+        if !make_room(&shared, &mut hand, 1, RECORD_COST) {
+            counters.dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        let record = |key| {
+            Record::Sample(SampleRecord {
+                key,
+                process,
+                tid: sample.tid,
+                time_ns: sample.time_ns,
+                weight_ns: sample.weight_ns,
+            })
+        };
+        match self.cache.lookup(sample.frames) {
+            Lookup::Hit(key) => hand.active.push(record(key)),
+            Lookup::Miss(miss) => {
+                self.cache.plan_insert(&miss, &mut self.plan);
+                let extra = self.plan.evictions() + usize::from(!self.plan.cacheable());
+                let records = 2 + extra;
+                let bytes = define_cost(sample.frames.len()) + RECORD_COST * (1 + extra);
+                if !make_room(&shared, &mut hand, records, bytes) {
+                    counters.dropped.fetch_add(1, Relaxed);
+                    return;
+                }
+                let inserted =
+                    self.cache
+                        .insert(&miss, sample.frames, &self.plan, &mut self.evicted);
+                let key = inserted.key;
+                hand.active.push(Record::Define {
+                    key,
+                    stack: inserted.stack,
+                });
+                for evicted in self.evicted.drain(..) {
+                    hand.active.push(Record::Evict { key: evicted });
+                }
+                hand.active.push(record(key));
+                if !self.plan.cacheable() {
+                    hand.active.push(Record::Evict { key });
+                }
+            }
+        }
+    }
+}
+
+/// Ensures the active buffer has room, swapping in the spare when it has not. False when both
+/// buffers are full (the escape hatch).
+fn make_room(shared: &Shared, hand: &mut Hand, records: usize, bytes: usize) -> bool {
+    if hand.active.has_room(records, bytes) {
+        return true;
+    }
+    let Some(spare) = hand.spare.take() else {
+        return false;
+    };
+    let now = crate::now_ns();
+    let full = std::mem::replace(&mut hand.active, spare);
+    let since = std::mem::replace(&mut hand.active_since_ns, now);
+    hand.ready = Some((full, since, now));
+    shared.wake.notify_all();
+    // A record larger than a whole empty buffer can never fit; it is dropped like any other.
+    hand.active.has_room(records, bytes)
+}
+
+// ---------------------------------------------------------------------------------------------
+// exporter thread
+
+struct ExportLoop {
+    shared: Arc<Shared>,
+    exporters: Vec<Box<dyn Exporter>>,
+    resolver: Resolver,
+    interval: Duration,
+    sample_rate_hz: u32,
+    sequence: u64,
+    last_status: Stats,
+}
+
+enum Take {
+    Early,
+    Tick,
+    Final,
+}
+
+impl ExportLoop {
+    fn run(mut self) {
+        let mut next_tick = Instant::now() + self.interval;
+        loop {
+            let (taken, why) = self.wait_for_buffer(next_tick);
+            if let Some((buffer, start, end)) = taken {
+                let buffer = self.export_buffer(buffer, start, end);
+                let mut hand = self.shared.lock();
+                hand.spare = Some(buffer);
+            }
+            match why {
+                Take::Early => {}
+                Take::Tick => {
+                    self.log_period();
+                    next_tick += self.interval;
+                    let now = Instant::now();
+                    if next_tick <= now {
+                        next_tick = now + self.interval;
+                    }
+                }
+                Take::Final => {
+                    // Both buffers: `ready` (if any) went first, then the active one.
+                    let leftover = {
+                        let mut hand = self.shared.lock();
+                        take_active(&mut hand)
+                    };
+                    if let Some((buffer, start, end)) = leftover {
+                        let buffer = self.export_buffer(buffer, start, end);
+                        self.shared.lock().spare = Some(buffer);
+                    }
+                    for exporter in &mut self.exporters {
+                        if let Err(err) = exporter.finish() {
+                            tracing::warn!(exporter = exporter.name(), "final flush failed: {err}");
+                        }
+                    }
+                    self.resolver.clear();
+                    self.log_period();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits for a full buffer, the next tick or the end of capture, and takes the buffer to export.
+    #[allow(clippy::type_complexity)]
+    fn wait_for_buffer(&self, next_tick: Instant) -> (Option<(SampleBuffer, u64, u64)>, Take) {
+        let mut hand = self.shared.lock();
+        loop {
+            if let Some(ready) = hand.ready.take() {
+                return (Some(ready), Take::Early);
+            }
+            if hand.capture_done {
+                return (None, Take::Final);
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                return (take_active(&mut hand), Take::Tick);
+            }
+            hand = self
+                .shared
+                .wake
+                .wait_timeout(hand, next_tick - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    fn export_buffer(&mut self, mut buffer: SampleBuffer, start: u64, end: u64) -> SampleBuffer {
+        let counters = &self.shared.counters;
+        counters.handed.fetch_add(buffer.samples(), Relaxed);
+        let mut builder = BatchBuilder::new(Some(self.sample_rate_hz));
+        self.resolver.drain_into(&buffer, &mut builder);
+        counters
+            .unresolved
+            .store(self.resolver.unresolved(), Relaxed);
+        buffer.clear();
+        self.sequence += 1;
+        let batch = builder.finish(self.sequence, start, end);
+        if batch.samples == 0 {
+            return buffer;
+        }
+        counters.exports.fetch_add(1, Relaxed);
+        for (exporter, c) in self.exporters.iter_mut().zip(&counters.exporters) {
+            let began = Instant::now();
+            let outcome = exporter.export(&batch);
+            let micros = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+            c.last_latency_us.store(micros, Relaxed);
+            c.exported.fetch_add(outcome.exported, Relaxed);
+            c.failed.fetch_add(outcome.failed, Relaxed);
+            if outcome.failed == 0 && outcome.error.is_none() {
+                c.batches_ok.fetch_add(1, Relaxed);
+            } else {
+                c.batches_failed.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    exporter = exporter.name(),
+                    failed = outcome.failed,
+                    "export failed: {}",
+                    outcome.error.as_deref().unwrap_or("unknown error")
+                );
+            }
+        }
+        buffer
+    }
+
+    /// The status line, and the loss line when samples were dropped or not delivered this period.
+    fn log_period(&mut self) {
+        let now = self.shared.counters.snapshot();
+        let prev = &self.last_status;
+        let dropped = now.dropped - prev.dropped;
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "LOSS OF PROFILING DATA: dropped {dropped} samples in the last period because both \
+                 sample buffers were full (the exporter was still busy with the previous one)"
+            );
+        }
+        for (e, p) in now.exporters.iter().zip(&prev.exporters) {
+            let failed = e.failed - p.failed;
+            if failed > 0 {
+                tracing::warn!(
+                    exporter = e.name.as_str(),
+                    failed,
+                    "LOSS OF PROFILING DATA: {failed} samples could not be delivered by {} in the \
+                     last period (see the export errors above)",
+                    e.name
+                );
+            }
+        }
+        tracing::info!(
+            samples = now.captured,
+            lost = now.lost,
+            dropped = now.dropped,
+            cache_hits = now.cache.hits,
+            cache_misses = now.cache.misses,
+            cache_evictions = now.cache.evictions,
+            cache_bytes = now.cache.bytes,
+            "status: {}",
+            now.status_line()
+        );
+        self.last_status = now;
+    }
+}
+
+/// Takes the active buffer for export, putting the spare in its place (the exporter holds no
+/// buffer while it waits, so the spare is there unless a full buffer is ready).
+fn take_active(hand: &mut Hand) -> Option<(SampleBuffer, u64, u64)> {
+    let spare = hand.spare.take()?;
+    let now = crate::now_ns();
+    let buffer = std::mem::replace(&mut hand.active, spare);
+    let since = std::mem::replace(&mut hand.active_since_ns, now);
+    Some((buffer, since, now))
+}
