@@ -92,3 +92,10 @@ pub trait SampleSource: Send {
         Ok(())
     }
 }
+
+/// The production source for `config` (rootline-capture's sampler), when this build has one.
+pub fn default_source(_config: &crate::AgentConfig) -> Result<Box<dyn SampleSource>, SourceError> {
+    Err(SourceError::Failed(
+        "this build has no perf_event capture backend".into(),
+    ))
+}

@@ -1,6 +1,7 @@
 //! `rootline`: the command-line front end. It parses arguments, opens files, shows progress and
 //! prints; the work itself lives in the library crates.
 
+mod agent;
 mod convert;
 mod dotnet;
 mod exit;
@@ -34,6 +35,8 @@ Formats are chosen by file extension, or with --format:
 enum Command {
     /// Convert a profile from one format to another (formats chosen by extension or --format).
     Convert(convert::Args),
+    /// Profile continuously (whole host, PIDs, regex or cgroup) and export OTLP, pprof or .rlp.
+    Agent(agent::Args),
     /// Print a text summary: top functions by self and total time, and the hottest paths.
     Report(report::Args),
     /// .NET: trace a live process over its diagnostics socket (EventPipe), list .NET processes.
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::run(args),
         Command::Dotnet(args) => dotnet::run(args),
         Command::Repair(args) => repair::run(args),
+        Command::Agent(args) => agent::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

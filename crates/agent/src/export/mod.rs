@@ -2,8 +2,11 @@
 //! when a buffer filled up) and reports, per process, whether its samples got out. The exporter
 //! thread runs every configured exporter on every batch and keeps exact counts for each.
 
+mod build;
 pub mod dir;
 pub mod otlp;
+
+pub use build::build_exporters;
 
 use crate::batch::{ExportBatch, ProcessProfile};
 

@@ -37,6 +37,11 @@ pub trait OtlpEncoder: Send {
     ) -> Result<Vec<u8>, ExportError>;
 }
 
+/// The encoder backed by rootline-formats' OTLP profiles writer, when this build has one.
+pub fn default_encoder() -> Option<Box<dyn OtlpEncoder>> {
+    None
+}
+
 /// Where and how to send, resolved from the config and the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpSettings {
