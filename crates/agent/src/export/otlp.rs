@@ -37,9 +37,47 @@ pub trait OtlpEncoder: Send {
     ) -> Result<Vec<u8>, ExportError>;
 }
 
-/// The encoder backed by rootline-formats' OTLP profiles writer, when this build has one.
+/// The encoder backed by rootline-formats' OTLP profiles writer (proto v1.10).
 pub fn default_encoder() -> Option<Box<dyn OtlpEncoder>> {
-    None
+    Some(Box::new(FormatsEncoder))
+}
+
+/// [`OtlpEncoder`] over [`rootline_formats::otlp::to_request`], with the agent's resource.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FormatsEncoder;
+
+/// Resource attributes whose values are integers in the OpenTelemetry semantic conventions.
+const INT_ATTRIBUTES: &[&str] = &["process.pid", "process.parent_pid"];
+
+impl OtlpEncoder for FormatsEncoder {
+    fn encode(
+        &self,
+        profile: &Profile,
+        resource: &[(String, String)],
+    ) -> Result<Vec<u8>, ExportError> {
+        use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+        use prost::Message;
+
+        let mut request = rootline_formats::otlp::to_request(profile);
+        let attributes: Vec<KeyValue> = resource
+            .iter()
+            .map(|(key, value)| {
+                let value = match value.parse::<i64>() {
+                    Ok(n) if INT_ATTRIBUTES.contains(&key.as_str()) => Value::IntValue(n),
+                    _ => Value::StringValue(value.clone()),
+                };
+                KeyValue {
+                    key: key.clone(),
+                    value: Some(AnyValue { value: Some(value) }),
+                    ..KeyValue::default()
+                }
+            })
+            .collect();
+        for rp in &mut request.resource_profiles {
+            rp.resource.get_or_insert_with(Default::default).attributes = attributes.clone();
+        }
+        Ok(request.encode_to_vec())
+    }
 }
 
 /// Where and how to send, resolved from the config and the environment.

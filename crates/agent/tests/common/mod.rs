@@ -1,6 +1,8 @@
 //! Helpers shared by the agent's integration tests.
 #![allow(dead_code)]
 
+pub mod receiver;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,277 @@
+//! A small OTLP/HTTP profiles receiver on 127.0.0.1 for tests. It decodes every request with the
+//! official protos (the `opentelemetry-proto` crate, proto v1.10) and counts samples per process.
+//! It can be told to stall (sleep past the client's timeout, then hang up without counting) or to
+//! be down (refuse connections), and comes back when told.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flate2::read::GzDecoder;
+use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use prost::Message;
+
+/// What the receiver got.
+#[derive(Debug, Default, Clone)]
+pub struct Received {
+    /// `samples`-typed values per `process.pid` resource attribute.
+    pub samples_by_pid: BTreeMap<i64, u64>,
+    /// Requests decoded and counted.
+    pub requests: u64,
+    /// Resource attributes of the last request per pid (string form).
+    pub resources: BTreeMap<i64, BTreeMap<String, String>>,
+    /// Leaf function names seen, with sample counts.
+    pub leaves: BTreeMap<String, u64>,
+    /// Requests whose body did not decode (must stay 0).
+    pub bad_requests: u64,
+}
+
+impl Received {
+    pub fn total(&self) -> u64 {
+        self.samples_by_pid.values().sum()
+    }
+}
+
+/// Switches and results of a running receiver.
+#[derive(Debug, Default)]
+pub struct ReceiverState {
+    pub received: Mutex<Received>,
+    /// Sleep this long before answering, then hang up without counting (stalled receiver).
+    pub stall_ms: AtomicU64,
+    /// Refuse connections and close open ones (dead receiver).
+    pub down: AtomicBool,
+    /// Requests that arrived while stalled.
+    pub stalled_requests: AtomicU64,
+    stop: AtomicBool,
+}
+
+/// A receiver running on a thread; stops when dropped.
+pub struct Receiver {
+    pub addr: SocketAddr,
+    pub state: Arc<ReceiverState>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Receiver {
+    pub fn start() -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ReceiverState::default());
+        let s = Arc::clone(&state);
+        let thread = std::thread::spawn(move || serve(listener, addr, s));
+        Receiver {
+            addr,
+            state,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn received(&self) -> Received {
+        self.state.received.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(listener: TcpListener, addr: SocketAddr, state: Arc<ReceiverState>) {
+    let mut listener = Some(listener);
+    while !state.stop.load(Relaxed) {
+        if state.down.load(Relaxed) {
+            listener = None; // connections are now refused
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        let l = match &listener {
+            Some(l) => l,
+            None => {
+                // Back up on the same port (std sets SO_REUSEADDR on Unix).
+                match TcpListener::bind(addr) {
+                    Ok(l) => listener.insert(l),
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                }
+            }
+        };
+        l.set_nonblocking(true).unwrap();
+        match l.accept() {
+            Ok((stream, _)) => {
+                let s = Arc::clone(&state);
+                std::thread::spawn(move || handle(stream, s));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+fn handle(stream: TcpStream, state: Arc<ReceiverState>) {
+    stream.set_nonblocking(false).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    loop {
+        if state.stop.load(Relaxed) || state.down.load(Relaxed) {
+            return;
+        }
+        let mut head = String::new();
+        // Request line and headers.
+        let mut content_length = 0usize;
+        let mut gzip = false;
+        let mut path = String::new();
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if head.is_empty() && line.is_empty() {
+                        if state.stop.load(Relaxed) || state.down.load(Relaxed) {
+                            return;
+                        }
+                        continue;
+                    }
+                    head.push_str(&line);
+                    continue;
+                }
+                Err(_) => return,
+            }
+            if head.is_empty() {
+                path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            }
+            head.push_str(&line);
+            let lower = line.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                content_length = v.trim().parse().unwrap_or(0);
+            }
+            if lower.starts_with("content-encoding:") && lower.contains("gzip") {
+                gzip = true;
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0u8; content_length];
+        let mut read = 0;
+        while read < content_length {
+            match reader.read(&mut body[read..]) {
+                Ok(0) => return,
+                Ok(n) => read += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return,
+            }
+        }
+        let stall = state.stall_ms.load(Relaxed);
+        if stall > 0 {
+            state.stalled_requests.fetch_add(1, Relaxed);
+            std::thread::sleep(Duration::from_millis(stall));
+            return; // hang up without answering or counting
+        }
+        if state.down.load(Relaxed) {
+            return;
+        }
+        let status = if path == "/v1development/profiles" && count(&body, gzip, &state) {
+            "200 OK"
+        } else {
+            "400 Bad Request"
+        };
+        let response = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+        );
+        if reader.get_mut().write_all(response.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn count(body: &[u8], gzip: bool, state: &ReceiverState) -> bool {
+    let raw = if gzip {
+        let mut out = Vec::new();
+        if GzDecoder::new(body).read_to_end(&mut out).is_err() {
+            state.received.lock().unwrap().bad_requests += 1;
+            return false;
+        }
+        out
+    } else {
+        body.to_vec()
+    };
+    let Ok(request) = ExportProfilesServiceRequest::decode(raw.as_slice()) else {
+        state.received.lock().unwrap().bad_requests += 1;
+        return false;
+    };
+    let dict = request.dictionary.clone().unwrap_or_default();
+    let mut received = state.received.lock().unwrap();
+    received.requests += 1;
+    for rp in &request.resource_profiles {
+        let mut attrs = BTreeMap::new();
+        let mut pid = -1;
+        for kv in rp.resource.iter().flat_map(|r| &r.attributes) {
+            let text = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(Value::StringValue(s)) => s.clone(),
+                Some(Value::IntValue(n)) => {
+                    if kv.key == "process.pid" {
+                        pid = *n;
+                    }
+                    n.to_string()
+                }
+                other => format!("{other:?}"),
+            };
+            attrs.insert(kv.key.clone(), text);
+        }
+        for sp in &rp.scope_profiles {
+            for profile in &sp.profiles {
+                let type_name = profile
+                    .sample_type
+                    .as_ref()
+                    .and_then(|t| dict.string_table.get(t.type_strindex as usize))
+                    .cloned()
+                    .unwrap_or_default();
+                if type_name != "samples" {
+                    continue;
+                }
+                for sample in &profile.samples {
+                    let n: i64 = sample.values.iter().sum();
+                    *received.samples_by_pid.entry(pid).or_default() += n as u64;
+                    let leaf = dict
+                        .stack_table
+                        .get(sample.stack_index as usize)
+                        .and_then(|s| s.location_indices.first())
+                        .and_then(|&l| dict.location_table.get(l as usize))
+                        .and_then(|l| l.lines.first())
+                        .and_then(|line| dict.function_table.get(line.function_index as usize))
+                        .and_then(|f| dict.string_table.get(f.name_strindex as usize))
+                        .cloned()
+                        .unwrap_or_default();
+                    *received.leaves.entry(leaf).or_default() += n as u64;
+                }
+            }
+        }
+        received.resources.insert(pid, attrs);
+    }
+    true
+}

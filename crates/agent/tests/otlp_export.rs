@@ -1,0 +1,156 @@
+//! OTLP/HTTP export against a real HTTP receiver that decodes with the official protos: every
+//! sample arrives, counts equal the agent's own totals per process, and a stalled, then dead, then
+//! recovered receiver costs exactly the samples the agent says it dropped or failed to deliver.
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use common::receiver::Receiver;
+use common::{rss_bytes, wait_for};
+use rootline_agent::config::OtlpConfig;
+use rootline_agent::{Agent, AgentConfig, SyntheticConfig, SyntheticSource, build_exporters};
+
+fn otlp_config(receiver: &Receiver, interval_ms: u64, timeout_ms: u64) -> AgentConfig {
+    let mut config = AgentConfig {
+        export_interval: Duration::from_millis(interval_ms),
+        export_timeout: Duration::from_millis(timeout_ms),
+        ..AgentConfig::default()
+    };
+    config.exporters.otlp = Some(OtlpConfig {
+        endpoint: Some(receiver.endpoint()),
+        retries: 1,
+        backoff: Duration::from_millis(50),
+        ..OtlpConfig::default()
+    });
+    config
+}
+
+/// Real processes, so the resource attributes come from /proc: three `sleep` children.
+fn children(n: usize) -> Vec<std::process::Child> {
+    (0..n)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn receiver_gets_every_sample_over_several_intervals() {
+    let receiver = Receiver::start();
+    let config = otlp_config(&receiver, 250, 2000);
+    let mut kids = children(3);
+    let pids: Vec<u32> = kids.iter().map(|c| c.id()).collect();
+    let synth = SyntheticConfig {
+        pids: pids.clone(),
+        stacks: 30,
+        depth: 8,
+        rate_per_sec: 1500,
+        limit: Some(3000),
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let exporters = build_exporters(&config, |_| None).unwrap();
+    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || counters
+        .delivered
+        .load(Relaxed)
+        == 3000));
+    let stats = agent.stop().unwrap();
+    for kid in &mut kids {
+        let _ = kid.kill();
+        let _ = kid.wait();
+    }
+
+    let got = receiver.received();
+    assert_eq!(got.bad_requests, 0);
+    assert_eq!(stats.captured, 3000);
+    assert_eq!(stats.dropped, 0);
+    assert_eq!(stats.exporters[0].failed, 0);
+    assert_eq!(stats.exporters[0].exported, 3000);
+    assert_eq!(got.total(), stats.exporters[0].exported, "{got:?}");
+    assert!(
+        got.requests >= 3 * 4,
+        "several intervals x 3 processes, got {} requests",
+        got.requests
+    );
+    for pid in &pids {
+        assert_eq!(got.samples_by_pid[&i64::from(*pid)], 1000, "{got:?}");
+        let attrs = &got.resources[&i64::from(*pid)];
+        assert_eq!(attrs["process.executable.name"], "sleep");
+        assert_eq!(attrs["process.command_line"], "sleep 60");
+        assert_eq!(attrs["service.name"], "sleep");
+        assert!(attrs.contains_key("host.name"), "{attrs:?}");
+    }
+    // Leaves arrive under their names.
+    assert_eq!(got.leaves.len(), 30);
+}
+
+#[test]
+fn stalled_dead_and_recovered_receiver() {
+    let receiver = Receiver::start();
+    let mut config = otlp_config(&receiver, 150, 300);
+    config.buffers.bytes = 16 << 10;
+    let synth = SyntheticConfig {
+        pids: vec![std::process::id()],
+        stacks: 40,
+        depth: 10,
+        rate_per_sec: 2000,
+        limit: None,
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let exporters = build_exporters(&config, |_| None).unwrap();
+    let rss_before = rss_bytes(std::process::id());
+    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
+    let exported = || agent.stats().exporters[0].exported;
+
+    assert!(wait_for(Duration::from_secs(10), || exported() > 300));
+    // Stalled: answers come after 1 s, past the 300 ms timeout.
+    receiver.state.stall_ms.store(1000, Relaxed);
+    assert!(wait_for(Duration::from_secs(15), || {
+        let s = agent.stats();
+        s.dropped > 100 && s.exporters[0].failed > 100
+    }));
+    let mut peak_rss = rss_bytes(std::process::id());
+    // Dead: connections refused.
+    receiver.state.stall_ms.store(0, Relaxed);
+    receiver.state.down.store(true, Relaxed);
+    let failed_before = agent.stats().exporters[0].failed;
+    assert!(wait_for(Duration::from_secs(10), || agent
+        .stats()
+        .exporters[0]
+        .failed
+        > failed_before + 300));
+    peak_rss = peak_rss.max(rss_bytes(std::process::id()));
+    // Back: export resumes by itself.
+    let before = exported();
+    receiver.state.down.store(false, Relaxed);
+    assert!(wait_for(Duration::from_secs(15), || exported() > before + 300));
+    peak_rss = peak_rss.max(rss_bytes(std::process::id()));
+    let stats = agent.stop().unwrap();
+
+    let e = &stats.exporters[0];
+    assert_eq!(stats.captured, counters.delivered.load(Relaxed));
+    assert_eq!(
+        stats.captured,
+        stats.dropped + e.exported + e.failed,
+        "captured = exported + dropped + failed: {stats:?}"
+    );
+    let got = receiver.received();
+    assert_eq!(got.bad_requests, 0);
+    assert_eq!(
+        got.total(),
+        e.exported,
+        "the receiver counted exactly what the agent exported"
+    );
+    assert!(receiver.state.stalled_requests.load(Relaxed) > 0);
+    let growth = peak_rss.saturating_sub(rss_before);
+    assert!(
+        growth < config.memory_estimate() as u64,
+        "RSS grew by {growth} bytes, more than the configured bound {}",
+        config.memory_estimate()
+    );
+}
