@@ -222,9 +222,17 @@ pub const WORKING_ALLOWANCE: usize = 4 << 20;
 impl AgentConfig {
     /// Parses TOML text; `path` is only used in messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
-        let config: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string().trim_end().to_string(),
+        let config: AgentConfig = toml::from_str(text).map_err(|e| {
+            let place = e.span().map_or(String::new(), |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {column}: ")
+            });
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: format!("{place}{}", e.message().replace('\n', " ")),
+            }
         })?;
         config.validate()?;
         Ok(config)
