@@ -243,6 +243,8 @@ impl Capture {
                 }
             }
         }
+        let stats = source.finish(&mut |sample| self.handle(sample))?;
+        self.shared.counters.lost.fetch_add(stats.lost, Relaxed);
         Ok(())
     }
 

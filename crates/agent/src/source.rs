@@ -87,6 +87,12 @@ pub trait SampleSource: Send {
         sink: &mut dyn FnMut(&RawSample<'_>),
     ) -> Result<PollStats, SourceError>;
 
+    /// Called once when the agent stops: stop sampling and pass every sample still in flight to
+    /// `sink`, so the final export has them.
+    fn finish(&mut self, _sink: &mut dyn FnMut(&RawSample<'_>)) -> Result<PollStats, SourceError> {
+        Ok(PollStats::default())
+    }
+
     /// The processes to sample now (`None`: every process on the host).
     fn set_targets(&mut self, _pids: Option<&[u32]>) -> Result<(), SourceError> {
         Ok(())
