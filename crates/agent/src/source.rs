@@ -68,9 +68,12 @@ pub struct PollStats {
 /// A failure of the capture side.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The source cannot go on (permission lost, perf events closed, …).
+    /// The source cannot go on (perf events closed, the sampler thread ended, …).
     #[error("sample source failed: {0}")]
     Failed(String),
+    /// The kernel refused perf events; the message names the setting or capability to change.
+    #[error("{0}")]
+    Permission(String),
 }
 
 /// The capture side of the pipeline.

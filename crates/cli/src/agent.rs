@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rootline_agent::logging::{self, LogFormat};
-use rootline_agent::{Agent, AgentConfig};
+use rootline_agent::{Agent, AgentConfig, AgentError, SourceError};
 
 use crate::exit::Exit;
 
@@ -93,9 +93,12 @@ pub fn run(args: Args) -> Result<()> {
              to the config file"
         );
     }
-    let source = rootline_agent::default_source(&config).map_err(|e| Exit {
-        code: crate::exit::PERMISSION,
-        message: format!("cannot start sampling: {e}"),
+    let source = rootline_agent::default_source(&config).map_err(|e| match e {
+        SourceError::Permission(message) => anyhow::Error::new(Exit {
+            code: crate::exit::PERMISSION,
+            message,
+        }),
+        e => anyhow::Error::new(e).context("cannot start sampling"),
     })?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -119,7 +122,13 @@ pub fn run(args: Args) -> Result<()> {
         "rootline agent started"
     );
     let agent = Agent::start(&config, source, exporters)?;
-    let stats = agent.run_until(&stop)?;
+    let stats = agent.run_until(&stop).map_err(|e| match e {
+        AgentError::Source(SourceError::Permission(message)) => anyhow::Error::new(Exit {
+            code: crate::exit::PERMISSION,
+            message,
+        }),
+        e => anyhow::Error::new(e).context("the agent stopped after a final export"),
+    })?;
     tracing::info!("rootline agent stopped: {}", stats.status_line());
     Ok(())
 }
