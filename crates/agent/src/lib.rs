@@ -23,6 +23,7 @@
 mod batch;
 mod buffer;
 mod cache;
+pub mod capture_source;
 pub mod config;
 pub mod export;
 pub mod logging;

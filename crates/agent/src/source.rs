@@ -102,9 +102,7 @@ pub trait SampleSource: Send {
     }
 }
 
-/// The production source for `config` (rootline-capture's sampler), when this build has one.
-pub fn default_source(_config: &crate::AgentConfig) -> Result<Box<dyn SampleSource>, SourceError> {
-    Err(SourceError::Failed(
-        "this build has no perf_event capture backend".into(),
-    ))
+/// The production source for `config`: rootline-capture's sampler on every CPU.
+pub fn default_source(config: &crate::AgentConfig) -> Result<Box<dyn SampleSource>, SourceError> {
+    Ok(Box::new(crate::capture_source::CaptureSource::start(config)?))
 }

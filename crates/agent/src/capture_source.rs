@@ -1,0 +1,282 @@
+//! The production [`SampleSource`]: rootline-capture's `perf_event_open` sampler, unwinder and
+//! symbolizer, sampling every CPU (`cpu-clock`, or cycles where a PMU exists).
+//!
+//! rootline-capture builds a [`Profile`] and hands it to a [`ChunkSink`] at every flush; this
+//! adapter turns the samples that are new since the previous flush into [`RawSample`]s (frames
+//! resolved through the capture profile's tables once per frame) and passes them to the agent's
+//! capture thread over a bounded channel. The capture profile keeps every sample it ever took, so
+//! the adapter restarts the recording every [`RESTART_EVERY`] to keep memory bounded; samples the
+//! channel cannot take are counted as lost.
+//!
+//! The whole host is always sampled: the agent's target rules pick the processes, so targets that
+//! start later are seen from their first sample. The agent's own process is left out.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+
+use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Target};
+use rootline_profile::{FrameId, Profile};
+
+use crate::config::AgentConfig;
+use crate::source::{FrameDesc, PollStats, RawSample, SampleSource, SourceError};
+
+/// How long one recording runs before it is replaced by a fresh one (bounds the capture
+/// profile's memory: its samples and its tables of frames and threads).
+pub const RESTART_EVERY: Duration = Duration::from_secs(300);
+
+/// How often the recorder flushes (and so how often samples reach the agent).
+const FLUSH_EVERY: Duration = Duration::from_millis(200);
+
+/// Batches the channel holds; past that, new batches are counted as lost.
+const CHANNEL_BATCHES: usize = 64;
+
+struct OwnedSample {
+    pid: u32,
+    tid: u32,
+    time_ns: u64,
+    weight_ns: u64,
+    frames: Vec<FrameDesc>,
+}
+
+/// Counters and state shared between the recorder thread and the source.
+#[derive(Default)]
+struct Shared {
+    lost: AtomicU64,
+    stop: AtomicBool,
+    error: Mutex<Option<SourceError>>,
+}
+
+/// rootline-capture as a [`SampleSource`]. See the module documentation.
+pub struct CaptureSource {
+    rx: Receiver<Vec<OwnedSample>>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    reported_lost: u64,
+}
+
+impl CaptureSource {
+    /// Starts sampling the whole host at `config.frequency_hz`. When perf events cannot be opened,
+    /// the first [`SampleSource::poll`] returns the error (it says which setting to change).
+    pub fn start(config: &AgentConfig) -> Result<CaptureSource, SourceError> {
+        let mut options = RecordOptions::new(Target::System);
+        options.frequency_hz = config.frequency_hz;
+        options.flush_interval = FLUSH_EVERY;
+        let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_BATCHES);
+        let shared = Arc::new(Shared::default());
+        let thread = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("rootline-perf".into())
+                .spawn(move || run(options, tx, shared))
+                .map_err(|e| SourceError::Failed(e.to_string()))?
+        };
+        Ok(CaptureSource {
+            rx,
+            shared,
+            thread: Some(thread),
+            reported_lost: 0,
+        })
+    }
+}
+
+impl Drop for CaptureSource {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        // Unblock a recorder waiting on a full channel.
+        while self.rx.try_recv().is_ok() {}
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl SampleSource for CaptureSource {
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        sink: &mut dyn FnMut(&RawSample<'_>),
+    ) -> Result<PollStats, SourceError> {
+        let mut deliver = |batch: Vec<OwnedSample>| {
+            for s in &batch {
+                sink(&RawSample {
+                    pid: s.pid,
+                    tid: s.tid,
+                    time_ns: s.time_ns,
+                    weight_ns: s.weight_ns,
+                    frames: &s.frames,
+                });
+            }
+        };
+        match self.rx.recv_timeout(timeout) {
+            Ok(batch) => {
+                deliver(batch);
+                while let Ok(batch) = self.rx.try_recv() {
+                    deliver(batch);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                let error = self
+                    .shared
+                    .error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .unwrap_or_else(|| SourceError::Failed("the sampler stopped".into()));
+                return Err(error);
+            }
+        }
+        let lost = self.shared.lost.load(Relaxed);
+        let stats = PollStats {
+            lost: lost - self.reported_lost,
+        };
+        self.reported_lost = lost;
+        Ok(stats)
+    }
+}
+
+/// The recorder thread: one recording after another until stopped.
+fn run(options: RecordOptions, tx: SyncSender<Vec<OwnedSample>>, shared: Arc<Shared>) {
+    while !shared.stop.load(Relaxed) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sink = Forward::new(tx.clone(), Arc::clone(&shared));
+        let timer = {
+            let stop = Arc::clone(&stop);
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                while started.elapsed() < RESTART_EVERY && !shared.stop.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                stop.store(true, Relaxed);
+            })
+        };
+        let result = recorder::record(&options, &stop, Some(Box::new(sink)));
+        stop.store(true, Relaxed);
+        let _ = timer.join();
+        if let Err(e) = result {
+            let error = match e {
+                RecordError::Permission(_) => SourceError::Permission(e.to_string()),
+                _ => SourceError::Failed(e.to_string()),
+            };
+            *shared.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+            return;
+        }
+    }
+}
+
+/// The [`ChunkSink`] that forwards new samples to the agent.
+struct Forward {
+    tx: SyncSender<Vec<OwnedSample>>,
+    shared: Arc<Shared>,
+    next: usize,
+    lost_seen: u64,
+    frames: HashMap<FrameId, FrameDesc>,
+    names: HashMap<String, Arc<str>>,
+    stack: Vec<FrameId>,
+    /// Unix time minus monotonic time, to stamp samples in Unix nanoseconds.
+    clock_offset: i128,
+}
+
+impl Forward {
+    fn new(tx: SyncSender<Vec<OwnedSample>>, shared: Arc<Shared>) -> Forward {
+        let mono = recorder::monotonic_ns() as i128;
+        let unix = crate::now_ns() as i128;
+        Forward {
+            tx,
+            shared,
+            next: 0,
+            lost_seen: 0,
+            frames: HashMap::new(),
+            names: HashMap::new(),
+            stack: Vec::new(),
+            clock_offset: unix - mono,
+        }
+    }
+
+    fn intern(names: &mut HashMap<String, Arc<str>>, text: &str) -> Arc<str> {
+        if let Some(name) = names.get(text) {
+            return Arc::clone(name);
+        }
+        let name: Arc<str> = Arc::from(text);
+        names.insert(text.to_string(), Arc::clone(&name));
+        name
+    }
+
+    fn frame(&mut self, profile: &Profile, id: FrameId) -> FrameDesc {
+        if let Some(f) = self.frames.get(&id) {
+            return f.clone();
+        }
+        let frame = profile.frame(id);
+        let name = Forward::intern(&mut self.names, profile.frame_name(id));
+        let module = frame.mapping.map(|m| {
+            let path = profile.string(profile.mapping(m).path);
+            Forward::intern(&mut self.names, path)
+        });
+        let desc = FrameDesc {
+            name,
+            module,
+            address: frame.address,
+            inline_depth: frame.inline_depth,
+            kind: frame.kind,
+        };
+        self.frames.insert(id, desc.clone());
+        desc
+    }
+}
+
+impl ChunkSink for Forward {
+    fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()> {
+        let lost = profile.metadata.lost_samples;
+        if lost > self.lost_seen {
+            self.shared.lost.fetch_add(lost - self.lost_seen, Relaxed);
+            self.lost_seen = lost;
+        }
+        let samples = profile.samples();
+        let cpu = profile
+            .sample_types()
+            .iter()
+            .position(|t| t.unit == "nanoseconds");
+        let mut batch = Vec::with_capacity(samples.len().saturating_sub(self.next));
+        let me = std::process::id();
+        for i in self.next..samples.len() {
+            let thread = profile.thread(samples.threads[i]);
+            if thread.pid == me {
+                continue; // the agent does not profile itself
+            }
+            let mut stack = std::mem::take(&mut self.stack);
+            stack.clear();
+            profile.stack_frames_root_first(samples.stacks[i], &mut stack);
+            let frames = stack.iter().map(|&f| self.frame(profile, f)).collect();
+            self.stack = stack;
+            let time = (samples.times[i] as i128 + self.clock_offset).max(0) as u64;
+            batch.push(OwnedSample {
+                pid: thread.pid,
+                tid: thread.tid,
+                time_ns: time,
+                weight_ns: cpu.map_or(0, |c| samples.values[c][i].max(0) as u64),
+                frames,
+            });
+        }
+        self.next = samples.len();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let n = batch.len() as u64;
+        match self.tx.try_send(batch) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.shared.lost.fetch_add(n, Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.shared.stop.store(true, Relaxed);
+            }
+        }
+        Ok(())
+    }
+}
