@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-
 use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Target};
 use rootline_profile::{FrameId, Profile};
 
@@ -131,12 +130,50 @@ impl SampleSource for CaptureSource {
                 return Err(error);
             }
         }
+        Ok(self.take_lost())
+    }
+
+    fn finish(&mut self, sink: &mut dyn FnMut(&RawSample<'_>)) -> Result<PollStats, SourceError> {
+        // The recorder flushes once more when it stops; wait for it, then hand everything over.
+        self.shared.stop.store(true, Relaxed);
+        let thread = self.thread.take();
+        let mut pending = Vec::new();
+        if let Some(thread) = thread {
+            while !thread.is_finished() {
+                // Keep the channel moving so the recorder's last batch is not refused.
+                while let Ok(batch) = self.rx.try_recv() {
+                    pending.push(batch);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = thread.join();
+        }
+        while let Ok(batch) = self.rx.try_recv() {
+            pending.push(batch);
+        }
+        for batch in pending {
+            for s in &batch {
+                sink(&RawSample {
+                    pid: s.pid,
+                    tid: s.tid,
+                    time_ns: s.time_ns,
+                    weight_ns: s.weight_ns,
+                    frames: &s.frames,
+                });
+            }
+        }
+        Ok(self.take_lost())
+    }
+}
+
+impl CaptureSource {
+    fn take_lost(&mut self) -> PollStats {
         let lost = self.shared.lost.load(Relaxed);
         let stats = PollStats {
             lost: lost - self.reported_lost,
         };
         self.reported_lost = lost;
-        Ok(stats)
+        stats
     }
 }
 

@@ -104,5 +104,7 @@ pub trait SampleSource: Send {
 
 /// The production source for `config`: rootline-capture's sampler on every CPU.
 pub fn default_source(config: &crate::AgentConfig) -> Result<Box<dyn SampleSource>, SourceError> {
-    Ok(Box::new(crate::capture_source::CaptureSource::start(config)?))
+    Ok(Box::new(crate::capture_source::CaptureSource::start(
+        config,
+    )?))
 }
