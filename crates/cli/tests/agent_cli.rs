@@ -69,3 +69,66 @@ fn print_config_shows_overrides() {
     assert!(text.contains("export_interval = \"2500ms\""), "{text}");
     assert!(text.contains("[exporters.otlp]"), "{text}");
 }
+
+#[test]
+fn sigterm_flushes_a_final_export_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    let out_dir = dir.path().join("pprof");
+    // One export per minute: whatever is in the files was written by the final export.
+    std::fs::write(
+        &config,
+        format!(
+            "export_interval = \"60s\"\n[targets]\nregex = [\"rootline-sigterm-target\"]\n\
+             [exporters.pprof]\ndirectory = \"{}\"\n",
+            out_dir.display()
+        ),
+    )
+    .unwrap();
+    let mut busy = Command::new("sh")
+        .args(["-c", "while :; do :; done", "rootline-sigterm-target"])
+        .spawn()
+        .unwrap();
+    let agent = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args([
+            "agent",
+            "--config",
+            config.to_str().unwrap(),
+            "--log-format",
+            "json",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // SIGTERM, as Kubernetes sends it before stopping a pod.
+    let status = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = agent.wait_with_output().unwrap();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(2) && std::env::var_os("CI").is_none() {
+        eprintln!("skipping: perf events not permitted here: {stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // JSON log lines, the cache rundown and the final status line.
+    assert!(stderr.lines().all(|l| l.starts_with('{')), "{stderr}");
+    assert!(stderr.contains("stack cache rundown"), "{stderr}");
+    assert!(stderr.contains("rootline agent stopped"), "{stderr}");
+    let files: Vec<_> = std::fs::read_dir(&out_dir).unwrap().flatten().collect();
+    assert!(
+        !files.is_empty(),
+        "no pprof file from the final export: {stderr}"
+    );
+    assert!(
+        files
+            .iter()
+            .all(|f| f.file_name().to_string_lossy().starts_with("sh-")),
+        "only the target's profiles"
+    );
+}
