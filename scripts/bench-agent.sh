@@ -5,7 +5,8 @@
 # Usage: scripts/bench-agent.sh [ROUNDS] [WORK]     (as root; defaults: 3 rounds, 400 M iterations)
 #
 # Each round runs one workload process per CPU (so every core is busy) without the agent, then
-# again with the agent profiling the whole host and writing pprof files every 2 s. It prints the
+# again with the agent profiling the whole host and writing pprof files every 2 s (after a 5 s
+# warm-up in which the sampler reads the maps and symbols of the host's processes). It prints the
 # workload's wall time in both cases and the agent's CPU time (utime + stime from /proc) as a share
 # of one core. The machine is shared, so look at the spread of the rounds, not a single number.
 set -euo pipefail
@@ -62,7 +63,7 @@ for r in $(seq "$rounds"); do
     base=$(run_workload)
     "$bin" agent --config "$tmp/agent.toml" --log-format json 2>"$tmp/agent.log" &
     agent=$!
-    sleep 1
+    sleep 5   # warm-up: the sampler loads and symbolizes the binaries of the host first
     read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$agent/stat")
     t0=$(date +%s.%N)
     with=$(run_workload)
