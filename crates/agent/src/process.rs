@@ -14,8 +14,11 @@ pub struct ProcessInfo {
     pub command_line: Option<String>,
     /// Executable path (`/proc/PID/exe`).
     pub executable: Option<String>,
-    /// The process's cgroup v2 path (or the first v1 path), e.g. `/kubepods/burstable/pod…/…`.
+    /// The process's most specific cgroup path, e.g. `/kubepods/burstable/pod…/…` (see
+    /// [`cgroup_paths`]).
     pub cgroup: Option<String>,
+    /// Every distinct cgroup path of the process (the v2 path and each v1 hierarchy's).
+    pub cgroups: Vec<String>,
     /// Container id found in the cgroup path (64 hex digits), when in a container.
     pub container_id: Option<String>,
 }
@@ -39,16 +42,18 @@ impl ProcessInfo {
         let executable = fs::read_link(dir.join("exe"))
             .ok()
             .map(|p: PathBuf| p.to_string_lossy().into_owned());
-        let cgroup = fs::read_to_string(dir.join("cgroup"))
-            .ok()
-            .and_then(|text| cgroup_path(&text));
-        let container_id = cgroup.as_deref().and_then(container_id);
+        let cgroups = fs::read_to_string(dir.join("cgroup"))
+            .map(|text| cgroup_paths(&text))
+            .unwrap_or_default();
+        let cgroup = cgroups.first().cloned();
+        let container_id = cgroups.iter().find_map(|p| container_id(p));
         ProcessInfo {
             pid,
             comm,
             command_line,
             executable,
             cgroup,
+            cgroups,
             container_id,
         }
     }
@@ -62,9 +67,12 @@ impl ProcessInfo {
     }
 }
 
-/// The cgroup path from `/proc/PID/cgroup`: the v2 line (`0::/path`), else the first v1 line's path.
-pub fn cgroup_path(text: &str) -> Option<String> {
-    let mut first = None;
+/// The distinct cgroup paths in `/proc/PID/cgroup`, most specific first: the v2 line (`0::/path`)
+/// unless it is the root `/` (as on hybrid v1 hosts, where the v1 lines carry the real placement),
+/// then the v1 paths in file order, `/` last.
+pub fn cgroup_paths(text: &str) -> Vec<String> {
+    let mut v2 = None;
+    let mut paths: Vec<String> = Vec::new();
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
         let (Some(id), Some(_controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
@@ -72,11 +80,18 @@ pub fn cgroup_path(text: &str) -> Option<String> {
             continue;
         };
         if id == "0" {
-            return Some(path.to_string());
+            v2 = Some(path.to_string());
+        } else if !paths.iter().any(|p| p == path) {
+            paths.push(path.to_string());
         }
-        first.get_or_insert_with(|| path.to_string());
     }
-    first
+    if let Some(v2) = v2 {
+        paths.retain(|p| *p != v2);
+        paths.insert(0, v2);
+    }
+    // The root says nothing; keep it only as the last resort.
+    paths.sort_by_key(|p| p == "/");
+    paths
 }
 
 /// The container id in a cgroup path: the last component holding a run of 64 hex digits
@@ -128,8 +143,13 @@ mod tests {
     }
 
     #[test]
-    fn cgroup_v2_line_wins() {
-        assert_eq!(cgroup_path("12:cpu:/a\n0::/b/c\n").as_deref(), Some("/b/c"));
-        assert_eq!(cgroup_path("12:cpu:/a\n").as_deref(), Some("/a"));
+    fn cgroup_paths_most_specific_first() {
+        assert_eq!(cgroup_paths("12:cpu:/a\n0::/b/c\n"), ["/b/c", "/a"]);
+        assert_eq!(cgroup_paths("12:cpu:/a\n"), ["/a"]);
+        // Hybrid v1 host: the v2 line is the root, the memory hierarchy has the placement.
+        assert_eq!(
+            cgroup_paths("5:devices:/\n4:memory:/kubepods/pod1/abc\n1:cpu:/\n0::/\n"),
+            ["/kubepods/pod1/abc", "/"]
+        );
     }
 }

@@ -94,7 +94,7 @@ impl Targets {
         if self.regexes.iter().any(text_match) {
             return true;
         }
-        info.cgroup.as_deref().is_some_and(|path| {
+        info.cgroups.iter().chain(&info.cgroup).any(|path| {
             self.cgroups.iter().any(|want| {
                 path == want
                     || path

@@ -1,0 +1,84 @@
+//! A cgroup target, as for a Kubernetes pod: of two live processes, only the one placed in the
+//! target cgroup is profiled. The cgroup is a real one made for the test (cgroup v2, or the v1
+//! memory hierarchy on hybrid hosts); its path is matched against `/proc/PID/cgroup`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use common::{CollectingExporter, wait_for};
+use rootline_agent::{Agent, AgentConfig, SyntheticConfig, SyntheticSource, TargetConfig};
+
+/// A fresh cgroup directory and its path as `/proc/PID/cgroup` shows it.
+fn make_cgroup(name: &str) -> std::io::Result<(PathBuf, String)> {
+    let v2 = PathBuf::from("/sys/fs/cgroup/cgroup.controllers").exists();
+    let root = if v2 {
+        PathBuf::from("/sys/fs/cgroup")
+    } else {
+        PathBuf::from("/sys/fs/cgroup/memory")
+    };
+    let dir = root.join(name);
+    std::fs::create_dir(&dir)?;
+    Ok((dir, format!("/{name}")))
+}
+
+#[test]
+fn only_processes_in_the_target_cgroup_are_profiled() {
+    let name = format!("rootline-agent-test-{}", std::process::id());
+    let (dir, path) = match make_cgroup(&name) {
+        Ok(made) => made,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: cannot create a cgroup here: {e}");
+            return;
+        }
+        Err(e) => panic!("cannot create a cgroup (the test runs as root in CI): {e}"),
+    };
+    let mut inside = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let mut outside = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.join("cgroup.procs"), inside.id().to_string()).unwrap();
+
+    let config = AgentConfig {
+        export_interval: Duration::from_millis(200),
+        targets: TargetConfig {
+            cgroups: vec![path.clone()],
+            ..TargetConfig::default()
+        },
+        ..AgentConfig::default()
+    };
+    let synth = SyntheticConfig {
+        pids: vec![inside.id(), outside.id()],
+        stacks: 5,
+        depth: 4,
+        rate_per_sec: 1000,
+        limit: Some(600),
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let (exporter, collected, _) = CollectingExporter::new();
+    let agent = Agent::start(&config, Box::new(source), vec![Box::new(exporter)]).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || counters
+        .delivered
+        .load(Relaxed)
+        == 600));
+    let stats = agent.stop().unwrap();
+    for child in [&mut inside, &mut outside] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_dir(&dir);
+
+    assert_eq!(stats.captured, 300, "{stats:?}");
+    assert_eq!(stats.ignored, 300, "{stats:?}");
+    let collected = collected.lock().unwrap();
+    let pids: std::collections::BTreeSet<u32> =
+        collected.stacks.keys().map(|(pid, _)| *pid).collect();
+    assert_eq!(pids.into_iter().collect::<Vec<_>>(), vec![inside.id()]);
+    assert_eq!(collected.samples, 300);
+}
