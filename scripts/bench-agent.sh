@@ -57,6 +57,13 @@ run_workload() {
     echo "$end - $start" | bc -l
 }
 
+# "tid name ticks" for every thread of process $1.
+thread_ticks() {
+    for t in /proc/"$1"/task/*; do
+        echo "${t##*/} $(tr ' ' '_' <"$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
+    done
+}
+
 ticks=$(getconf CLK_TCK)
 printf '%-6s %14s %14s %12s %14s\n' round base_wall_s agent_wall_s slowdown_% agent_cpu_%core
 for r in $(seq "$rounds"); do
@@ -65,15 +72,23 @@ for r in $(seq "$rounds"); do
     agent=$!
     sleep 5   # warm-up: the sampler loads and symbolizes the binaries of the host first
     read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$agent/stat")
+    threads0=$(thread_ticks "$agent")
     t0=$(date +%s.%N)
     with=$(run_workload)
     read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$agent/stat")
+    threads1=$(thread_ticks "$agent")
     t1=$(date +%s.%N)
     kill -TERM "$agent"
     wait "$agent"
     cpu=$(echo "(($u1 + $s1) - ($u0 + $s0)) / $ticks / ($t1 - $t0) * 100" | bc -l)
     slow=$(echo "($with - $base) / $base * 100" | bc -l)
     printf '%-6s %14.2f %14.2f %12.2f %14.3f\n' "$r" "$base" "$with" "$slow" "$cpu"
+    # Per thread: rootline-reader is rootline-capture's sampler; rootline-captur(e) and
+    # rootline-export are the agent's own pipeline.
+    join <(sort <<<"$threads0") <(sort <<<"$threads1") |
+        awk -v ticks="$ticks" -v secs="$(echo "$t1 - $t0" | bc -l)" \
+            '{ cpu[$2] += ($5 - $3) / ticks / secs * 100 }
+             END { for (n in cpu) printf "         thread %-18s %7.3f %%core\n", n, cpu[n] }'
 done
 echo "last status line:"
 grep 'status:' "$tmp/agent.log" | tail -1
