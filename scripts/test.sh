@@ -17,7 +17,9 @@ need_apt golang-go   # pprof tests: `go tool pprof -raw` reads our output and th
 command -v npm >/dev/null || need_apt npm   # pprof tests: npm pprof-format
 need_apt mono-mcs        # C# compiler for the live .NET targets (crates/dotnet/tests/live.rs)
 need_apt chromium        # headless browser for the speedscope web app check
-command -v node >/dev/null 2>&1 || need_apt nodejs
+command -v node >/dev/null 2>&1 || need_apt nodejs   # also the JIT tests (node --perf-basic-prof)
+need_apt mono-runtime    # JIT tests: mono --jitmap (crates/capture/tests/jit_dotnet.rs)
+need_apt openjdk-17-jdk-headless   # JIT tests: java/javac/jcmd (crates/capture/tests/jit_jvm.rs)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi

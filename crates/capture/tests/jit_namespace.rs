@@ -54,8 +54,10 @@ fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
         node.display(),
         sources().join("calls.js").display()
     );
+    // node writes a V8 log into its working directory: keep it out of the source tree.
+    let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(unshare);
-    cmd.args([
+    cmd.current_dir(dir.path()).args([
         "--fork",
         "--pid",
         "--mount-proc",

@@ -20,15 +20,15 @@ fn short(name: &str) -> Option<&'static str> {
     })
 }
 
-#[test]
-fn node_frames_are_named_whole_and_true() {
-    let test = "node_frames_are_named_whole_and_true";
+/// Records node running `calls.js` with `flag` in `dir` and checks every stack.
+fn run(test: &str, flag: &str, dir: &std::path::Path) {
     let Some(node) = require(test, "node (apt-get install nodejs)", which("node")) else {
         return;
     };
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let mut cmd = Command::new(node);
-    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"])
+    cmd.current_dir(dir)
+        .args([flag, "--no-turbo-inlining"])
         .arg(sources().join("calls.js"))
         .args([DEEP.to_string(), "60".into()]);
     let target = Running::start(cmd);
@@ -46,7 +46,7 @@ fn node_frames_are_named_whole_and_true() {
         is_root: &is_native_root,
     };
     let v = check(&recording.profile, &graph);
-    v.print("node");
+    v.print(&format!("node {flag}"));
     assert!(
         v.program_samples >= 20_000,
         "{} program samples",
@@ -56,6 +56,17 @@ fn node_frames_are_named_whole_and_true() {
     assert_eq!(v.invented, 0);
     assert_eq!(v.unnamed, 0);
     assert_eq!(v.not_reaching_entry, 0);
+    assert_eq!(v.not_rooted, 0);
     assert_eq!(v.truncated, 0);
     assert_eq!(v.wrong_recursion, 0);
+}
+
+#[test]
+fn node_frames_are_named_whole_and_true() {
+    let dir = tempfile::tempdir().unwrap();
+    run(
+        "node_frames_are_named_whole_and_true",
+        "--perf-basic-prof",
+        dir.path(),
+    );
 }

@@ -327,7 +327,7 @@ fn prologue_state(code: &[u8], target: usize) -> Option<State> {
             || instr.mnemonic() == Mnemonic::Add && op0_is_rsp(&instr)
             || instr.mnemonic() == Mnemonic::Mov && op0_is_rsp(&instr);
         if flow_ends || epilogue {
-            if s == INITIAL && matches!(instr.flow_control(), FlowControl::Call) {
+            if s == INITIAL && instr.mnemonic() == Mnemonic::Call {
                 // A call before anything was pushed: an out-of-line prologue (V8's baseline code
                 // calls a builtin that pushes `rbp` and sets it). A function that calls must move
                 // `rsp` first (the call would misalign the stack otherwise), so this is no frameless

@@ -14,6 +14,7 @@
 //! each function's bytes; and decides the frame state in JIT code ([`frame_state`]).
 
 pub mod frame_state;
+pub mod jitdump;
 pub mod names;
 pub mod perfmap;
 
@@ -122,6 +123,7 @@ pub fn open_map(pid: u32, path: &std::path::Path) -> Result<File, MapRefused> {
 pub struct JitProcess {
     pid: u32,
     map: Option<PerfMap<File>>,
+    dump: Option<jitdump::JitDump<File>>,
     last_open_try: Option<Instant>,
     last_read: Option<Instant>,
     /// Why the perf map was last refused, when it exists but was not used.
@@ -136,6 +138,7 @@ impl JitProcess {
         JitProcess {
             pid,
             map: None,
+            dump: None,
             last_open_try: None,
             last_read: None,
             refused: None,
@@ -145,45 +148,47 @@ impl JitProcess {
         }
     }
 
-    /// The symbol at `addr`, re-reading the perf map (at most every 10 ms) when it misses.
-    pub fn symbol(&mut self, addr: u64) -> Option<&JitSymbol> {
-        let hit = self
-            .map
+    fn lookup(&self, addr: u64) -> Option<&JitSymbol> {
+        self.map
             .as_ref()
-            .is_some_and(|m| m.symbols.lookup(addr).is_some());
-        if !hit {
-            self.refresh();
-        }
-        self.map.as_ref()?.symbols.lookup(addr)
+            .and_then(|m| m.symbols.lookup(addr))
+            .or_else(|| self.dump.as_ref()?.symbols.lookup(addr))
     }
 
-    /// Reads what the runtime appended to its perf map (opening it first if needed).
+    /// The symbol at `addr` from the perf map or the jitdump file, re-reading them (at most every
+    /// 10 ms) when it misses.
+    pub fn symbol(&mut self, addr: u64) -> Option<&JitSymbol> {
+        if self.lookup(addr).is_none() {
+            self.refresh();
+        }
+        self.lookup(addr)
+    }
+
+    /// Reads what the runtime appended to its perf map and jitdump file, opening them first
+    /// when they are not open yet (looked for again at most every 250 ms).
     pub fn refresh(&mut self) {
         let now = Instant::now();
-        if self.map.is_none() {
-            if self
+        let missing = self.map.is_none() || self.dump.is_none();
+        if missing
+            && self
                 .last_open_try
-                .is_some_and(|t| now.duration_since(t) < OPEN_RETRY)
-            {
-                return;
-            }
+                .is_none_or(|t| now.duration_since(t) >= OPEN_RETRY)
+        {
             self.last_open_try = Some(now);
-            match open_map(self.pid, &perf_map_path(self.pid)) {
-                Ok(f) => {
-                    self.map = Some(PerfMap::new(f));
-                    self.refused = None;
-                }
-                Err(MapRefused::Open { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    return;
-                }
-                Err(e) => {
-                    self.refused = Some(e.to_string());
-                    return;
-                }
+            if self.map.is_none()
+                && let Some(f) = self.open(perf_map_path(self.pid))
+            {
+                self.map = Some(PerfMap::new(f));
             }
-        } else if self
+            if self.dump.is_none()
+                && let Some(path) = jitdump::mapped_jitdump(self.pid)
+                && let Some(f) = self.open(path)
+            {
+                self.dump = Some(jitdump::JitDump::new(f));
+            }
+            self.last_read = None;
+        }
+        if self
             .last_read
             .is_some_and(|t| now.duration_since(t) < REREAD_INTERVAL)
         {
@@ -193,11 +198,30 @@ impl JitProcess {
         if let Some(m) = self.map.as_mut() {
             let _ = m.read_more();
         }
+        if let Some(d) = self.dump.as_mut() {
+            let _ = d.read_more();
+        }
     }
 
-    /// Number of symbols known.
+    fn open(&mut self, path: PathBuf) -> Option<File> {
+        match open_map(self.pid, &path) {
+            Ok(f) => Some(f),
+            Err(MapRefused::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => {
+                self.refused = Some(e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Number of symbols known (perf map and jitdump).
     pub fn symbol_count(&self) -> usize {
         self.map.as_ref().map_or(0, |m| m.symbols.len())
+            + self.dump.as_ref().map_or(0, |d| d.symbols.len())
     }
 
     /// Reads process memory at `addr` (code), from the cache of the enclosing symbol's bytes

@@ -240,6 +240,7 @@ impl AddressSpace {
             let old_sp = regs.sp();
             let step = match self.step(first, lookup, &mut regs, mem) {
                 Ok(step) => step,
+                Err(_) if first && self.at_thread_entry(pc) => return StackEnd::Root,
                 Err(reason) => return StackEnd::Truncated(reason),
             };
             let Some(ra) = step else {
@@ -296,6 +297,16 @@ impl AddressSpace {
                 .unwind_frame(address, regs, &mut self.eh_cache, &mut read)
         };
         result.map_err(|e| TruncateReason::from_framehop(e, read_failure))
+    }
+
+    /// Whether `pc` lies in a function that starts threads (see [`policy::is_thread_entry`]).
+    fn at_thread_entry(&self, pc: u64) -> bool {
+        self.region(pc).is_some_and(|r| {
+            r.module
+                .as_ref()
+                .and_then(|m| m.symbol_name(r.svma(pc)))
+                .is_some_and(policy::is_thread_entry)
+        })
     }
 
     /// Validates a recovered return address: inside an executable region, right after a call.

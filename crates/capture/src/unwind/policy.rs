@@ -86,6 +86,17 @@ impl TruncateReason {
     }
 }
 
+/// Whether a function is where new threads begin (`clone3`/`clone`): a sample whose leaf is in
+/// one and cannot be unwound is a new thread's first instructions after the system call (its
+/// stack holds nothing above; the function's CFI describes the parent), so the stack ends at
+/// its root there instead of being marked truncated.
+pub fn is_thread_entry(symbol: &str) -> bool {
+    matches!(
+        symbol,
+        "__clone3" | "__GI___clone3" | "clone3" | "__clone" | "__GI___clone" | "clone"
+    )
+}
+
 /// Why a stack read failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadFailure {

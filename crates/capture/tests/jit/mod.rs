@@ -84,6 +84,11 @@ impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The runtimes leave their maps behind; the pids will be reused.
+        let pid = self.pid();
+        for name in [format!("perf-{pid}.map"), format!("perfinfo-{pid}.map")] {
+            let _ = std::fs::remove_file(Path::new("/tmp").join(name));
+        }
     }
 }
 
