@@ -18,6 +18,7 @@ command -v npm >/dev/null || need_apt npm   # pprof tests: npm pprof-format
 need_apt mono-mcs        # C# compiler for the live .NET targets (crates/dotnet/tests/live.rs)
 need_apt chromium        # headless browser for the speedscope web app check
 command -v node >/dev/null 2>&1 || need_apt nodejs
+need_apt libc6-dbg       # capture tests: glibc's full symbols (__libc_start_call_main, start_thread)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi

@@ -5,6 +5,8 @@ mod convert;
 mod dotnet;
 mod exit;
 mod input;
+#[cfg(target_os = "linux")]
+mod record;
 mod repair;
 mod report;
 
@@ -32,6 +34,9 @@ Formats are chosen by file extension, or with --format:
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Sample live processes (-p), every CPU (-a) or a command (-- CMD) with whole, true stacks.
+    #[cfg(target_os = "linux")]
+    Record(record::Args),
     /// Convert a profile from one format to another (formats chosen by extension or --format).
     Convert(convert::Args),
     /// Print a text summary: top functions by self and total time, and the hottest paths.
@@ -53,6 +58,8 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        #[cfg(target_os = "linux")]
+        Command::Record(args) => record::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Report(args) => report::run(args),
         Command::Dotnet(args) => dotnet::run(args),
