@@ -123,7 +123,18 @@ fn check(profile: &Profile, allow_tail_edge: bool) -> Verdict {
             .skip(1)
             .position(|(j, &f)| is_program(f) && names[j] != "_start")
             .map(|p| p + 1);
+        // The C runtime's own helpers (destructors at exit, constructors at start) are the
+        // program's code too, but outside the known call graph.
+        const CRT: [&str; 6] = [
+            "__do_global_dtors_aux",
+            "frame_dummy",
+            "register_tm_clones",
+            "deregister_tm_clones",
+            "_init",
+            "_fini",
+        ];
         match body {
+            Some(j) if CRT.contains(&names[j]) => v.startup += 1,
             None => v.startup += 1,
             Some(j) => {
                 let prefix_ok = match &names[..j] {

@@ -50,6 +50,8 @@ pub struct Segment {
     pub offset: u64,
     /// Bytes of the segment present in the file.
     pub filesz: u64,
+    /// Whether the segment is executable.
+    pub exec: bool,
 }
 
 /// A parsed ELF file: everything the unwinder needs, keyed by link-time addresses (SVMA).
@@ -109,10 +111,12 @@ impl CodeModule {
             .segments()
             .map(|s| {
                 let (offset, filesz) = s.file_range();
+                let exec = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
                 Segment {
                     vaddr: s.address(),
                     offset,
                     filesz,
+                    exec,
                 }
             })
             .collect();
@@ -222,11 +226,22 @@ impl CodeModule {
     }
 
     /// The link-time address of file offset `offset` (the inverse of [`CodeModule::file_offset_of`]).
+    ///
+    /// A mapping starts at a page-aligned offset, which may lie before its segment's first byte
+    /// (and inside the previous segment's last page): executable segments are matched first,
+    /// from their page-aligned start.
     pub fn svma_of_file_offset(&self, offset: u64) -> Option<u64> {
-        self.segments.iter().find_map(|s| {
-            (offset >= s.offset && offset < s.offset + s.filesz)
-                .then(|| offset - s.offset + s.vaddr)
-        })
+        let in_segment = |s: &&Segment, aligned: bool| {
+            let start = if aligned { s.offset & !0xfff } else { s.offset };
+            offset >= start && offset < s.offset + s.filesz
+        };
+        let svma = |s: &Segment| offset.wrapping_sub(s.offset).wrapping_add(s.vaddr);
+        self.segments
+            .iter()
+            .filter(|s| s.exec)
+            .find(|s| in_segment(s, true))
+            .or_else(|| self.segments.iter().find(|s| in_segment(s, false)))
+            .map(svma)
     }
 
     /// Up to `len` code bytes starting at link-time address `svma` (shorter at a segment end).
@@ -378,5 +393,47 @@ impl framehop::ModuleSectionInfo<SectionBytes> for ModuleSections {
             _ => None,
         };
         s.map(|s| m.bytes_of(s))
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_offset_before_the_text_segment_maps_to_its_page() {
+        // Rust binaries often start the executable segment mid-page (offset 0x249c80, vaddr
+        // 0x24ac80); the kernel maps it from offset 0x249000, which also lies in the read-only
+        // segment before it.
+        let segments = vec![
+            Segment {
+                vaddr: 0,
+                offset: 0,
+                filesz: 0x249c68,
+                exec: false,
+            },
+            Segment {
+                vaddr: 0x24ac80,
+                offset: 0x249c80,
+                filesz: 0x7f34e0,
+                exec: true,
+            },
+        ];
+        let module = CodeModule {
+            name: "x".into(),
+            bytes: Arc::from(&[][..]),
+            segments,
+            text: None,
+            eh_frame: None,
+            eh_frame_hdr: None,
+            debug_frame: None,
+            got: None,
+            eh_cover: Vec::new(),
+            debug_cover: Vec::new(),
+            functions: Vec::new(),
+            symbols: Vec::new(),
+            build_id: None,
+        };
+        assert_eq!(module.svma_of_file_offset(0x249000), Some(0x24a000));
+        assert_eq!(module.svma_of_file_offset(0x1000), Some(0x1000));
     }
 }
