@@ -195,7 +195,8 @@ fn run_build(name: &str, main_flags: &[&str], b_flags: &[&str], allow_tail_edge:
         "1".into(),
     ]));
     opts.frequency_hz = 10_000;
-    opts.stack_bytes = 8192;
+    // The default stack copy (16 KiB), as `rootline record` uses.
+    opts.stack_bytes = 16 * 1024;
     let stop = AtomicBool::new(false);
     let recording = record(&opts, &stop, None).expect("recording works");
     assert!(
