@@ -304,10 +304,15 @@ impl CodeModule {
     }
 }
 
-/// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` (or of `.plt` after its
-/// 16-byte header) jumps through the i-th `.rela.plt` relocation, whose symbol names it.
+/// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` and the i-th entry of `.plt`
+/// after its 16-byte header both go through the i-th `.rela.plt` relocation, whose symbol names
+/// them. The header itself (the lazy-binding trampoline) is `plt0@plt`.
 fn plt_symbols(file: &object::File<'_>) -> Vec<(u64, u64, Box<str>)> {
     let mut out = Vec::new();
+    let plt = file.section_by_name(".plt");
+    if let Some(plt) = &plt {
+        out.push((plt.address(), plt.address() + 16, "plt0@plt".into()));
+    }
     let (Some(rela), Some(dynsym)) = (
         file.section_by_name(".rela.plt")
             .and_then(|s| s.data().ok()),
@@ -315,24 +320,25 @@ fn plt_symbols(file: &object::File<'_>) -> Vec<(u64, u64, Box<str>)> {
     ) else {
         return out;
     };
-    let (stubs, first) = match file.section_by_name(".plt.sec") {
-        Some(s) => (s, 0),
-        None => match file.section_by_name(".plt") {
-            Some(s) => (s, 16),
-            None => return out,
-        },
-    };
-    for (i, entry) in rela.chunks_exact(24).enumerate() {
-        let info = u64::from_le_bytes(entry[8..16].try_into().unwrap_or([0; 8]));
-        let Ok(sym) = dynsym.symbol_by_index(object::SymbolIndex((info >> 32) as usize)) else {
-            continue;
-        };
-        let Ok(name) = sym.name() else {
-            continue;
-        };
-        let start = stubs.address() + first + 16 * i as u64;
-        if start + 16 <= stubs.address() + stubs.size() && !name.is_empty() {
-            out.push((start, start + 16, format!("{name}@plt").into()));
+    let tables = [
+        file.section_by_name(".plt.sec").map(|s| (s, 0)),
+        plt.map(|s| (s, 16)),
+    ];
+    for (stubs, first) in tables.into_iter().flatten() {
+        for (i, entry) in rela.chunks_exact(24).enumerate() {
+            let info = u64::from_le_bytes(entry[8..16].try_into().unwrap_or([0; 8]));
+            let index = object::SymbolIndex((info >> 32) as usize);
+            let Some(name) = dynsym
+                .symbol_by_index(index)
+                .ok()
+                .and_then(|s| s.name().ok())
+            else {
+                continue;
+            };
+            let start = stubs.address() + first + 16 * i as u64;
+            if start + 16 <= stubs.address() + stubs.size() && !name.is_empty() {
+                out.push((start, start + 16, format!("{name}@plt").into()));
+            }
         }
     }
     out
