@@ -394,8 +394,10 @@ pub fn record(
                     if finishing {
                         break;
                     }
+                    // The rings hold about a quarter second at full rate: a 20 ms pause when
+                    // idle keeps up while costing few wake-ups.
                     if n == 0 {
-                        std::thread::sleep(Duration::from_millis(5));
+                        std::thread::sleep(Duration::from_millis(20));
                     }
                 }
             })
@@ -405,7 +407,7 @@ pub fn record(
     let started = Instant::now();
     let mut exit_status = None;
     loop {
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(25));
         if stop.load(Ordering::Acquire) {
             break;
         }
