@@ -3,9 +3,13 @@
 
 mod agent;
 mod convert;
+#[cfg(target_os = "linux")]
+mod demo;
 mod dotnet;
 mod exit;
 mod input;
+#[cfg(target_os = "linux")]
+mod record;
 mod repair;
 mod report;
 
@@ -33,6 +37,16 @@ Formats are chosen by file extension, or with --format:
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Sample live processes (-p), every CPU (-a) or a command (-- CMD) with whole, true stacks.
+    #[cfg(target_os = "linux")]
+    Record(record::Args),
+    /// Record a built-in workload with a known call graph; writes demo.svg and demo.json.
+    #[cfg(target_os = "linux")]
+    Demo(demo::Args),
+    /// The workload `rootline demo` records (runs in the re-executed child).
+    #[cfg(target_os = "linux")]
+    #[command(name = "demo-workload", hide = true)]
+    DemoWorkload(demo::WorkloadArgs),
     /// Convert a profile from one format to another (formats chosen by extension or --format).
     Convert(convert::Args),
     /// Profile continuously (whole host, PIDs, regex or cgroup) and export OTLP, pprof or .rlp.
@@ -56,6 +70,12 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        #[cfg(target_os = "linux")]
+        Command::Record(args) => record::run(args),
+        #[cfg(target_os = "linux")]
+        Command::Demo(args) => demo::run(args),
+        #[cfg(target_os = "linux")]
+        Command::DemoWorkload(args) => demo::run_workload(args),
         Command::Convert(args) => convert::run(args),
         Command::Report(args) => report::run(args),
         Command::Dotnet(args) => dotnet::run(args),

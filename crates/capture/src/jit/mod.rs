@@ -309,6 +309,10 @@ impl Memory for JitMemory<'_> {
         self.jit.read_code(addr, buf)
     }
 
+    fn copied_len(&self) -> Option<usize> {
+        self.stack.copied_len()
+    }
+
     fn jit_function(&mut self, addr: u64) -> Option<Range<u64>> {
         self.jit
             .symbol(addr)

@@ -1,12 +1,13 @@
 //! A recording session: open the events for the target, drain the rings on a reader thread
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
+mod builder;
 mod pipeline;
 
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rootline_profile::{Profile, SampleType};
@@ -344,17 +345,38 @@ pub fn record(
     let kernel = cfg.kernel;
 
     let done = Arc::new(AtomicBool::new(false));
-    let sink_error: Arc<Mutex<Option<std::io::Error>>> = Arc::default();
+    let (batches, batch_rx) = std::sync::mpsc::channel::<pipeline::Batch>();
+    // Symbolization and profile building run on their own thread so the reader never stalls.
+    let builder = {
+        let mut sink = sink.take();
+        std::thread::Builder::new()
+            .name("rootline-builder".into())
+            .spawn(move || {
+                let mut builder = builder::Builder::new(profile);
+                let mut stats = Stats::default();
+                let mut sink_error = None;
+                for batch in batch_rx {
+                    stats = batch.stats.clone();
+                    builder.apply(batch);
+                    finish_metadata(&mut builder.profile, &stats);
+                    if let Some(s) = sink.as_mut()
+                        && sink_error.is_none()
+                        && let Err(e) = s.write_chunk(&builder.profile)
+                    {
+                        sink_error = Some(e);
+                    }
+                }
+                (builder.profile, stats, sink_error)
+            })
+            .map_err(|e| RecordError::Open(OpenError::Other(e)))?
+    };
     let reader = {
         let done = done.clone();
-        let sink_error = sink_error.clone();
         let interval = opts.flush_interval;
-        let mut sink = sink.take();
         std::thread::Builder::new()
             .name("rootline-reader".into())
             .spawn(move || {
-                // The symbolizer is not Send: the pipeline lives on this thread only.
-                let mut pipeline = Pipeline::new(profile, kernel, period_nanos);
+                let mut pipeline = Pipeline::new(kernel, period_nanos);
                 let mut last_flush = Instant::now();
                 loop {
                     let finishing = done.load(Ordering::Acquire);
@@ -365,23 +387,19 @@ pub fn record(
                     }
                     let n = drain_round(&mut events, &mut pipeline);
                     if finishing || last_flush.elapsed() >= interval {
-                        finish_metadata(&mut pipeline);
-                        pipeline.flush();
-                        if let Some(s) = sink.as_mut()
-                            && let Err(e) = s.write_chunk(&pipeline.profile)
-                        {
-                            *sink_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                        }
+                        // The builder outlives this thread; a send can only fail if it panicked.
+                        let _ = batches.send(pipeline.take_batch());
                         last_flush = Instant::now();
                     }
                     if finishing {
                         break;
                     }
+                    // The rings hold about a quarter second at full rate: a 20 ms pause when
+                    // idle keeps up while costing few wake-ups.
                     if n == 0 {
-                        std::thread::sleep(Duration::from_millis(5));
+                        std::thread::sleep(Duration::from_millis(20));
                     }
                 }
-                (pipeline.profile, pipeline.stats)
             })
             .map_err(|e| RecordError::Open(OpenError::Other(e)))?
     };
@@ -389,7 +407,7 @@ pub fn record(
     let started = Instant::now();
     let mut exit_status = None;
     loop {
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(25));
         if stop.load(Ordering::Acquire) {
             break;
         }
@@ -411,18 +429,20 @@ pub fn record(
         }
     }
     done.store(true, Ordering::Release);
-    let (profile, stats) = reader.join().map_err(|_| {
+    let panicked = |_| {
         RecordError::Open(OpenError::Other(std::io::Error::other(
-            "reader thread panicked",
+            "a recorder thread panicked",
         )))
-    })?;
+    };
+    reader.join().map_err(panicked)?;
+    let (profile, stats, sink_error) = builder.join().map_err(panicked)?;
     if let Some(c) = child.as_mut()
         && exit_status.is_none()
     {
         // Stopped by the user or the duration: wait for the command if it is ending anyway.
         exit_status = c.try_wait().ok().flatten();
     }
-    if let Some(e) = sink_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+    if let Some(e) = sink_error {
         return Err(RecordError::Sink(e));
     }
     Ok(Recording {
@@ -473,14 +493,13 @@ fn drain_round(events: &mut [PerfEvent], pipeline: &mut Pipeline) -> usize {
     count
 }
 
-fn finish_metadata(p: &mut Pipeline) {
-    let stats = p.stats.clone();
-    let m = &mut p.profile.metadata;
+fn finish_metadata(profile: &mut Profile, stats: &Stats) {
+    let m = &mut profile.metadata;
     m.end_time_ns = monotonic_ns();
     m.lost_samples = stats.lost;
     m.truncated_samples = stats.truncated_total();
     m.extra.retain(|k, _| !k.starts_with("truncated."));
-    for (reason, n) in stats.truncated {
+    for (reason, n) in &stats.truncated {
         m.extra
             .insert(format!("truncated.{}", reason.as_str()), n.to_string());
     }

@@ -1,22 +1,17 @@
-//! The sample pipeline: records in, [`Profile`] out.
+//! The hot path: records in, raw stacks out.
 //!
-//! Per sample (the hot path) it unwinds to raw addresses and interns them — one raw frame per
-//! distinct address per mapping, one raw trie node per distinct (caller, frame) — then queues the
-//! sample. At each flush it symbolizes only the raw frames that are new since the last flush,
-//! translates new raw nodes into the profile's stack trie, and appends the queued samples.
+//! Per sample it unwinds to raw addresses and interns them — one raw frame per distinct address
+//! per mapping, one raw trie node per distinct (caller, frame) — then queues the sample.
+//! [`Pipeline::take_batch`] hands everything new to the [`super::builder::Builder`], which
+//! symbolizes distinct frames and builds the profile on its own thread.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use rootline_profile::{
-    FrameId, FrameKind, Function, Mapping, MappingId, Profile, StackId, ThreadId,
-};
-
-use crate::jit::{JitMaps, JitMemory};
+use crate::jit::{JitMaps, JitMemory, JitName};
 use crate::perf_event::{Record, Sample};
 use crate::process::{BinaryFile, Processes, thread_name};
-use crate::symbolize::Symbolizer;
 use crate::unwind::{SampleStack, StackEnd, TruncateReason};
 
 /// Counts kept while recording.
@@ -40,7 +35,7 @@ impl Stats {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum RawKind {
+pub(crate) enum RawKind {
     /// User code in raw mapping `u32`; `true` for a return address (symbolized at address - 1).
     User(u32, bool),
     /// An address in no known mapping.
@@ -56,39 +51,57 @@ enum RawKind {
     Truncated(TruncateReason),
 }
 
+/// A distinct frame of raw stacks: an address of a kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct RawFrame {
-    kind: RawKind,
-    address: u64,
+pub(crate) struct RawFrame {
+    pub kind: RawKind,
+    pub address: u64,
 }
 
-struct RawMapping {
+/// A mapping raw frames refer to.
+#[derive(Debug, Clone)]
+pub(crate) struct RawMapping {
     /// The process it was first seen in (JIT code is named through that process's maps).
-    pid: u32,
-    start: u64,
-    end: u64,
-    file_offset: u64,
-    binary: Arc<BinaryFile>,
-    profile_id: Option<MappingId>,
+    pub pid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub binary: Arc<BinaryFile>,
 }
 
-struct Pending {
-    time: u64,
-    thread: ThreadId,
-    node: u32,
-    nanos: i64,
+/// A sample waiting for its stack to be translated.
+pub(crate) struct Pending {
+    pub time: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub node: u32,
+    pub nanos: i64,
 }
 
-const NO_NODE: u32 = u32::MAX;
+/// Everything new since the previous batch. Indexes continue across batches.
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub mappings: Vec<RawMapping>,
+    pub frames: Vec<RawFrame>,
+    /// For each new frame in code without a file image: its JIT map name, looked up when the
+    /// frame was first seen (maps change as code is compiled and freed).
+    pub jit_names: Vec<Option<JitName>>,
+    /// Trie nodes `(parent or NO_NODE, frame)`.
+    pub nodes: Vec<(u32, u32)>,
+    pub samples: Vec<Pending>,
+    /// Thread names `(pid, tid, name)`, in order; `pid == tid` also names the process.
+    pub names: Vec<(u32, u32, String)>,
+    pub stats: Stats,
+}
 
-/// Turns perf records into a profile.
+/// The parent of a root node.
+pub(crate) const NO_NODE: u32 = u32::MAX;
+
+/// Turns perf records into raw stacks.
 pub struct Pipeline {
-    /// The profile being built (complete up to the last flush).
-    pub profile: Profile,
     /// Counts.
     pub stats: Stats,
     processes: Processes,
-    symbolizer: Symbolizer,
     jit: JitMaps,
     kernel: bool,
     period_nanos: Option<i64>,
@@ -98,24 +111,22 @@ pub struct Pipeline {
     frame_index: HashMap<RawFrame, u32>,
     nodes: Vec<(u32, u32)>,
     node_index: HashMap<(u32, u32), u32>,
-    frame_map: Vec<Vec<FrameId>>,
-    node_map: Vec<StackId>,
+    sent: (usize, usize, usize),
     pending: Vec<Pending>,
-    threads: HashMap<(u32, u32), ThreadId>,
+    names: Vec<(u32, u32, String)>,
+    threads: std::collections::HashSet<(u32, u32)>,
     refreshed: HashMap<u32, Instant>,
     exec_times: HashMap<u32, u64>,
     addrs: Vec<u64>,
 }
 
 impl Pipeline {
-    /// A pipeline writing into `profile`. `period_nanos` converts one sample to CPU time when the
-    /// event period is not in nanoseconds (hardware cycles); None for `cpu-clock`.
-    pub fn new(profile: Profile, kernel: bool, period_nanos: Option<i64>) -> Pipeline {
+    /// A pipeline. `period_nanos` converts one sample to CPU time when the event period is not in
+    /// nanoseconds (hardware cycles); None for `cpu-clock`.
+    pub fn new(kernel: bool, period_nanos: Option<i64>) -> Pipeline {
         Pipeline {
-            profile,
             stats: Stats::default(),
             processes: Processes::new(),
-            symbolizer: Symbolizer::new(),
             jit: JitMaps::new(),
             kernel,
             period_nanos,
@@ -125,10 +136,10 @@ impl Pipeline {
             frame_index: HashMap::new(),
             nodes: Vec::new(),
             node_index: HashMap::new(),
-            frame_map: Vec::new(),
-            node_map: Vec::new(),
+            sent: (0, 0, 0),
             pending: Vec::new(),
-            threads: HashMap::new(),
+            names: Vec::new(),
+            threads: std::collections::HashSet::new(),
             refreshed: HashMap::new(),
             exec_times: HashMap::new(),
             addrs: Vec::new(),
@@ -164,11 +175,8 @@ impl Pipeline {
                     self.jit.exec(pid);
                     self.exec_times.insert(pid, time);
                 }
-                if let Some(&t) = self.threads.get(&(pid, tid)) {
-                    self.profile.set_thread_name(t, name);
-                }
-                if pid == tid {
-                    self.profile.set_process_name(pid, name);
+                if self.threads.contains(&(pid, tid)) {
+                    self.names.push((pid, tid, name.to_string()));
                 }
             }
             Record::Fork { pid, ppid, .. } => self.processes.fork(pid, ppid),
@@ -180,7 +188,7 @@ impl Pipeline {
     /// Handles one sample: unwind, intern, queue.
     pub fn sample(&mut self, s: &Sample<'_>) {
         self.stats.samples += 1;
-        let thread = self.thread(s.pid, s.tid);
+        self.thread(s.pid, s.tid);
         let mut node = NO_NODE;
         match s.user_regs {
             Some((ip, ..)) if self.in_exec(s, ip) => node = self.node(node, RawKind::Exec, 0),
@@ -210,7 +218,8 @@ impl Pipeline {
         let nanos = self.period_nanos.unwrap_or(s.period as i64);
         self.pending.push(Pending {
             time: s.time,
-            thread,
+            pid: s.pid,
+            tid: s.tid,
             node,
             nanos,
         });
@@ -279,7 +288,6 @@ impl Pipeline {
             end: region.end,
             file_offset: region.file_offset,
             binary: binary.clone(),
-            profile_id: None,
         });
         self.mapping_index.insert(key, m);
         RawKind::User(m, is_return)
@@ -302,258 +310,48 @@ impl Pipeline {
         })
     }
 
-    fn thread(&mut self, pid: u32, tid: u32) -> ThreadId {
-        if let Some(&t) = self.threads.get(&(pid, tid)) {
-            return t;
-        }
-        let t = self.profile.intern_thread(pid, tid);
-        if let Some(name) = thread_name(pid, tid) {
-            self.profile.set_thread_name(t, &name);
-            if pid == tid {
-                self.profile.set_process_name(pid, &name);
+    fn thread(&mut self, pid: u32, tid: u32) {
+        if self.threads.insert((pid, tid)) {
+            if let Some(name) = thread_name(pid, tid) {
+                self.names.push((pid, tid, name));
             }
-        }
-        self.threads.insert((pid, tid), t);
-        self.stats.threads = self.threads.len() as u64;
-        t
-    }
-
-    /// Symbolizes new frames, extends the profile's stack trie and appends queued samples.
-    pub fn flush(&mut self) {
-        self.symbolize_new_frames();
-        for i in self.node_map.len()..self.nodes.len() {
-            let (parent, frame) = self.nodes[i];
-            let mut stack = (parent != NO_NODE).then(|| self.node_map[parent as usize]);
-            for &f in &self.frame_map[frame as usize] {
-                stack = Some(self.profile.intern_stack(stack, f));
-            }
-            // Every raw frame yields at least one profile frame, so `stack` is set.
-            self.node_map.push(stack.unwrap_or(StackId(0)));
-        }
-        for p in self.pending.drain(..) {
-            let stack = self.node_map[p.node as usize];
-            // Ids come from this profile and the value count matches its two sample types.
-            let _ = self
-                .profile
-                .push_sample(p.time, p.thread, stack, &[1, p.nanos]);
+            self.stats.threads = self.threads.len() as u64;
         }
     }
 
-    fn symbolize_new_frames(&mut self) {
-        let start = self.frame_map.len();
-        let mut by_mapping: HashMap<u32, Vec<usize>> = HashMap::new();
-        for i in start..self.frames.len() {
-            if let RawKind::User(m, _) = self.frames[i].kind {
-                by_mapping.entry(m).or_default().push(i);
-            }
-        }
-        let mut symbols: HashMap<usize, Vec<crate::symbolize::SymbolFrame>> = HashMap::new();
-        for (m, idxs) in by_mapping {
-            let mapping = &self.mappings[m as usize];
-            let Some(path) = mapping.binary.reopen_path() else {
-                continue;
-            };
-            let Some(module) = mapping.binary.module.clone() else {
-                continue;
-            };
-            let svmas: Vec<u64> = idxs
-                .iter()
-                .map(|&i| {
-                    let offset = self.file_offset(m, self.frames[i]);
-                    module.svma_of_file_offset(offset).unwrap_or(u64::MAX)
-                })
-                .collect();
-            for (i, syms) in idxs.iter().zip(self.symbolizer.symbolize_file(
-                &path,
-                module.build_id(),
-                &svmas,
-                |a| module.symbol_name(a).map(str::to_string),
-            )) {
-                symbols.insert(*i, syms);
-            }
-        }
-        for i in start..self.frames.len() {
-            let frame = self.frames[i];
-            let ids = match frame.kind {
-                RawKind::User(m, _) if self.mappings[m as usize].binary.module.is_none() => {
-                    self.jit_frame(m, frame)
-                }
-                RawKind::User(m, _) => {
-                    let mapping = self.profile_mapping(m);
-                    let syms = symbols.remove(&i).unwrap_or_default();
-                    if syms.is_empty() {
-                        let name = format!(
-                            "{}+0x{:x}",
-                            basename(&self.mappings[m as usize].binary.path),
-                            frame.address - self.mappings[m as usize].start
-                                + self.mappings[m as usize].file_offset
-                        );
-                        vec![self.frame(
-                            &name,
-                            None,
-                            Some(mapping),
-                            frame.address,
-                            None,
-                            0,
-                            FrameKind::Native,
-                        )]
-                    } else {
-                        syms.iter()
-                            .enumerate()
-                            .map(|(depth, s)| {
-                                self.frame(
-                                    &s.name,
-                                    s.file.as_deref(),
-                                    Some(mapping),
-                                    frame.address,
-                                    s.line,
-                                    depth.min(255) as u8,
-                                    FrameKind::Native,
-                                )
-                            })
-                            .collect()
-                    }
-                }
-                RawKind::Unknown => {
-                    let name = format!("[unknown]+0x{:x}", frame.address);
-                    vec![self.frame(&name, None, None, frame.address, None, 0, FrameKind::Native)]
-                }
-                RawKind::Kernel => {
-                    let name = self
-                        .symbolizer
-                        .kernel(frame.address)
-                        .map(str::to_string)
-                        .unwrap_or_else(|| format!("[kernel]+0x{:x}", frame.address));
-                    vec![self.frame(&name, None, None, frame.address, None, 0, FrameKind::Kernel)]
-                }
-                RawKind::KernelOnly => {
-                    vec![
-                        self.profile
-                            .intern_named_frame("[kernel]", FrameKind::Kernel),
-                    ]
-                }
-                RawKind::Exec => vec![
-                    self.profile
-                        .intern_named_frame("[kernel: exec]", FrameKind::Kernel),
-                ],
-                RawKind::Truncated(reason) => {
-                    vec![
-                        self.profile
-                            .intern_named_frame(&reason.frame_name(), FrameKind::Truncated),
-                    ]
-                }
-            };
-            self.frame_map.push(ids);
-        }
-    }
-
-    /// The frame of an address in code without a file image: named through the process's JIT
-    /// map when it has an entry, else `path+0xOFFSET` like any unnamed address.
-    fn jit_frame(&mut self, m: u32, frame: RawFrame) -> Vec<FrameId> {
-        let lookup = match frame.kind {
-            RawKind::User(_, true) => frame.address - 1,
-            _ => frame.address,
+    /// The JIT map name of a frame in code without a file image.
+    fn jit_name(&mut self, frame: RawFrame) -> Option<JitName> {
+        let RawKind::User(m, is_return) = frame.kind else {
+            return None;
         };
         let mapping = &self.mappings[m as usize];
-        let (pid, start, end) = (mapping.pid, mapping.start, mapping.end);
-        let symbol = self.jit.process(pid).symbol(lookup).cloned();
-        let Some(symbol) = symbol else {
-            let mapping = self.profile_mapping(m);
-            let m = &self.mappings[m as usize];
-            let base = match basename(&m.binary.path) {
-                "" => "[anon]",
-                b => b,
-            };
-            let name = format!("{base}+0x{:x}", frame.address - m.start + m.file_offset);
-            return vec![self.frame(
-                &name,
-                None,
-                Some(mapping),
-                frame.address,
-                None,
-                0,
-                FrameKind::Native,
-            )];
-        };
-        let name = symbol.name;
-        let module = name.module.as_deref().unwrap_or("[jit]");
-        let path = self.profile.intern_string(module);
-        let mapping = self.profile.intern_mapping(Mapping {
-            start,
-            end,
-            file_offset: 0,
-            path,
-            build_id: None,
-        });
-        vec![self.frame(
-            &name.name,
-            name.file.as_deref(),
-            Some(mapping),
-            frame.address,
-            None,
-            0,
-            name.kind,
-        )]
-    }
-
-    fn file_offset(&self, m: u32, frame: RawFrame) -> u64 {
-        let mapping = &self.mappings[m as usize];
-        let lookup = match frame.kind {
-            RawKind::User(_, true) => frame.address - 1,
-            _ => frame.address,
-        };
-        lookup - mapping.start + mapping.file_offset
-    }
-
-    fn profile_mapping(&mut self, m: u32) -> MappingId {
-        if let Some(id) = self.mappings[m as usize].profile_id {
-            return id;
+        if mapping.binary.module.is_some() {
+            return None;
         }
-        let mapping = &self.mappings[m as usize];
-        let (start, end, file_offset) = (mapping.start, mapping.end, mapping.file_offset);
-        let binary = mapping.binary.clone();
-        let path = self.profile.intern_string(&binary.path);
-        let build_id = binary
-            .module
-            .as_ref()
-            .and_then(|m| m.build_id())
-            .map(|b| self.profile.intern_string(b));
-        let id = self.profile.intern_mapping(Mapping {
-            start,
-            end,
-            file_offset,
-            path,
-            build_id,
-        });
-        self.mappings[m as usize].profile_id = Some(id);
-        id
+        let lookup = if is_return {
+            frame.address - 1
+        } else {
+            frame.address
+        };
+        let pid = mapping.pid;
+        self.jit.process(pid).symbol(lookup).map(|s| s.name.clone())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn frame(
-        &mut self,
-        name: &str,
-        file: Option<&str>,
-        mapping: Option<MappingId>,
-        address: u64,
-        line: Option<u32>,
-        inline_depth: u8,
-        kind: FrameKind,
-    ) -> FrameId {
-        let name = self.profile.intern_string(name);
-        let file = file.map(|f| self.profile.intern_string(f));
-        let function = self.profile.intern_function(Function { name, file });
-        self.profile.intern_frame(rootline_profile::Frame {
-            function,
-            mapping,
-            address,
-            line,
-            inline_depth,
-            kind,
-        })
+    /// Everything new since the previous call, for the builder.
+    pub(crate) fn take_batch(&mut self) -> Batch {
+        let (m, f, n) = self.sent;
+        self.sent = (self.mappings.len(), self.frames.len(), self.nodes.len());
+        let jit_names = (f..self.frames.len())
+            .map(|i| self.jit_name(self.frames[i]))
+            .collect::<Vec<_>>();
+        Batch {
+            mappings: self.mappings[m..].to_vec(),
+            frames: self.frames[f..].to_vec(),
+            jit_names,
+            nodes: self.nodes[n..].to_vec(),
+            samples: std::mem::take(&mut self.pending),
+            names: std::mem::take(&mut self.names),
+            stats: self.stats.clone(),
+        }
     }
-}
-
-fn basename(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
 }

@@ -49,6 +49,10 @@ pub trait Memory {
     fn jit_pushed_return(&mut self, _ra: u64) -> bool {
         false
     }
+    /// How many stack bytes the sample carries, when it carries a copy.
+    fn copied_len(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A live reader of process memory, used past the end of a sample's copied stack (and for code
@@ -91,6 +95,10 @@ impl Memory for SampleStack<'_> {
 
     fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
         self.fallback.as_mut().is_some_and(|r| r.read(addr, buf))
+    }
+
+    fn copied_len(&self) -> Option<usize> {
+        Some(self.bytes.len())
     }
 }
 
@@ -241,6 +249,9 @@ impl AddressSpace {
             let step = match self.step(first, lookup, &mut regs, mem) {
                 Ok(step) => step,
                 Err(_) if first && self.at_thread_entry(pc) => return StackEnd::Root,
+                Err(TruncateReason::StackCopyExhausted) if mem.copied_len() == Some(0) => {
+                    return StackEnd::Truncated(TruncateReason::StackNotCopied);
+                }
                 Err(reason) => return StackEnd::Truncated(reason),
             };
             let Some(ra) = step else {

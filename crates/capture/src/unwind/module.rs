@@ -50,6 +50,8 @@ pub struct Segment {
     pub offset: u64,
     /// Bytes of the segment present in the file.
     pub filesz: u64,
+    /// Whether the segment is executable.
+    pub exec: bool,
 }
 
 /// A parsed ELF file: everything the unwinder needs, keyed by link-time addresses (SVMA).
@@ -109,10 +111,12 @@ impl CodeModule {
             .segments()
             .map(|s| {
                 let (offset, filesz) = s.file_range();
+                let exec = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
                 Segment {
                     vaddr: s.address(),
                     offset,
                     filesz,
+                    exec,
                 }
             })
             .collect();
@@ -222,11 +226,22 @@ impl CodeModule {
     }
 
     /// The link-time address of file offset `offset` (the inverse of [`CodeModule::file_offset_of`]).
+    ///
+    /// A mapping starts at a page-aligned offset, which may lie before its segment's first byte
+    /// (and inside the previous segment's last page): executable segments are matched first,
+    /// from their page-aligned start.
     pub fn svma_of_file_offset(&self, offset: u64) -> Option<u64> {
-        self.segments.iter().find_map(|s| {
-            (offset >= s.offset && offset < s.offset + s.filesz)
-                .then(|| offset - s.offset + s.vaddr)
-        })
+        let in_segment = |s: &&Segment, aligned: bool| {
+            let start = if aligned { s.offset & !0xfff } else { s.offset };
+            offset >= start && offset < s.offset + s.filesz
+        };
+        let svma = |s: &Segment| offset.wrapping_sub(s.offset).wrapping_add(s.vaddr);
+        self.segments
+            .iter()
+            .filter(|s| s.exec)
+            .find(|s| in_segment(s, true))
+            .or_else(|| self.segments.iter().find(|s| in_segment(s, false)))
+            .map(svma)
     }
 
     /// Up to `len` code bytes starting at link-time address `svma` (shorter at a segment end).
@@ -289,10 +304,15 @@ impl CodeModule {
     }
 }
 
-/// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` (or of `.plt` after its
-/// 16-byte header) jumps through the i-th `.rela.plt` relocation, whose symbol names it.
+/// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` and the i-th entry of `.plt`
+/// after its 16-byte header both go through the i-th `.rela.plt` relocation, whose symbol names
+/// them. The header itself (the lazy-binding trampoline) is `plt0@plt`.
 fn plt_symbols(file: &object::File<'_>) -> Vec<(u64, u64, Box<str>)> {
     let mut out = Vec::new();
+    let plt = file.section_by_name(".plt");
+    if let Some(plt) = &plt {
+        out.push((plt.address(), plt.address() + 16, "plt0@plt".into()));
+    }
     let (Some(rela), Some(dynsym)) = (
         file.section_by_name(".rela.plt")
             .and_then(|s| s.data().ok()),
@@ -300,24 +320,25 @@ fn plt_symbols(file: &object::File<'_>) -> Vec<(u64, u64, Box<str>)> {
     ) else {
         return out;
     };
-    let (stubs, first) = match file.section_by_name(".plt.sec") {
-        Some(s) => (s, 0),
-        None => match file.section_by_name(".plt") {
-            Some(s) => (s, 16),
-            None => return out,
-        },
-    };
-    for (i, entry) in rela.chunks_exact(24).enumerate() {
-        let info = u64::from_le_bytes(entry[8..16].try_into().unwrap_or([0; 8]));
-        let Ok(sym) = dynsym.symbol_by_index(object::SymbolIndex((info >> 32) as usize)) else {
-            continue;
-        };
-        let Ok(name) = sym.name() else {
-            continue;
-        };
-        let start = stubs.address() + first + 16 * i as u64;
-        if start + 16 <= stubs.address() + stubs.size() && !name.is_empty() {
-            out.push((start, start + 16, format!("{name}@plt").into()));
+    let tables = [
+        file.section_by_name(".plt.sec").map(|s| (s, 0)),
+        plt.map(|s| (s, 16)),
+    ];
+    for (stubs, first) in tables.into_iter().flatten() {
+        for (i, entry) in rela.chunks_exact(24).enumerate() {
+            let info = u64::from_le_bytes(entry[8..16].try_into().unwrap_or([0; 8]));
+            let index = object::SymbolIndex((info >> 32) as usize);
+            let Some(name) = dynsym
+                .symbol_by_index(index)
+                .ok()
+                .and_then(|s| s.name().ok())
+            else {
+                continue;
+            };
+            let start = stubs.address() + first + 16 * i as u64;
+            if start + 16 <= stubs.address() + stubs.size() && !name.is_empty() {
+                out.push((start, start + 16, format!("{name}@plt").into()));
+            }
         }
     }
     out
@@ -378,5 +399,47 @@ impl framehop::ModuleSectionInfo<SectionBytes> for ModuleSections {
             _ => None,
         };
         s.map(|s| m.bytes_of(s))
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_offset_before_the_text_segment_maps_to_its_page() {
+        // Rust binaries often start the executable segment mid-page (offset 0x249c80, vaddr
+        // 0x24ac80); the kernel maps it from offset 0x249000, which also lies in the read-only
+        // segment before it.
+        let segments = vec![
+            Segment {
+                vaddr: 0,
+                offset: 0,
+                filesz: 0x249c68,
+                exec: false,
+            },
+            Segment {
+                vaddr: 0x24ac80,
+                offset: 0x249c80,
+                filesz: 0x7f34e0,
+                exec: true,
+            },
+        ];
+        let module = CodeModule {
+            name: "x".into(),
+            bytes: Arc::from(&[][..]),
+            segments,
+            text: None,
+            eh_frame: None,
+            eh_frame_hdr: None,
+            debug_frame: None,
+            got: None,
+            eh_cover: Vec::new(),
+            debug_cover: Vec::new(),
+            functions: Vec::new(),
+            symbols: Vec::new(),
+            build_id: None,
+        };
+        assert_eq!(module.svma_of_file_offset(0x249000), Some(0x24a000));
+        assert_eq!(module.svma_of_file_offset(0x1000), Some(0x1000));
     }
 }

@@ -8,6 +8,10 @@ pub enum TruncateReason {
     /// The next read lies past the end of the stack bytes the kernel copied with the sample
     /// (and no live fallback reader could supply it).
     StackCopyExhausted,
+    /// The kernel copied no stack bytes at all: the page at the stack pointer was not resident
+    /// when the sample was taken (a new thread's first instruction, a stack page being faulted
+    /// in), and the interrupt-time copy cannot fault it in.
+    StackNotCopied,
     /// A stack read inside the copied range's address space failed (below the sampled SP, or the
     /// fallback reader refused).
     UnreadableStack,
@@ -29,8 +33,9 @@ pub enum TruncateReason {
 
 impl TruncateReason {
     /// Every reason, for reporting.
-    pub const ALL: [TruncateReason; 9] = [
+    pub const ALL: [TruncateReason; 10] = [
         TruncateReason::StackCopyExhausted,
+        TruncateReason::StackNotCopied,
         TruncateReason::UnreadableStack,
         TruncateReason::UnmappedAddress,
         TruncateReason::NoUnwindInfo,
@@ -45,6 +50,7 @@ impl TruncateReason {
     pub fn as_str(self) -> &'static str {
         match self {
             TruncateReason::StackCopyExhausted => "stack-copy-exhausted",
+            TruncateReason::StackNotCopied => "stack-not-copied",
             TruncateReason::UnreadableStack => "unreadable-stack",
             TruncateReason::UnmappedAddress => "unmapped-address",
             TruncateReason::NoUnwindInfo => "no-unwind-info",

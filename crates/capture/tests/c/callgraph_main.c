@@ -2,9 +2,11 @@
  *   main -> work -> a -> leaf          worker -> work -> a -> leaf
  *   main -> work -> b -> leaf_tail     worker -> work -> b -> leaf_tail
  * (b tail-calls leaf_tail when sibling calls are optimised, making work -> leaf_tail real).
- * Usage: callgraph CPU_SECONDS WORKERS. A watcher thread stops every worker once the process has
- * used CPU_SECONDS of CPU time. */
+ * Usage: callgraph CPU_SECONDS WORKERS [ITERATIONS]. A watcher thread stops every worker once the
+ * process has used CPU_SECONDS of CPU time; with ITERATIONS > 0 each thread instead does that many
+ * loop iterations (fixed work, for benchmarks) and the process prints its CPU time at exit. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -12,6 +14,7 @@
 
 volatile int stop;
 volatile unsigned long sink;
+static long iterations;
 
 FN void b(int n);
 
@@ -26,7 +29,7 @@ FN void a(int n) {
 }
 
 FN void work(void) {
-    while (!stop) {
+    for (long i = 0; !stop && (iterations == 0 || i < iterations); i++) {
         a(40);
         b(40);
     }
@@ -54,15 +57,23 @@ FN void *watcher(void *arg) {
 int main(int argc, char **argv) {
     double limit = argc > 1 ? atof(argv[1]) : 5.0;
     int workers = argc > 2 ? atoi(argv[2]) : 1;
+    iterations = argc > 3 ? atol(argv[3]) : 0;
     pthread_t watch, threads[64];
     if (workers > 64)
         workers = 64;
-    pthread_create(&watch, 0, watcher, &limit);
+    if (iterations == 0)
+        pthread_create(&watch, 0, watcher, &limit);
     for (int i = 0; i < workers; i++)
         pthread_create(&threads[i], 0, worker, 0);
     work();
     for (int i = 0; i < workers; i++)
         pthread_join(threads[i], 0);
-    pthread_join(watch, 0);
+    if (iterations == 0) {
+        pthread_join(watch, 0);
+    } else {
+        struct timespec used;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &used);
+        printf("cpu_seconds %.6f\n", used.tv_sec + used.tv_nsec / 1e9);
+    }
     return 0;
 }

@@ -1,0 +1,236 @@
+//! Parsing of perf ring-buffer records for the sample layout [`super::PerfEvent`] requests.
+
+use perf_event_open_sys::bindings as b;
+
+use super::PERF_CONTEXT_MAX;
+
+/// A parsed ring-buffer record.
+#[derive(Debug)]
+pub enum Record<'a> {
+    /// A sample.
+    Sample(Sample<'a>),
+    /// An executable mapping was created.
+    Mmap2 {
+        /// Process id.
+        pid: u32,
+        /// Start address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+        /// File offset.
+        pgoff: u64,
+        /// Device major/minor and inode (zero when the record carries a build id instead).
+        file_key: (u32, u32, u64),
+        /// File path or pseudo name.
+        filename: &'a str,
+    },
+    /// A thread got a name (`exec` true when the process exec'd).
+    Comm {
+        /// Process id.
+        pid: u32,
+        /// Thread id.
+        tid: u32,
+        /// New name.
+        name: &'a str,
+        /// The name change comes from an exec.
+        exec: bool,
+    },
+    /// A thread or process was created.
+    Fork {
+        /// New process id.
+        pid: u32,
+        /// Parent process id.
+        ppid: u32,
+        /// New thread id.
+        tid: u32,
+    },
+    /// A thread or process exited.
+    Exit {
+        /// Process id.
+        pid: u32,
+        /// Thread id.
+        tid: u32,
+    },
+    /// The kernel dropped this many records (ring full).
+    Lost(u64),
+    /// Anything else.
+    Other,
+}
+
+/// One sample as the kernel recorded it.
+#[derive(Debug)]
+pub struct Sample<'a> {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Time (CLOCK_MONOTONIC, ns).
+    pub time: u64,
+    /// CPU.
+    pub cpu: u32,
+    /// Event period (ns for cpu-clock).
+    pub period: u64,
+    /// The sample interrupted kernel code (the user registers are those of the last entry to
+    /// the kernel).
+    pub kernel_mode: bool,
+    /// Kernel callchain IPs (with context markers removed), leaf first.
+    pub kernel_ips: Vec<u64>,
+    /// User registers (ip, sp, bp), absent for kernel threads.
+    pub user_regs: Option<(u64, u64, u64)>,
+    /// Copied user stack starting at the user SP.
+    pub stack: &'a [u8],
+}
+
+struct Cursor<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn u64(&mut self) -> Option<u64> {
+        let v = self.data.get(self.pos..self.pos + 8)?;
+        self.pos += 8;
+        Some(u64::from_le_bytes(v.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        let v = self.data.get(self.pos..self.pos + 4)?;
+        self.pos += 4;
+        Some(u32::from_le_bytes(v.try_into().ok()?))
+    }
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let v = self.data.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(v)
+    }
+    fn cstr(&mut self) -> Option<&'a str> {
+        let rest = self.data.get(self.pos..)?;
+        let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+        let s = std::str::from_utf8(&rest[..end]).ok()?;
+        self.pos += (end + 8) & !7;
+        Some(s)
+    }
+}
+
+/// Whether a raw record is a sample.
+pub fn is_sample(data: &[u8]) -> bool {
+    data.get(0..4) == Some(&b::PERF_RECORD_SAMPLE.to_le_bytes()[..])
+}
+
+/// The time of a non-sample record, from its `sample_id_all` trailer (`pid tid | time | cpu res`).
+pub fn side_band_time(data: &[u8]) -> Option<u64> {
+    let end = data.len().checked_sub(16)?;
+    Some(u64::from_le_bytes(data.get(end..end + 8)?.try_into().ok()?))
+}
+
+/// Parses one record (header included). `kernel` must match the event's configuration.
+/// Malformed records parse as [`Record::Other`].
+pub fn parse_record(data: &[u8], kernel: bool) -> Record<'_> {
+    parse(data, kernel).unwrap_or(Record::Other)
+}
+
+fn parse(data: &[u8], kernel: bool) -> Option<Record<'_>> {
+    let kind = u32::from_le_bytes(data.get(0..4)?.try_into().ok()?);
+    let misc = u16::from_le_bytes(data.get(4..6)?.try_into().ok()?) as u32;
+    let mut c = Cursor { data, pos: 8 };
+    Some(match kind {
+        b::PERF_RECORD_SAMPLE => {
+            let _ip = c.u64()?;
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            let time = c.u64()?;
+            let cpu = c.u32()?;
+            let _res = c.u32()?;
+            let period = c.u64()?;
+            let mut kernel_ips = Vec::new();
+            if kernel {
+                let nr = c.u64()?;
+                for _ in 0..nr {
+                    let ip = c.u64()?;
+                    if ip < PERF_CONTEXT_MAX {
+                        kernel_ips.push(ip);
+                    }
+                }
+            }
+            let abi = c.u64()?;
+            let user_regs = if abi == b::PERF_SAMPLE_REGS_ABI_64 as u64 {
+                let bp = c.u64()?;
+                let sp = c.u64()?;
+                let ip = c.u64()?;
+                Some((ip, sp, bp))
+            } else {
+                None
+            };
+            let size = c.u64()? as usize;
+            let raw = c.bytes(size)?;
+            let stack = if size > 0 {
+                let dyn_size = (c.u64()? as usize).min(size);
+                &raw[..dyn_size]
+            } else {
+                raw
+            };
+            Record::Sample(Sample {
+                pid,
+                tid,
+                time,
+                cpu,
+                period,
+                kernel_mode: misc & 7 == b::PERF_RECORD_MISC_KERNEL,
+                kernel_ips,
+                user_regs,
+                stack,
+            })
+        }
+        b::PERF_RECORD_MMAP2 => {
+            let pid = c.u32()?;
+            let _tid = c.u32()?;
+            let addr = c.u64()?;
+            let len = c.u64()?;
+            let pgoff = c.u64()?;
+            let file_key = if misc & b::PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+                c.bytes(24)?;
+                (0, 0, 0)
+            } else {
+                let maj = c.u32()?;
+                let min = c.u32()?;
+                let ino = c.u64()?;
+                let _gen = c.u64()?;
+                (maj, min, ino)
+            };
+            let _prot = c.u32()?;
+            let _flags = c.u32()?;
+            Record::Mmap2 {
+                pid,
+                addr,
+                len,
+                pgoff,
+                file_key,
+                filename: c.cstr()?,
+            }
+        }
+        b::PERF_RECORD_COMM => {
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            Record::Comm {
+                pid,
+                tid,
+                name: c.cstr()?,
+                exec: misc & b::PERF_RECORD_MISC_COMM_EXEC != 0,
+            }
+        }
+        b::PERF_RECORD_FORK | b::PERF_RECORD_EXIT => {
+            let pid = c.u32()?;
+            let ppid = c.u32()?;
+            let tid = c.u32()?;
+            if kind == b::PERF_RECORD_FORK {
+                Record::Fork { pid, ppid, tid }
+            } else {
+                Record::Exit { pid, tid }
+            }
+        }
+        b::PERF_RECORD_LOST => {
+            let _id = c.u64()?;
+            Record::Lost(c.u64()?)
+        }
+        _ => Record::Other,
+    })
+}

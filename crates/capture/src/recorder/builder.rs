@@ -1,0 +1,276 @@
+//! Off the hot path: symbolizes the distinct raw frames of each [`Batch`], translates raw trie
+//! nodes into the profile's stack trie and appends the batch's samples to the [`Profile`].
+
+use std::collections::HashMap;
+
+use rootline_profile::{
+    FrameId, FrameKind, Function, Mapping, MappingId, Profile, StackId, ThreadId,
+};
+
+use super::pipeline::{Batch, NO_NODE, RawFrame, RawKind, RawMapping};
+use crate::jit::JitName;
+use crate::symbolize::{SymbolFrame, Symbolizer};
+
+/// Builds the profile from batches.
+pub(crate) struct Builder {
+    pub profile: Profile,
+    symbolizer: Symbolizer,
+    mappings: Vec<(RawMapping, Option<MappingId>)>,
+    frame_map: Vec<Vec<FrameId>>,
+    node_map: Vec<StackId>,
+    threads: HashMap<(u32, u32), ThreadId>,
+}
+
+impl Builder {
+    pub fn new(profile: Profile) -> Builder {
+        Builder {
+            profile,
+            symbolizer: Symbolizer::new(),
+            mappings: Vec::new(),
+            frame_map: Vec::new(),
+            node_map: Vec::new(),
+            threads: HashMap::new(),
+        }
+    }
+
+    /// Adds a batch to the profile.
+    pub fn apply(&mut self, batch: Batch) {
+        self.mappings
+            .extend(batch.mappings.into_iter().map(|m| (m, None)));
+        self.symbolize(&batch.frames, batch.jit_names);
+        for (parent, frame) in batch.nodes {
+            let mut stack = (parent != NO_NODE).then(|| self.node_map[parent as usize]);
+            for &f in &self.frame_map[frame as usize] {
+                stack = Some(self.profile.intern_stack(stack, f));
+            }
+            // Every raw frame yields at least one profile frame, so `stack` is set.
+            self.node_map.push(stack.unwrap_or(StackId(0)));
+        }
+        for (pid, tid, name) in batch.names {
+            let t = self.thread(pid, tid);
+            self.profile.set_thread_name(t, &name);
+            if pid == tid {
+                self.profile.set_process_name(pid, &name);
+            }
+        }
+        for p in batch.samples {
+            let thread = self.thread(p.pid, p.tid);
+            let stack = self.node_map[p.node as usize];
+            // Ids come from this profile and the value count matches its two sample types.
+            let _ = self
+                .profile
+                .push_sample(p.time, thread, stack, &[1, p.nanos]);
+        }
+    }
+
+    fn thread(&mut self, pid: u32, tid: u32) -> ThreadId {
+        *self
+            .threads
+            .entry((pid, tid))
+            .or_insert_with(|| self.profile.intern_thread(pid, tid))
+    }
+
+    fn symbolize(&mut self, frames: &[RawFrame], mut jit_names: Vec<Option<JitName>>) {
+        let mut by_mapping: HashMap<u32, Vec<usize>> = HashMap::new();
+        for (i, f) in frames.iter().enumerate() {
+            if let RawKind::User(m, _) = f.kind {
+                by_mapping.entry(m).or_default().push(i);
+            }
+        }
+        let mut symbols: HashMap<usize, Vec<SymbolFrame>> = HashMap::new();
+        for (m, idxs) in by_mapping {
+            let mapping = &self.mappings[m as usize].0;
+            let (Some(path), Some(module)) =
+                (mapping.binary.reopen_path(), mapping.binary.module.clone())
+            else {
+                continue;
+            };
+            let svmas: Vec<u64> = idxs
+                .iter()
+                .map(|&i| {
+                    let offset = file_offset(mapping, frames[i]);
+                    module.svma_of_file_offset(offset).unwrap_or(u64::MAX)
+                })
+                .collect();
+            let found = self
+                .symbolizer
+                .symbolize_file(&path, module.build_id(), &svmas, |a| {
+                    module.symbol_name(a).map(str::to_string)
+                });
+            symbols.extend(idxs.into_iter().zip(found));
+        }
+        for (i, &frame) in frames.iter().enumerate() {
+            let ids = match frame.kind {
+                RawKind::User(m, _) if self.mappings[m as usize].0.binary.module.is_none() => {
+                    let name = jit_names.get_mut(i).and_then(Option::take);
+                    self.jit_frame(m, frame, name)
+                }
+                RawKind::User(m, _) => {
+                    let mapping = self.profile_mapping(m);
+                    match symbols.remove(&i) {
+                        Some(syms) if !syms.is_empty() => syms
+                            .iter()
+                            .enumerate()
+                            .map(|(depth, s)| {
+                                self.frame(
+                                    &s.name,
+                                    s.file.as_deref(),
+                                    Some(mapping),
+                                    frame.address,
+                                    s.line,
+                                    depth.min(255) as u8,
+                                    FrameKind::Native,
+                                )
+                            })
+                            .collect(),
+                        _ => {
+                            let raw = &self.mappings[m as usize].0;
+                            let name = format!(
+                                "{}+0x{:x}",
+                                basename(&raw.binary.path),
+                                frame.address - raw.start + raw.file_offset
+                            );
+                            let kind = FrameKind::Native;
+                            vec![self.frame(
+                                &name,
+                                None,
+                                Some(mapping),
+                                frame.address,
+                                None,
+                                0,
+                                kind,
+                            )]
+                        }
+                    }
+                }
+                RawKind::Unknown => {
+                    let name = format!("[unknown]+0x{:x}", frame.address);
+                    vec![self.frame(&name, None, None, frame.address, None, 0, FrameKind::Native)]
+                }
+                RawKind::Kernel => {
+                    let name = self
+                        .symbolizer
+                        .kernel(frame.address)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| format!("[kernel]+0x{:x}", frame.address));
+                    vec![self.frame(&name, None, None, frame.address, None, 0, FrameKind::Kernel)]
+                }
+                RawKind::KernelOnly => {
+                    vec![
+                        self.profile
+                            .intern_named_frame("[kernel]", FrameKind::Kernel),
+                    ]
+                }
+                RawKind::Exec => {
+                    vec![
+                        self.profile
+                            .intern_named_frame("[kernel: exec]", FrameKind::Kernel),
+                    ]
+                }
+                RawKind::Truncated(reason) => vec![
+                    self.profile
+                        .intern_named_frame(&reason.frame_name(), FrameKind::Truncated),
+                ],
+            };
+            self.frame_map.push(ids);
+        }
+    }
+
+    /// The frame of an address in code without a file image: named through the process's JIT
+    /// map when it had an entry, else `path+0xOFFSET` like any unnamed address.
+    fn jit_frame(&mut self, m: u32, frame: RawFrame, name: Option<JitName>) -> Vec<FrameId> {
+        let Some(name) = name else {
+            let mapping = self.profile_mapping(m);
+            let raw = &self.mappings[m as usize].0;
+            let base = match basename(&raw.binary.path) {
+                "" => "[anon]",
+                b => b,
+            };
+            let label = format!("{base}+0x{:x}", frame.address - raw.start + raw.file_offset);
+            let kind = FrameKind::Native;
+            return vec![self.frame(&label, None, Some(mapping), frame.address, None, 0, kind)];
+        };
+        let (start, end) = {
+            let raw = &self.mappings[m as usize].0;
+            (raw.start, raw.end)
+        };
+        let module = name.module.as_deref().unwrap_or("[jit]");
+        let path = self.profile.intern_string(module);
+        let mapping = self.profile.intern_mapping(Mapping {
+            start,
+            end,
+            file_offset: 0,
+            path,
+            build_id: None,
+        });
+        vec![self.frame(
+            &name.name,
+            name.file.as_deref(),
+            Some(mapping),
+            frame.address,
+            None,
+            0,
+            name.kind,
+        )]
+    }
+
+    fn profile_mapping(&mut self, m: u32) -> MappingId {
+        if let Some(id) = self.mappings[m as usize].1 {
+            return id;
+        }
+        let raw = self.mappings[m as usize].0.clone();
+        let path = self.profile.intern_string(&raw.binary.path);
+        let build_id = raw
+            .binary
+            .module
+            .as_ref()
+            .and_then(|m| m.build_id())
+            .map(|b| self.profile.intern_string(b));
+        let id = self.profile.intern_mapping(Mapping {
+            start: raw.start,
+            end: raw.end,
+            file_offset: raw.file_offset,
+            path,
+            build_id,
+        });
+        self.mappings[m as usize].1 = Some(id);
+        id
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn frame(
+        &mut self,
+        name: &str,
+        file: Option<&str>,
+        mapping: Option<MappingId>,
+        address: u64,
+        line: Option<u32>,
+        inline_depth: u8,
+        kind: FrameKind,
+    ) -> FrameId {
+        let name = self.profile.intern_string(name);
+        let file = file.map(|f| self.profile.intern_string(f));
+        let function = self.profile.intern_function(Function { name, file });
+        self.profile.intern_frame(rootline_profile::Frame {
+            function,
+            mapping,
+            address,
+            line,
+            inline_depth,
+            kind,
+        })
+    }
+}
+
+/// The file offset a frame is symbolized at (a return address at the call, one byte before).
+fn file_offset(mapping: &RawMapping, frame: RawFrame) -> u64 {
+    let lookup = match frame.kind {
+        RawKind::User(_, true) => frame.address - 1,
+        _ => frame.address,
+    };
+    lookup - mapping.start + mapping.file_offset
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}

@@ -1,0 +1,154 @@
+//! `rootline record [-F HZ] [--duration SECS] [-o OUT] [--kernel] (-p PID[,PID…] | -a | -- CMD…)`.
+//!
+//! `.rlp` output is written incrementally (one chunk per second), so even a killed recorder
+//! leaves a readable file; other formats are written when recording ends. Ctrl-C or SIGTERM end
+//! the recording cleanly. A summary goes to stderr.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Recording, Target};
+use rootline_formats::Format;
+use rootline_profile::Profile;
+use rootline_profile::rlp::RlpWriter;
+
+use crate::exit::Exit;
+use crate::{input, report};
+
+/// Arguments of `rootline record`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "all_cpus", "command"])))]
+pub struct Args {
+    /// Samples per second of CPU time, per thread.
+    #[arg(short = 'F', long = "freq", default_value_t = 999, value_name = "HZ")]
+    pub frequency: u32,
+    /// Stop after this many seconds (default: until Ctrl-C or the target ends).
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Where to write the profile; the format follows the extension (or --format).
+    #[arg(short, long, default_value = "rootline.rlp")]
+    pub output: PathBuf,
+    /// Output format, overriding the extension of --output.
+    #[arg(long, value_name = "F")]
+    pub format: Option<String>,
+    /// Also record kernel frames (callchain + /proc/kallsyms).
+    #[arg(long)]
+    pub kernel: bool,
+    /// Bytes of user stack copied with each sample.
+    #[arg(long, default_value_t = 16384, value_name = "BYTES")]
+    pub stack_size: u32,
+    /// Record these running processes (comma-separated PIDs), including threads they create later.
+    #[arg(short, long, value_delimiter = ',', value_name = "PID")]
+    pub pid: Vec<u32>,
+    /// Record every process on every CPU.
+    #[arg(short = 'a', long = "all-cpus")]
+    pub all_cpus: bool,
+    /// Launch this command and record it from its first instruction.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Writes `.rlp` chunks as the recording goes.
+struct RlpSink(RlpWriter<BufWriter<File>>);
+
+impl ChunkSink for RlpSink {
+    fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()> {
+        // The writer flushes each chunk, so a killed recorder leaves every chunk written so far.
+        self.0.write_chunk(profile).map_err(std::io::Error::other)
+    }
+}
+
+/// Runs `rootline record`.
+pub fn run(args: Args) -> Result<()> {
+    let format = input::output_format(&args.output, args.format.as_deref())?;
+    let target = if !args.pid.is_empty() {
+        Target::Pids(args.pid.clone())
+    } else if args.all_cpus {
+        Target::System
+    } else {
+        Target::Command(args.command.clone())
+    };
+    let mut opts = RecordOptions::new(target);
+    opts.frequency_hz = args.frequency;
+    opts.kernel = args.kernel;
+    opts.stack_bytes = args.stack_size;
+    if let Some(secs) = args.duration {
+        if !(secs > 0.0 && secs.is_finite()) {
+            bail!("--duration must be a positive number of seconds, not {secs}");
+        }
+        opts.duration = Some(Duration::from_secs_f64(secs));
+    }
+    let stop = stop_on_signals()?;
+    let recording = record_to(&opts, &stop, &args.output, format)?;
+    summarize(&recording, &args.output, format);
+    Ok(())
+}
+
+/// Sets a flag on Ctrl-C and SIGTERM.
+pub fn stop_on_signals() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::Release))
+        .context("can't install the Ctrl-C handler")?;
+    Ok(stop)
+}
+
+/// Records with `opts` into `output` (incrementally for `.rlp`, at the end otherwise).
+pub fn record_to(
+    opts: &RecordOptions,
+    stop: &AtomicBool,
+    output: &Path,
+    format: Format,
+) -> Result<Recording> {
+    let sink: Option<Box<dyn ChunkSink>> = if format == Format::Rlp {
+        let file =
+            File::create(output).with_context(|| format!("can't create {}", output.display()))?;
+        let writer = RlpWriter::new(BufWriter::new(file))
+            .with_context(|| format!("writing {}", output.display()))?;
+        Some(Box::new(RlpSink(writer)))
+    } else {
+        None
+    };
+    let recording = recorder::record(opts, stop, sink).map_err(|e| {
+        let code = e.exit_code() as u8;
+        let message = match &e {
+            RecordError::TargetGone(_) => format!("{e}; check the PID with `ps -p`"),
+            _ => e.to_string(),
+        };
+        anyhow::Error::new(Exit { code, message })
+    })?;
+    if format != Format::Rlp {
+        input::write_profile(&recording.profile, output, format)?;
+    }
+    Ok(recording)
+}
+
+/// Prints samples, threads, loss, truncation and the top functions to stderr.
+pub fn summarize(recording: &Recording, output: &Path, format: Format) {
+    let stats = &recording.stats;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(
+        err,
+        "rootline: wrote {} ({}): {} samples on {} threads ({} event), {} lost, {} truncated",
+        output.display(),
+        format.name(),
+        stats.samples,
+        stats.threads,
+        recording.event.as_str(),
+        stats.lost,
+        stats.truncated_total()
+    );
+    let mut reasons: Vec<_> = stats.truncated.iter().collect();
+    reasons.sort();
+    for (reason, n) in reasons {
+        let _ = writeln!(err, "  truncated: {n} × [truncated: {}]", reason.as_str());
+    }
+    let column = report::default_column(&recording.profile);
+    let _ = report::write_report(&recording.profile, column, 10, &mut err);
+}
