@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Recording, Target};
+use rootline_dotnet::perfmap::{Outcome, PerfMapGuard, START_TIME_HINT};
 use rootline_formats::Format;
 use rootline_profile::Profile;
 use rootline_profile::rlp::RlpWriter;
@@ -49,6 +50,10 @@ pub struct Args {
     /// Record every process on every CPU.
     #[arg(short = 'a', long = "all-cpus")]
     pub all_cpus: bool,
+    /// Don't ask .NET 8+ processes given with -p to write perf maps (by default rootline sends them
+    /// the diagnostics-IPC EnablePerfMap command before sampling and DisablePerfMap after).
+    #[arg(long)]
+    pub no_perfmap: bool,
     /// Launch this command and record it from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -85,9 +90,41 @@ pub fn run(args: Args) -> Result<()> {
         opts.duration = Some(Duration::from_secs_f64(secs));
     }
     let stop = stop_on_signals()?;
-    let recording = record_to(&opts, &stop, &args.output, format)?;
+    let perf_maps = if args.no_perfmap {
+        Vec::new()
+    } else {
+        enable_dotnet_perf_maps(&args.pid)
+    };
+    let recording = record_to(&opts, &stop, &args.output, format);
+    for guard in perf_maps {
+        let pid = guard.pid();
+        if let Err(e) = guard.finish() {
+            eprintln!(
+                "rootline: warning: process {pid}: couldn't switch its perf map off again: {e}"
+            );
+        }
+    }
+    let recording = recording?;
     summarize(&recording, &args.output, format);
     Ok(())
+}
+
+/// Asks each .NET process among `pids` to write a perf map for the length of the recording, so its
+/// JIT-compiled code gets names; says what to do when a runtime can't (older than .NET 8).
+fn enable_dotnet_perf_maps(pids: &[u32]) -> Vec<PerfMapGuard> {
+    let mut guards = Vec::new();
+    for &pid in pids {
+        match PerfMapGuard::enable(pid) {
+            Outcome::Enabled(guard) => guards.push(guard),
+            Outcome::NotDotnet => {}
+            Outcome::Unsupported(message) => eprintln!("rootline: note: {message}"),
+            Outcome::Failed(e) => eprintln!(
+                "rootline: warning: process {pid} looks like .NET but didn't take EnablePerfMap ({e}); \
+                 {START_TIME_HINT}"
+            ),
+        }
+    }
+    guards
 }
 
 /// Sets a flag on Ctrl-C and SIGTERM.
