@@ -60,4 +60,4 @@ cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test"
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
