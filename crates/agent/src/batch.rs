@@ -260,6 +260,7 @@ impl Builder {
             line: None,
             inline_depth: frame.inline_depth,
             kind: frame.kind,
+            from_live_memory: false,
         });
         self.frame_ids.insert(frame.clone(), id);
         id

@@ -313,6 +313,7 @@ fn name_frame(
         line: None,
         inline_depth: 0,
         kind: FrameKind::Managed,
+        from_live_memory: false,
     });
     (frame, ok)
 }

@@ -221,6 +221,7 @@ pub fn read(reader: impl BufRead) -> Result<Profile, FormatError> {
                     .map(|l| l as u32),
                 inline_depth: 0,
                 kind: FrameKind::Native,
+                from_live_memory: false,
             })
         })
         .collect();

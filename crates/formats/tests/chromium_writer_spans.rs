@@ -34,6 +34,7 @@ fn one_span_per_call_even_when_the_address_changes() {
             line: None,
             inline_depth: 0,
             kind: FrameKind::Managed,
+            from_live_memory: false,
         });
         let stack = p.intern_stack_root_first([main, leaf]).unwrap();
         p.push_sample(k as u64 * 1_000_000, t, stack, &[1_000_000])

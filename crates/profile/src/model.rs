@@ -88,6 +88,10 @@ pub struct Frame {
     pub inline_depth: u8,
     /// Where the code comes from.
     pub kind: FrameKind,
+    /// True when the unwinder found this frame in memory read from the live process after the
+    /// sample (past the stack bytes copied with it), rather than in the sample's own copy. Part
+    /// of the frame's identity, so a reader can tell such frames apart.
+    pub from_live_memory: bool,
 }
 
 /// A node of the stack trie: a frame called from the stack `parent` (none for a root frame).

@@ -197,6 +197,7 @@ impl Profile {
             line: None,
             inline_depth: 0,
             kind,
+            from_live_memory: false,
         })
     }
 

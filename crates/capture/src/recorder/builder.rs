@@ -258,6 +258,7 @@ impl Builder {
             line,
             inline_depth,
             kind,
+            from_live_memory: false,
         })
     }
 }

@@ -366,6 +366,7 @@ impl<'a> Converter<'a> {
                     line: None,
                     inline_depth: 0,
                     kind: base_kind,
+                    from_live_memory: false,
                 }));
             }
             for (j, line) in loc.line.iter().enumerate() {
@@ -392,6 +393,7 @@ impl<'a> Converter<'a> {
                     line: u32::try_from(line.line).ok().filter(|&l| l > 0),
                     inline_depth: depth,
                     kind,
+                    from_live_memory: false,
                 }));
             }
             if out.insert(loc.id, frames).is_some() {

@@ -155,6 +155,7 @@ pub(super) fn read(bytes: &[u8]) -> Result<Profile, FormatError> {
                     line: None,
                     inline_depth: 0,
                     kind: FrameKind::Native,
+                    from_live_memory: false,
                 })
             });
             parent = Some(profile.intern_stack(parent, frame));

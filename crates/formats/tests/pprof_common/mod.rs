@@ -106,6 +106,7 @@ pub fn rich_profile() -> Profile {
             line: Some(line),
             inline_depth: depth,
             kind: FrameKind::Native,
+            from_live_memory: false,
         })
     };
     let start = p.intern_named_frame("_start", FrameKind::Native);

@@ -88,6 +88,7 @@ fn apply_rows(p: &mut Profile, c: schema::Chunk) -> Result<usize> {
                 .ok()
                 .and_then(FrameKind::from_u8)
                 .ok_or_else(|| format!("unknown frame kind {}", f.kind))?,
+            from_live_memory: f.from_live_memory,
         };
         let expected = p.frames().len();
         fresh("frame", p.intern_frame(frame).0, expected)?;

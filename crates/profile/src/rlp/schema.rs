@@ -135,6 +135,9 @@ pub(crate) struct Frame {
     /// `FrameKind` discriminant, 0..=5.
     #[prost(uint32, tag = "6")]
     pub kind: u32,
+    /// The frame was read from live process memory (absent in older files: false).
+    #[prost(bool, tag = "7")]
+    pub from_live_memory: bool,
 }
 
 /// A thread row with its explicit id (threads may be re-sent when renamed).

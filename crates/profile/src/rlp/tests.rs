@@ -361,3 +361,79 @@ fn zstd_bombs_and_bad_payloads_are_tail_errors() {
     let read = read_rlp(&frame(&junk)[..]).unwrap();
     assert!(matches!(read.tail.unwrap().reason, TailReason::Decode(_)));
 }
+
+/// A frame row as files written before the live-memory flag encoded it (tags 1..=6 only).
+#[derive(Clone, PartialEq, prost::Message)]
+struct OldFrame {
+    #[prost(uint32, tag = "1")]
+    function: u32,
+    #[prost(uint32, optional, tag = "2")]
+    mapping: Option<u32>,
+    #[prost(uint64, tag = "3")]
+    address: u64,
+    #[prost(uint32, optional, tag = "4")]
+    line: Option<u32>,
+    #[prost(uint32, tag = "5")]
+    inline_depth: u32,
+    #[prost(uint32, tag = "6")]
+    kind: u32,
+}
+
+#[test]
+fn live_memory_flag_round_trips_and_is_part_of_frame_identity() {
+    let mut p = Profile::new(vec![SampleType::samples()]);
+    let t = p.intern_thread(1, 1);
+    let copied = p.intern_named_frame("f", FrameKind::Native);
+    let mut live_frame = *p.frame(copied);
+    live_frame.from_live_memory = true;
+    let live = p.intern_frame(live_frame);
+    assert_ne!(copied, live, "the flag is part of the frame's key");
+    let stack = p.intern_stack_root_first([live, copied]).unwrap();
+    p.push_sample(1, t, stack, &[1]).unwrap();
+    let read = read_rlp(&write_rlp(Vec::new(), &p).unwrap()[..]).unwrap();
+    same(&read.profile, &p);
+    assert!(read.profile.frame(live).from_live_memory);
+    assert!(!read.profile.frame(copied).from_live_memory);
+}
+
+#[test]
+fn frames_from_files_without_the_flag_read_as_copied() {
+    let (file, p) = base_file();
+    let mut chunk = next_chunk(&p);
+    chunk.strings.push("old".into());
+    chunk.functions.push(schema::Function {
+        name: p.strings().len() as u32,
+        file: None,
+    });
+    // An old writer's row and a new writer's unflagged row are the same bytes, so this chunk is
+    // what an old file holds.
+    let old = OldFrame {
+        function: p.functions().len() as u32,
+        address: 0x1234,
+        kind: FrameKind::Native as u32,
+        ..Default::default()
+    };
+    let new = schema::Frame {
+        function: old.function,
+        address: old.address,
+        kind: old.kind,
+        ..Default::default()
+    };
+    assert_eq!(
+        old.encode_to_vec(),
+        new.encode_to_vec(),
+        "same bytes as an old file"
+    );
+    chunk.frames.push(new);
+    let read = read_rlp(&append(&file, &chunk)[..]).unwrap();
+    assert_eq!(read.tail, None);
+    let f = read.profile.frame(crate::FrameId(p.frames().len() as u32));
+    assert_eq!(f.address, 0x1234);
+    assert!(!f.from_live_memory);
+    // And a row that sets the flag decodes in an old reader's message without error.
+    let flagged = schema::Frame {
+        from_live_memory: true,
+        ..schema::Frame::default()
+    };
+    assert!(OldFrame::decode(&flagged.encode_to_vec()[..]).is_ok());
+}

@@ -264,7 +264,7 @@ impl<W: Write> RlpWriter<W> {
             self.marks.functions += 1;
         }
         while let Some(f) = p.frames().get(self.marks.frames) {
-            self.reserve(&mut b, "frame", 7 * FIELD)?;
+            self.reserve(&mut b, "frame", 8 * FIELD)?;
             b.chunk.frames.push(schema::Frame {
                 function: f.function.0,
                 mapping: f.mapping.map(|m| m.0),
@@ -272,6 +272,7 @@ impl<W: Write> RlpWriter<W> {
                 line: f.line,
                 inline_depth: u32::from(f.inline_depth),
                 kind: f.kind as u32,
+                from_live_memory: f.from_live_memory,
             });
             self.marks.frames += 1;
         }

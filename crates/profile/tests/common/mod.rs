@@ -113,6 +113,7 @@ impl Recording {
             line: n.is_multiple_of(2).then_some(n * 7),
             inline_depth: (n % 5) as u8,
             kind,
+            from_live_memory: false,
         })
     }
 
