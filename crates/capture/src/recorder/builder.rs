@@ -172,6 +172,17 @@ impl Builder {
                         .intern_named_frame(&reason.frame_name(), FrameKind::Truncated),
                 ],
             };
+            let ids = if frame.live {
+                ids.into_iter()
+                    .map(|id| {
+                        let mut f = *self.profile.frame(id);
+                        f.from_live_memory = true;
+                        self.profile.intern_frame(f)
+                    })
+                    .collect()
+            } else {
+                ids
+            };
             self.frame_map.push(ids);
         }
     }

@@ -46,7 +46,14 @@ pub struct RecordOptions {
     pub kernel: bool,
     /// How often the profile is flushed to the sink.
     pub flush_interval: Duration,
+    /// Bytes of live process memory that may be read per sample to continue a stack past its
+    /// copy (0: never read live memory; the stack ends at the copy).
+    pub live_stack_budget: usize,
 }
+
+/// Default per-sample budget for live stack reads: room for a 10,000-deep recursion with 1 KiB
+/// of locals per frame, and more than the default 8 MiB main-thread stack limit.
+pub const DEFAULT_LIVE_STACK_BUDGET: usize = 32 * 1024 * 1024;
 
 impl RecordOptions {
     /// Defaults: 999 Hz, 16 KiB of stack, user frames, flush every second.
@@ -58,6 +65,7 @@ impl RecordOptions {
             stack_bytes: 16 * 1024,
             kernel: false,
             flush_interval: Duration::from_secs(1),
+            live_stack_budget: DEFAULT_LIVE_STACK_BUDGET,
         }
     }
 }
@@ -338,6 +346,11 @@ pub fn record(
     let extra = &mut profile.metadata.extra;
     extra.insert("event".into(), event_kind.as_str().into());
     extra.insert("stack_bytes".into(), cfg.stack_bytes.to_string());
+    extra.insert(
+        "live_stack_budget".into(),
+        opts.live_stack_budget.to_string(),
+    );
+    let live_stack_budget = opts.live_stack_budget;
     let period_nanos = match event_kind {
         EventKind::CpuClock => None,
         EventKind::Cycles => Some(1_000_000_000 / i64::from(cfg.frequency_hz)),
@@ -377,6 +390,7 @@ pub fn record(
             .name("rootline-reader".into())
             .spawn(move || {
                 let mut pipeline = Pipeline::new(kernel, period_nanos);
+                pipeline.set_live_stack_budget(live_stack_budget);
                 let mut last_flush = Instant::now();
                 loop {
                     let finishing = done.load(Ordering::Acquire);

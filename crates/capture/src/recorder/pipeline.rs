@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::jit::{JitMaps, JitMemory, JitName};
 use crate::perf_event::{Record, Sample};
 use crate::process::{BinaryFile, Processes, thread_name};
-use crate::unwind::{SampleStack, StackEnd, TruncateReason};
+use crate::unwind::{LiveMemory, SampleStack, StackEnd, TruncateReason};
 
 /// Counts kept while recording.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub struct Stats {
     pub truncated: HashMap<TruncateReason, u64>,
     /// Distinct threads seen.
     pub threads: u64,
+    /// Reads of live process memory past the copied stacks.
+    pub live: crate::unwind::live_memory::LiveStats,
 }
 
 impl Stats {
@@ -56,6 +58,8 @@ pub(crate) enum RawKind {
 pub(crate) struct RawFrame {
     pub kind: RawKind,
     pub address: u64,
+    /// Unwound from live memory past the sample's copied stack.
+    pub live: bool,
 }
 
 /// A mapping raw frames refer to.
@@ -118,6 +122,8 @@ pub struct Pipeline {
     refreshed: HashMap<u32, Instant>,
     exec_times: HashMap<u32, u64>,
     addrs: Vec<u64>,
+    sps: Vec<u64>,
+    live: Option<LiveMemory>,
 }
 
 impl Pipeline {
@@ -143,7 +149,15 @@ impl Pipeline {
             refreshed: HashMap::new(),
             exec_times: HashMap::new(),
             addrs: Vec::new(),
+            sps: Vec::new(),
+            live: None,
         }
+    }
+
+    /// Continues unwinding past each sample's copied stack by reading the live process, at most
+    /// `budget` bytes per sample (see [`crate::unwind::live_memory`]). Off until called.
+    pub fn set_live_stack_budget(&mut self, budget: usize) {
+        self.live = (budget > 0).then(|| LiveMemory::new(budget));
     }
 
     /// Whether records of this event carry a kernel callchain.
@@ -198,16 +212,19 @@ impl Pipeline {
                 }
             }
             Some((ip, sp, bp)) => {
-                let end = self.unwind(s.pid, ip, sp, bp, s.stack);
+                let end = self.unwind(s.pid, s.tid, ip, sp, bp, s.stack);
                 if let StackEnd::Truncated(reason) = end {
                     *self.stats.truncated.entry(reason).or_default() += 1;
                     node = self.node(node, RawKind::Truncated(reason), 0);
                 }
                 let addrs = std::mem::take(&mut self.addrs);
+                let copy_end = sp.saturating_add(s.stack.len() as u64);
                 for (i, &addr) in addrs.iter().enumerate().rev() {
                     let is_return = i > 0;
                     let kind = self.user_kind(s.pid, addr, is_return);
-                    node = self.node(node, kind, addr);
+                    // A return address was read just below its caller's stack pointer.
+                    let live = is_return && self.sps.get(i).is_some_and(|&csp| csp > copy_end);
+                    node = self.node_live(node, kind, addr, live);
                 }
                 self.addrs = addrs;
             }
@@ -236,8 +253,8 @@ impl Pipeline {
             && self.processes.get(s.pid).space.region(ip).is_none()
     }
 
-    fn unwind(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> StackEnd {
-        let mut end = self.unwind_once(pid, ip, sp, bp, stack);
+    fn unwind(&mut self, pid: u32, tid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> StackEnd {
+        let mut end = self.unwind_once(pid, tid, ip, sp, bp, stack);
         // A mapping the tracker has not seen yet (a record still in another ring, or created
         // before attach): re-read /proc/PID/maps, at most every 100 ms per process, and retry.
         if end == StackEnd::Truncated(TruncateReason::UnmappedAddress) {
@@ -249,23 +266,49 @@ impl Pipeline {
             if due {
                 self.refreshed.insert(pid, now);
                 self.processes.refresh(pid);
-                end = self.unwind_once(pid, ip, sp, bp, stack);
+                end = self.unwind_once(pid, tid, ip, sp, bp, stack);
             }
         }
         end
     }
 
-    fn unwind_once(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> StackEnd {
+    fn unwind_once(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &[u8],
+    ) -> StackEnd {
         let state = self.processes.get(pid);
+        let live = self.live.as_mut().map(|live| {
+            live.start(pid, tid, sp.saturating_add(stack.len() as u64), stack);
+            live as &mut dyn crate::unwind::MemoryReader
+        });
         let mut mem = JitMemory {
             stack: SampleStack {
                 base: sp,
                 bytes: stack,
-                fallback: None,
+                fallback: live,
             },
             jit: self.jit.process(pid),
         };
-        state.space.unwind(ip, sp, bp, &mut mem, &mut self.addrs)
+        let mut end =
+            state
+                .space
+                .unwind_with_sps(ip, sp, bp, &mut mem, &mut self.addrs, Some(&mut self.sps));
+        if let Some(live) = &self.live {
+            self.stats.live = live.stats();
+            if live.used() > 0 && !live.thread_alive() {
+                // Keep only the frames the sample's own copy proves.
+                let copy_end = sp.saturating_add(stack.len() as u64);
+                let keep = self.sps.iter().take_while(|&&s| s <= copy_end).count();
+                self.addrs.truncate(keep.max(1));
+                end = StackEnd::Truncated(TruncateReason::ThreadExited);
+            }
+        }
+        end
     }
 
     fn user_kind(&mut self, pid: u32, addr: u64, is_return: bool) -> RawKind {
@@ -294,7 +337,15 @@ impl Pipeline {
     }
 
     fn node(&mut self, parent: u32, kind: RawKind, address: u64) -> u32 {
-        let frame = RawFrame { kind, address };
+        self.node_live(parent, kind, address, false)
+    }
+
+    fn node_live(&mut self, parent: u32, kind: RawKind, address: u64, live: bool) -> u32 {
+        let frame = RawFrame {
+            kind,
+            address,
+            live,
+        };
         let f = match self.frame_index.get(&frame) {
             Some(&f) => f,
             None => {

@@ -9,6 +9,7 @@
 //! the stack with a [`TruncateReason`] from [`policy`].
 
 pub mod instr;
+pub mod live_memory;
 pub mod module;
 pub mod policy;
 
@@ -19,6 +20,7 @@ use framehop::Unwinder as _;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 
 pub use instr::NoCfiRule;
+pub use live_memory::LiveMemory;
 pub use module::{CodeModule, ModuleError, SectionBytes};
 pub use policy::{ReadFailure, StackEnd, TruncateReason};
 
@@ -60,6 +62,10 @@ pub trait Memory {
 pub trait MemoryReader {
     /// Fills `buf` from address `addr`; false when the memory cannot be read.
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool;
+    /// Why the last failed [`MemoryReader::read`] failed (None: plain unreadable memory).
+    fn failure(&self) -> Option<ReadFailure> {
+        None
+    }
 }
 
 /// The stack bytes a sample carries (copied from its stack pointer upwards), plus an optional
@@ -87,7 +93,11 @@ impl Memory for SampleStack<'_> {
         let mut buf = [0u8; 8];
         match self.fallback.as_mut().map(|r| r.read(addr, &mut buf)) {
             Some(true) => Ok(u64::from_le_bytes(buf)),
-            Some(false) => Err(ReadFailure::Unreadable),
+            Some(false) => Err(self
+                .fallback
+                .as_ref()
+                .and_then(|r| r.failure())
+                .unwrap_or(ReadFailure::Unreadable)),
             None if addr >= self.base => Err(ReadFailure::BeyondCopy),
             None => Err(ReadFailure::Unreadable),
         }
@@ -238,8 +248,26 @@ impl AddressSpace {
         mem: &mut dyn Memory,
         out: &mut Vec<u64>,
     ) -> StackEnd {
+        self.unwind_with_sps(ip, sp, bp, mem, out, None)
+    }
+
+    /// [`AddressSpace::unwind`], also filling `sps` (when given) with each frame's stack pointer,
+    /// parallel to `out`: a return address `out[i]` (i > 0) was read just below `sps[i]`.
+    pub fn unwind_with_sps(
+        &mut self,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        mem: &mut dyn Memory,
+        out: &mut Vec<u64>,
+        mut sps: Option<&mut Vec<u64>>,
+    ) -> StackEnd {
         out.clear();
         out.push(ip);
+        if let Some(sps) = sps.as_mut() {
+            sps.clear();
+            sps.push(sp);
+        }
         let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
         let mut first = true;
         loop {
@@ -264,6 +292,9 @@ impl AddressSpace {
                 return StackEnd::Truncated(reason);
             }
             out.push(ra);
+            if let Some(sps) = sps.as_mut() {
+                sps.push(regs.sp());
+            }
             regs.set_ip(ra);
             first = false;
         }

@@ -29,11 +29,19 @@ pub enum TruncateReason {
     CfiError,
     /// The sample carried no user registers (a kernel thread, or user state unavailable).
     NoUserRegisters,
+    /// Reading past the copied stack from the live process would exceed the per-sample byte
+    /// budget.
+    Budget,
+    /// The thread (or its process) exited before its stack could be read past the copy.
+    ThreadExited,
+    /// The live stack no longer matches the sample's copy at the splice point: the thread moved
+    /// on between the copy and the read, so frames beyond the copy cannot be trusted.
+    StackChanged,
 }
 
 impl TruncateReason {
     /// Every reason, for reporting.
-    pub const ALL: [TruncateReason; 10] = [
+    pub const ALL: [TruncateReason; 13] = [
         TruncateReason::StackCopyExhausted,
         TruncateReason::StackNotCopied,
         TruncateReason::UnreadableStack,
@@ -44,6 +52,9 @@ impl TruncateReason {
         TruncateReason::NotAfterCall,
         TruncateReason::CfiError,
         TruncateReason::NoUserRegisters,
+        TruncateReason::Budget,
+        TruncateReason::ThreadExited,
+        TruncateReason::StackChanged,
     ];
 
     /// The short name used in the frame (`[truncated: <name>]`) and in `truncated.<name>` counts.
@@ -59,6 +70,9 @@ impl TruncateReason {
             TruncateReason::NotAfterCall => "not-after-call",
             TruncateReason::CfiError => "cfi-error",
             TruncateReason::NoUserRegisters => "no-user-registers",
+            TruncateReason::Budget => "budget",
+            TruncateReason::ThreadExited => "thread-exited",
+            TruncateReason::StackChanged => "stack-changed",
         }
     }
 
@@ -72,8 +86,8 @@ impl TruncateReason {
     pub(crate) fn from_framehop(err: framehop::Error, read_failure: Option<ReadFailure>) -> Self {
         match err {
             framehop::Error::CouldNotReadStack(_) => match read_failure {
-                Some(ReadFailure::BeyondCopy) => TruncateReason::StackCopyExhausted,
-                _ => TruncateReason::UnreadableStack,
+                Some(f) => TruncateReason::from_read(f),
+                None => TruncateReason::UnreadableStack,
             },
             framehop::Error::FramepointerUnwindingMovedBackwards
             | framehop::Error::DidNotAdvance => TruncateReason::SpNotIncreasing,
@@ -88,6 +102,9 @@ impl TruncateReason {
         match read_failure {
             ReadFailure::BeyondCopy => TruncateReason::StackCopyExhausted,
             ReadFailure::Unreadable => TruncateReason::UnreadableStack,
+            ReadFailure::Budget => TruncateReason::Budget,
+            ReadFailure::ThreadExited => TruncateReason::ThreadExited,
+            ReadFailure::StackChanged => TruncateReason::StackChanged,
         }
     }
 }
@@ -110,6 +127,12 @@ pub enum ReadFailure {
     BeyondCopy,
     /// Below the copy, or refused by the fallback reader.
     Unreadable,
+    /// The live reader's per-sample byte budget is spent.
+    Budget,
+    /// The live reader found the thread gone.
+    ThreadExited,
+    /// The live reader found the stack changed since the sample's copy.
+    StackChanged,
 }
 
 /// How an unwound stack ends.

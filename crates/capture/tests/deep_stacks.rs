@@ -1,0 +1,187 @@
+//! Ground truth for whole deep stacks: a C program recurses 1,000 and 10,000 levels with 1 KiB of
+//! locals per frame (10 MiB of stack at the deepest), then spins in a leaf. Far more stack than
+//! a sample copies, so the outer frames come from the live process's memory.
+//!
+//! Built with frame pointers (and no CFI) and without frame pointers (CFI only), recursing on the
+//! main thread and on a second thread. Of the samples taken in the leaf, at least 99% must hold
+//! every frame from the leaf to the thread entry with the exact recursion count; every other one
+//! must end in an explicit `[truncated: …]` frame. A stack that is neither is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use rootline_capture::recorder::{RecordOptions, Target, record};
+use rootline_profile::Profile;
+
+fn build(name: &str, flags: &[&str]) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let status = Command::new("cc")
+        .args(flags)
+        .arg("-g")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/deep.c"))
+        .arg("-lpthread")
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "cc failed for {flags:?}");
+    out
+}
+
+#[derive(Debug, Default)]
+struct Verdict {
+    /// Samples whose leaf is in `spin` (the recursion at full depth).
+    in_leaf: u64,
+    complete: u64,
+    truncated: u64,
+    /// Neither complete nor truncated: a wrong stack.
+    wrong: u64,
+    /// Complete samples whose outermost frames are marked as read from live memory.
+    live_marked: u64,
+    examples: Vec<String>,
+}
+
+fn check(profile: &Profile, depth: usize, on_main: bool) -> Verdict {
+    let mut v = Verdict::default();
+    let mut frames = Vec::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        let Some(spin) = names.iter().position(|&n| n == "spin") else {
+            continue;
+        };
+        v.in_leaf += 1;
+        if names[0].starts_with("[truncated") {
+            v.truncated += 1;
+            if v.examples.len() < 4 {
+                v.examples.push(format!("truncated: {}", names[0]));
+            }
+            continue;
+        }
+        let prefix_ok = if on_main {
+            matches!(
+                &names[..spin.min(4)],
+                ["_start", start, "__libc_start_call_main", "main"]
+                    if start.starts_with("__libc_start_main")
+            )
+        } else {
+            matches!(&names[..spin.min(2)], [clone, "start_thread"] if clone.ends_with("clone3"))
+        };
+        let body = if on_main { 4 } else { 2 };
+        let ok = prefix_ok
+            && spin == body + 1 + depth
+            && names[body] == "worker"
+            && names[body + 1..spin].iter().all(|&n| n == "recurse");
+        if ok {
+            v.complete += 1;
+            let root_live = profile.frame(frames[body]).from_live_memory;
+            let leaf_live = profile.frame(frames[spin]).from_live_memory;
+            assert!(
+                !leaf_live,
+                "the leaf frame comes from the sample's own copy"
+            );
+            if root_live {
+                v.live_marked += 1;
+            }
+        } else {
+            v.wrong += 1;
+            if v.examples.len() < 4 {
+                let recursion = names.iter().filter(|&&n| n == "recurse").count();
+                let head: Vec<_> = names.iter().take(body + 2).collect();
+                v.examples.push(format!(
+                    "wrong: {head:?} … recurse×{recursion} … (spin at {spin})"
+                ));
+            }
+        }
+    }
+    v
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run(name: &str, flags: &[&str], mode: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = build(name, flags);
+    for depth in [1_000usize, 10_000] {
+        let seconds = 3;
+        // Started by the test and recorded by PID once it is at full depth; killed afterwards,
+        // so every sample is unwound while the program is still running.
+        let mut child = Command::new(&binary)
+            .args([&depth.to_string(), "60", mode])
+            .spawn()
+            .expect("program starts");
+        std::thread::sleep(Duration::from_millis(300));
+        let mut opts = RecordOptions::new(Target::Pids(vec![child.id()]));
+        opts.frequency_hz = 400;
+        opts.duration = Some(Duration::from_secs(seconds));
+        let stop = AtomicBool::new(false);
+        let recording = record(&opts, &stop, None);
+        let _ = child.kill();
+        let _ = child.wait();
+        let recording = recording.expect("recording works");
+        let v = check(&recording.profile, depth, mode == "main");
+        println!(
+            "{name} {mode} depth={depth}: samples={} in_leaf={} complete={} truncated={} wrong={} live_marked={} truncated_by_reason={:?} live={:?}",
+            recording.stats.samples,
+            v.in_leaf,
+            v.complete,
+            v.truncated,
+            v.wrong,
+            v.live_marked,
+            recording.stats.truncated,
+            recording.stats.live,
+        );
+        for e in &v.examples {
+            println!("  {e}");
+        }
+        assert!(
+            v.in_leaf >= 100,
+            "{name} depth {depth}: only {} samples in the leaf",
+            v.in_leaf
+        );
+        assert_eq!(
+            v.wrong, 0,
+            "{name} depth {depth}: stacks neither whole nor marked truncated"
+        );
+        assert!(
+            v.complete * 100 >= v.in_leaf * 99,
+            "{name} depth {depth}: {} of {} stacks complete",
+            v.complete,
+            v.in_leaf
+        );
+        assert_eq!(
+            v.live_marked, v.complete,
+            "{name} depth {depth}: outer frames are past the copy and must be marked live"
+        );
+    }
+}
+
+const FP: [&str; 3] = [
+    "-O2",
+    "-fno-omit-frame-pointer",
+    "-fno-asynchronous-unwind-tables",
+];
+const NO_FP: [&str; 2] = ["-O2", "-fomit-frame-pointer"];
+
+#[test]
+fn frame_pointers_main_thread() {
+    run("deep-fp", &FP, "main");
+}
+
+#[test]
+fn frame_pointers_second_thread() {
+    run("deep-fp", &FP, "thread");
+}
+
+#[test]
+fn cfi_only_main_thread() {
+    run("deep-nofp", &NO_FP, "main");
+}
+
+#[test]
+fn cfi_only_second_thread() {
+    run("deep-nofp", &NO_FP, "thread");
+}
