@@ -123,6 +123,15 @@ fn run(name: &str, flags: &[&str], mode: &str) {
         let _ = child.wait();
         let recording = recording.expect("recording works");
         let v = check(&recording.profile, depth, mode == "main");
+        // The native file keeps every frame: the same verdict after a write and read.
+        let file = rootline_profile::write_rlp(Vec::new(), &recording.profile).expect("writes");
+        let read = rootline_profile::read_rlp(&file[..]).expect("reads");
+        let again = check(&read.profile, depth, mode == "main");
+        assert_eq!(
+            (again.complete, again.live_marked, again.wrong),
+            (v.complete, v.live_marked, v.wrong),
+            "the .rlp round trip changes no stack"
+        );
         println!(
             "{name} {mode} depth={depth}: samples={} in_leaf={} complete={} truncated={} wrong={} live_marked={} truncated_by_reason={:?} live={:?}",
             recording.stats.samples,

@@ -517,6 +517,16 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
         m.extra
             .insert(format!("truncated.{}", reason.as_str()), n.to_string());
     }
+    if stats.live.samples > 0 {
+        m.extra
+            .insert("live.samples".into(), stats.live.samples.to_string());
+        m.extra
+            .insert("live.bytes".into(), stats.live.bytes.to_string());
+        m.extra.insert(
+            "live.max_sample_bytes".into(),
+            stats.live.max_sample_bytes.to_string(),
+        );
+    }
 }
 
 /// CLOCK_MONOTONIC in nanoseconds (the clock the samples use).
