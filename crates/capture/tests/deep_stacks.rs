@@ -194,3 +194,60 @@ fn cfi_only_main_thread() {
 fn cfi_only_second_thread() {
     run("deep-nofp", &NO_FP, "thread");
 }
+
+/// A budget too small for the stack: every stack ends in `[truncated: budget]` above an intact
+/// leaf part, and none is presented as whole.
+#[test]
+fn an_exhausted_budget_is_an_explicit_truncation() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = build("deep-nofp", &NO_FP);
+    let mut child = Command::new(&binary)
+        .args(["10000", "60", "thread"])
+        .spawn()
+        .expect("program starts");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut opts = RecordOptions::new(Target::Pids(vec![child.id()]));
+    opts.frequency_hz = 400;
+    opts.duration = Some(Duration::from_secs(2));
+    opts.live_stack_budget = 1 << 20;
+    let stop = AtomicBool::new(false);
+    let recording = record(&opts, &stop, None);
+    let _ = child.kill();
+    let _ = child.wait();
+    let recording = recording.expect("recording works");
+    let p = &recording.profile;
+    let (mut in_leaf, mut budget_cut) = (0, 0);
+    let mut frames = Vec::new();
+    for i in 0..p.samples().len() {
+        p.stack_frames_root_first(p.samples().stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| p.frame_name(f)).collect();
+        let Some(spin) = names.iter().position(|&n| n == "spin") else {
+            continue;
+        };
+        in_leaf += 1;
+        assert_eq!(names[0], "[truncated: budget]", "stack {i} ends explicitly");
+        assert!(
+            names[1..spin].iter().all(|&n| n == "recurse"),
+            "only real frames below the cut"
+        );
+        // About 1 MiB of 1 KiB frames plus the 16 KiB copy: a thousand frames or so, no more.
+        assert!(
+            (500..2_000).contains(&(spin - 1)),
+            "{} frames kept",
+            spin - 1
+        );
+        budget_cut += 1;
+    }
+    println!(
+        "budget: in_leaf={in_leaf} cut={budget_cut} {:?}",
+        recording.stats.truncated
+    );
+    assert!(in_leaf >= 50, "only {in_leaf} samples in the leaf");
+    assert_eq!(
+        recording
+            .stats
+            .truncated
+            .get(&rootline_capture::unwind::TruncateReason::Budget),
+        Some(&budget_cut)
+    );
+}
