@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use rootline_capture::recorder::{RecordOptions, Target, record};
+use rootline_capture::recorder::{DEFAULT_LIVE_STACK_BUDGET, RecordOptions, Target, record};
 use rootline_profile::Profile;
 
 fn build(name: &str, flags: &[&str]) -> PathBuf {
@@ -115,6 +115,7 @@ fn run(name: &str, flags: &[&str], mode: &str) {
             .expect("program starts");
         std::thread::sleep(Duration::from_millis(300));
         let mut opts = RecordOptions::new(Target::Pids(vec![child.id()]));
+        opts.live_stack_budget = DEFAULT_LIVE_STACK_BUDGET;
         opts.frequency_hz = 400;
         opts.duration = Some(Duration::from_secs(seconds));
         let stop = AtomicBool::new(false);

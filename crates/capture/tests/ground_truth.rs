@@ -42,9 +42,13 @@ fn build(name: &str, main_flags: &[&str], b_flags: &[&str]) -> PathBuf {
     let b = out.with_extension("b.o");
     cc("callgraph_main.c", main_flags, &m);
     cc("callgraph_b.c", b_flags, &b);
+    // Bound at load time (-z now): samples inside ld.so's lazy-binding trampoline
+    // (`_dl_runtime_resolve_xsavec`, whose CFI uses rbx as the frame base) are not yet unwound
+    // reliably; that defect is tracked separately and must not make this build-matrix test flaky.
     let status = Command::new("cc")
         .arg(&m)
         .arg(&b)
+        .arg("-Wl,-z,now")
         .arg("-lpthread")
         .arg("-o")
         .arg(&out)

@@ -44,6 +44,12 @@ pub struct Args {
     /// Bytes of user stack copied with each sample.
     #[arg(long, default_value_t = 16384, value_name = "BYTES")]
     pub stack_size: u32,
+    /// Continue stacks deeper than the copy from the live process's memory (process_vm_readv),
+    /// reading at most this many bytes per sample; 0 (the default for now) ends such stacks with
+    /// an explicit [truncated: stack-copy-exhausted] frame. 33554432 (32 MiB) covers a
+    /// 10,000-deep recursion with 1 KiB of locals per frame.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub live_stack_budget: usize,
     /// Record these running processes (comma-separated PIDs), including threads they create later.
     #[arg(short, long, value_delimiter = ',', value_name = "PID")]
     pub pid: Vec<u32>,
@@ -83,6 +89,7 @@ pub fn run(args: Args) -> Result<()> {
     opts.frequency_hz = args.frequency;
     opts.kernel = args.kernel;
     opts.stack_bytes = args.stack_size;
+    opts.live_stack_budget = args.live_stack_budget;
     if let Some(secs) = args.duration {
         if !(secs > 0.0 && secs.is_finite()) {
             bail!("--duration must be a positive number of seconds, not {secs}");

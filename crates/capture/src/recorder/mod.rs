@@ -47,11 +47,13 @@ pub struct RecordOptions {
     /// How often the profile is flushed to the sink.
     pub flush_interval: Duration,
     /// Bytes of live process memory that may be read per sample to continue a stack past its
-    /// copy (0: never read live memory; the stack ends at the copy).
+    /// copy (0: never read live memory; the stack ends at the copy with an explicit truncation).
+    /// Off by default for now: the splice check still truncates some stacks of threads that are
+    /// being created, so callers opt in (`rootline record --live-stack-budget`).
     pub live_stack_budget: usize,
 }
 
-/// Default per-sample budget for live stack reads: room for a 10,000-deep recursion with 1 KiB
+/// Suggested per-sample budget for live stack reads: room for a 10,000-deep recursion with 1 KiB
 /// of locals per frame, and more than the default 8 MiB main-thread stack limit.
 pub const DEFAULT_LIVE_STACK_BUDGET: usize = 32 * 1024 * 1024;
 
@@ -65,7 +67,7 @@ impl RecordOptions {
             stack_bytes: 16 * 1024,
             kernel: false,
             flush_interval: Duration::from_secs(1),
-            live_stack_budget: DEFAULT_LIVE_STACK_BUDGET,
+            live_stack_budget: 0,
         }
     }
 }
