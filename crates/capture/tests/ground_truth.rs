@@ -66,6 +66,7 @@ struct Verdict {
     not_reaching_root: u64,
     truncated: u64,
     not_copied: u64,
+    lazy_binding: u64,
     startup: u64,
     examples: Vec<String>,
 }
@@ -110,6 +111,18 @@ fn check(profile: &Profile, allow_tail_edge: bool) -> Verdict {
         // counted apart.
         if names.first() == Some(&"[truncated: stack-not-copied]") {
             v.not_copied += 1;
+            continue;
+        }
+        // Known gap, tracked on its own: ld.so's lazy-binding trampoline (`_dl_runtime_resolve_*`)
+        // keeps its frame base in rbx, which the CFI unwinder does not track, so its caller can be
+        // lost. The builds link with -z now; what remains (libc's own lazy calls) is counted apart,
+        // shown, and bounded below — it must stay a rare start-up event, never a silent pattern.
+        if names.iter().any(|n| n.starts_with("_dl_runtime_resolve")) {
+            v.lazy_binding += 1;
+            if v.examples.len() < 8 {
+                v.examples
+                    .push(format!("lazy binding: {}", names.join(";")));
+            }
             continue;
         }
         if names.iter().any(|n| n.starts_with("[truncated")) {
@@ -217,7 +230,7 @@ fn run_build(name: &str, main_flags: &[&str], b_flags: &[&str], allow_tail_edge:
     );
     let v = check(&recording.profile, allow_tail_edge);
     println!(
-        "{name}: samples={} lost={} startup_or_exit={} impossible_edges={} invented_frames={} not_reaching_root={} truncated={} stack_not_copied={}",
+        "{name}: samples={} lost={} startup_or_exit={} impossible_edges={} invented_frames={} not_reaching_root={} truncated={} stack_not_copied={} lazy_binding={}",
         v.samples,
         recording.stats.lost,
         v.startup,
@@ -225,7 +238,8 @@ fn run_build(name: &str, main_flags: &[&str], b_flags: &[&str], allow_tail_edge:
         v.invented_frames,
         v.not_reaching_root,
         v.truncated,
-        v.not_copied
+        v.not_copied,
+        v.lazy_binding
     );
     for e in &v.examples {
         println!("  {e}");
@@ -242,6 +256,11 @@ fn run_build(name: &str, main_flags: &[&str], b_flags: &[&str], allow_tail_edge:
         "{name}: stacks not reaching the thread entry"
     );
     assert_eq!(v.truncated, 0, "{name}: truncated stacks");
+    assert!(
+        v.lazy_binding * 10_000 <= v.samples,
+        "{name}: {} samples in ld.so's lazy-binding trampoline",
+        v.lazy_binding
+    );
     assert!(
         v.not_copied * 10_000 <= v.samples,
         "{name}: {} samples without a stack copy",
