@@ -134,13 +134,7 @@ fn coreclr_frames_are_named_whole_and_true() {
         "{} program samples",
         v.program_samples
     );
-    assert_eq!(v.impossible_edges, 0);
-    assert_eq!(v.invented, 0);
-    assert_eq!(v.unnamed, 0);
-    assert_eq!(v.not_reaching_entry, 0);
-    assert_eq!(v.not_rooted, 0);
-    assert_eq!(v.truncated, 0);
-    assert_eq!(v.wrong_recursion, 0);
+    v.assert_whole_and_true();
     assert!(v.exact_recursion > 1000);
     // Managed frames carry their kind and their assembly as the mapping.
     let p = &recording.profile;

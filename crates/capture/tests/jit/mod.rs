@@ -155,6 +155,20 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// Asserts the promise on every program sample: no impossible caller edge, no invented or
+    /// unnamed frame, every stack reaching its entry and the thread root, nothing truncated, and
+    /// the exact recursion count wherever one is expected.
+    #[track_caller]
+    pub fn assert_whole_and_true(&self) {
+        assert_eq!(self.impossible_edges, 0, "impossible caller edges");
+        assert_eq!(self.invented, 0, "invented frames");
+        assert_eq!(self.unnamed, 0, "unnamed frames");
+        assert_eq!(self.not_reaching_entry, 0, "stacks not reaching the entry");
+        assert_eq!(self.not_rooted, 0, "stacks not reaching the thread root");
+        assert_eq!(self.truncated, 0, "truncated stacks");
+        assert_eq!(self.wrong_recursion, 0, "wrong recursion counts");
+    }
+
     /// Prints the counts.
     pub fn print(&self, what: &str) {
         println!(
