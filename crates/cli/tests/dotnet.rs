@@ -6,7 +6,7 @@ mod live;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use live::{Target, build_target, tools};
@@ -133,6 +133,21 @@ fn wait_for_partial(path: &Path) {
     }
 }
 
+/// Starts `rootline dotnet collect -p PID -o OUT EXTRA…` in the background and waits until the
+/// collection has started (its partial trace file exists).
+fn start_collect(pid: &str, out: &Path, extra: &[&str]) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(["dotnet", "collect", "-p", pid, "-o", out.to_str().unwrap()])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut partial = out.as_os_str().to_owned();
+    partial.push(".nettrace.partial");
+    wait_for_partial(Path::new(&partial));
+    child
+}
+
 #[test]
 fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
     let Some((dotnet, mcs)) = tools("dotnet_ps_collect_ctrl_c_and_sigkill") else {
@@ -190,23 +205,11 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
 
     // Ctrl-C: the session is stopped, the rundown arrives, the output is whole.
     let raw = dir.path().join("ctrlc.nettrace");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rootline"))
-        .args([
-            "dotnet",
-            "collect",
-            "-p",
-            &pid_s,
-            "-o",
-            raw.to_str().unwrap(),
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_partial(&dir.path().join("ctrlc.nettrace.nettrace.partial"));
+    let child = start_collect(&pid_s, &raw, &[]);
     std::thread::sleep(Duration::from_millis(1000));
     signal(child.id(), "-INT");
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
     let (profile, stats) =
         rootline_dotnet::read_profile_with_stats(std::fs::File::open(&raw).unwrap()).unwrap();
     assert!(!profile.samples().is_empty());
@@ -229,21 +232,7 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
     // SIGKILL of rootline mid-way: the runtime abandons the session, the target runs on, and the
     // next collection works.
     let killed = dir.path().join("killed.folded");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rootline"))
-        .args([
-            "dotnet",
-            "collect",
-            "-p",
-            &pid_s,
-            "--duration",
-            "60",
-            "-o",
-            killed.to_str().unwrap(),
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_partial(&dir.path().join("killed.folded.nettrace.partial"));
+    let mut child = start_collect(&pid_s, &killed, &["--duration", "60"]);
     std::thread::sleep(Duration::from_millis(500));
     child.kill().unwrap();
     child.wait().unwrap();
