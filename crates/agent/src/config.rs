@@ -141,6 +141,15 @@ pub struct OtlpConfig {
     pub resource_attributes: BTreeMap<String, String>,
     /// `service.name` (`OTEL_SERVICE_NAME` overrides it). Default: the process's name.
     pub service_name: Option<String>,
+    /// PEM file of the CA certificates to trust for HTTPS instead of the WebPKI roots
+    /// (else `OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE`, `OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub certificate: Option<PathBuf>,
+    /// PEM file of the client certificate chain for mutual TLS
+    /// (else `OTEL_EXPORTER_OTLP_[PROFILES_]CLIENT_CERTIFICATE`).
+    pub client_certificate: Option<PathBuf>,
+    /// PEM file of the client certificate's private key
+    /// (else `OTEL_EXPORTER_OTLP_[PROFILES_]CLIENT_KEY`).
+    pub client_key: Option<PathBuf>,
 }
 
 /// A directory exporter's settings.
@@ -201,6 +210,9 @@ impl Default for OtlpConfig {
             backoff: Duration::from_millis(500),
             resource_attributes: BTreeMap::new(),
             service_name: None,
+            certificate: None,
+            client_certificate: None,
+            client_key: None,
         }
     }
 }

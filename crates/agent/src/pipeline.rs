@@ -444,6 +444,9 @@ impl ExportLoop {
             c.last_latency_us.store(micros, Relaxed);
             c.exported.fetch_add(outcome.exported, Relaxed);
             c.failed.fetch_add(outcome.failed, Relaxed);
+            let requests = exporter.requests();
+            c.attempts.store(requests.attempts, Relaxed);
+            c.retries.store(requests.retries, Relaxed);
             if outcome.failed == 0 && outcome.error.is_none() {
                 c.batches_ok.fetch_add(1, Relaxed);
             } else {

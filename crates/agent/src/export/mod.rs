@@ -5,6 +5,7 @@
 mod build;
 pub mod dir;
 pub mod otlp;
+pub mod tls;
 
 pub use build::build_exporters;
 
@@ -30,6 +31,19 @@ pub enum ExportError {
     /// Writing a file failed.
     #[error("{0}")]
     Io(String),
+    /// The exporter's settings cannot be used (a missing or malformed certificate file, …).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Requests an exporter sent so far (cumulative): every attempt, and how many of them were
+/// retries of a failed attempt.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Requests attempted, first tries and retries.
+    pub attempts: u64,
+    /// Attempts that repeated a failed one.
+    pub retries: u64,
 }
 
 /// The outcome of one batch for one exporter: samples that got out and samples that did not.
@@ -58,6 +72,11 @@ pub trait Exporter: Send {
     /// Called after every process of `batch` was offered (rotation, flushing).
     fn end_batch(&mut self, _batch: &ExportBatch) -> Result<(), ExportError> {
         Ok(())
+    }
+
+    /// Requests sent so far, for exporters that talk to a receiver (zero for the others).
+    fn requests(&self) -> RequestCounts {
+        RequestCounts::default()
     }
 
     /// Called once at shutdown after the final batch.

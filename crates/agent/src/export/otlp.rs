@@ -9,7 +9,9 @@
 //! request whose resource carries `host.name`, `process.pid`, `process.executable.name`,
 //! `process.command_line`, `process.executable.path` and, in a container, `container.id`.
 //! Bodies are gzipped; an attempt that times out, fails to connect or gets 408/429/5xx is retried
-//! with exponential backoff. HTTPS uses rustls with the WebPKI roots.
+//! with exponential backoff; a failed TLS handshake is not retried within the export (see
+//! [`super::tls`]). HTTPS uses rustls, with the WebPKI roots or the CA file of `certificate` /
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE`, and a client certificate for mutual TLS when configured.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -18,7 +20,8 @@ use std::time::Duration;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use super::{ExportError, Exporter};
+use super::tls::{self, TlsFiles};
+use super::{ExportError, Exporter, RequestCounts};
 use crate::batch::{ExportBatch, ProcessProfile};
 use crate::config::OtlpConfig;
 use rootline_profile::Profile;
@@ -99,6 +102,8 @@ pub struct OtlpSettings {
     pub retries: u32,
     /// First backoff; doubles on each retry.
     pub backoff: Duration,
+    /// CA and client certificate files for HTTPS.
+    pub tls: TlsFiles,
 }
 
 impl OtlpSettings {
@@ -134,6 +139,20 @@ impl OtlpSettings {
         if let Some(text) = nonempty("OTEL_RESOURCE_ATTRIBUTES") {
             resource.extend(parse_key_values(&text));
         }
+        // Config first, then the signal-specific variable, then the generic one (as for the
+        // endpoint).
+        let file = |configured: &Option<std::path::PathBuf>, suffix: &str| {
+            configured.clone().or_else(|| {
+                nonempty(&format!("OTEL_EXPORTER_OTLP_PROFILES_{suffix}"))
+                    .or_else(|| nonempty(&format!("OTEL_EXPORTER_OTLP_{suffix}")))
+                    .map(std::path::PathBuf::from)
+            })
+        };
+        let tls = TlsFiles {
+            certificate: file(&config.certificate, "CERTIFICATE"),
+            client_certificate: file(&config.client_certificate, "CLIENT_CERTIFICATE"),
+            client_key: file(&config.client_key, "CLIENT_KEY"),
+        };
         let service_name = nonempty("OTEL_SERVICE_NAME")
             .or_else(|| config.service_name.clone())
             .or_else(|| resource.get("service.name").cloned());
@@ -146,6 +165,7 @@ impl OtlpSettings {
             timeout,
             retries: config.retries,
             backoff: config.backoff,
+            tls,
         }
     }
 }
@@ -199,23 +219,31 @@ pub struct OtlpExporter {
     encoder: Box<dyn OtlpEncoder>,
     http: ureq::Agent,
     host: Option<String>,
+    requests: RequestCounts,
 }
 
 impl OtlpExporter {
-    /// An exporter sending with `settings`, encoding with `encoder`.
-    pub fn new(settings: OtlpSettings, encoder: Box<dyn OtlpEncoder>) -> OtlpExporter {
+    /// An exporter sending with `settings`, encoding with `encoder`. Fails when a certificate
+    /// file of `settings.tls` cannot be read or parsed.
+    pub fn new(
+        settings: OtlpSettings,
+        encoder: Box<dyn OtlpEncoder>,
+    ) -> Result<OtlpExporter, ExportError> {
+        let tls = settings.tls.load()?;
         let http = ureq::Agent::config_builder()
+            .tls_config(tls)
             .timeout_global(Some(settings.timeout))
             .http_status_as_error(false)
             .user_agent(concat!("rootline-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .new_agent();
-        OtlpExporter {
+        Ok(OtlpExporter {
             settings,
             encoder,
             http,
             host: crate::host_name(),
-        }
+            requests: RequestCounts::default(),
+        })
     }
 
     /// The resolved settings.
@@ -281,10 +309,16 @@ impl OtlpExporter {
                 let retry = matches!(status, 408 | 429 | 500..=599);
                 Err((ExportError::Status { status, body }, retry))
             }
-            Err(e) => Err((
-                ExportError::Transport(format!("{}: {e}", self.settings.url)),
-                true,
-            )),
+            Err(e) => match tls::handshake_failure(&e, &self.settings.tls) {
+                Some(message) => Err((
+                    ExportError::Transport(format!("{}: {message}", self.settings.url)),
+                    false,
+                )),
+                None => Err((
+                    ExportError::Transport(format!("{}: {e}", self.settings.url)),
+                    true,
+                )),
+            },
         }
     }
 }
@@ -292,6 +326,10 @@ impl OtlpExporter {
 impl Exporter for OtlpExporter {
     fn name(&self) -> &str {
         "otlp"
+    }
+
+    fn requests(&self) -> RequestCounts {
+        self.requests
     }
 
     fn export_process(
@@ -312,6 +350,8 @@ impl Exporter for OtlpExporter {
         let mut backoff = self.settings.backoff;
         let mut attempt = 0;
         loop {
+            self.requests.attempts += 1;
+            self.requests.retries += u64::from(attempt > 0);
             match self.send_once(&body) {
                 Ok(()) => return Ok(()),
                 Err((err, retry)) => {
@@ -393,5 +433,39 @@ mod tests {
         );
         assert_eq!(s.resource["k8s.node.name"], "n1");
         assert_eq!(s.service_name.as_deref(), Some("checkout"));
+    }
+
+    #[test]
+    fn certificate_files_config_then_signal_then_generic() {
+        let t = Duration::from_secs(1);
+        let vars = env(&[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/generic/ca.pem"),
+            (
+                "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",
+                "/profiles/ca.pem",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                "/generic/client.pem",
+            ),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/generic/key.pem"),
+        ]);
+        let s = OtlpSettings::resolve(&OtlpConfig::default(), t, &vars);
+        assert_eq!(
+            s.tls,
+            TlsFiles {
+                certificate: Some("/profiles/ca.pem".into()),
+                client_certificate: Some("/generic/client.pem".into()),
+                client_key: Some("/generic/key.pem".into()),
+            }
+        );
+        let c = OtlpConfig {
+            certificate: Some("/etc/ca.pem".into()),
+            ..OtlpConfig::default()
+        };
+        let s = OtlpSettings::resolve(&c, t, &vars);
+        assert_eq!(s.tls.certificate, Some("/etc/ca.pem".into()));
+        let s = OtlpSettings::resolve(&OtlpConfig::default(), t, env(&[]));
+        assert_eq!(s.tls, TlsFiles::default());
     }
 }
