@@ -6,6 +6,7 @@
 //! export_interval = "10s"
 //! export_timeout = "5s"
 //! memory_limit = "64MiB"
+//! shutdown_timeout = "20s"
 //!
 //! [targets]            # nothing set: the whole host
 //! regex = ["^java$"]
@@ -75,6 +76,11 @@ pub struct AgentConfig {
     /// Hard cap on the agent's pipeline memory (cache, buffers, exporter working set). Default 64 MiB.
     #[serde(deserialize_with = "de_bytes")]
     pub memory_limit: usize,
+    /// Longest the final export may take after a stop request (SIGTERM): exports still trying a
+    /// slow or dead receiver give up at it. Default 20 s, inside Kubernetes' default 30 s grace
+    /// period.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub shutdown_timeout: Duration,
     /// How often target rules are re-evaluated for sources that sample per process. Default 1 s.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub target_refresh: Duration,
@@ -175,6 +181,7 @@ impl Default for AgentConfig {
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
             memory_limit: 64 << 20,
+            shutdown_timeout: Duration::from_secs(20),
             target_refresh: Duration::from_secs(1),
             targets: TargetConfig::default(),
             cache: CacheConfig::default(),
@@ -285,6 +292,11 @@ impl AgentConfig {
         }
         if self.export_timeout.is_zero() {
             return Err(ConfigError::Invalid("export_timeout must not be 0".into()));
+        }
+        if self.shutdown_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "shutdown_timeout must not be 0 (the final export needs some time)".into(),
+            ));
         }
         let estimate = self.memory_estimate();
         if estimate > self.memory_limit {

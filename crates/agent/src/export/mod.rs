@@ -79,6 +79,10 @@ pub trait Exporter: Send {
         RequestCounts::default()
     }
 
+    /// Sets (or clears) the time by which the agent must have exited; exporters that wait on a
+    /// receiver stop trying at it. Called before each export.
+    fn set_deadline(&mut self, _deadline: Option<std::time::Instant>) {}
+
     /// Called once at shutdown after the final batch.
     fn finish(&mut self) -> Result<(), ExportError> {
         Ok(())

@@ -9,13 +9,16 @@
 //! request whose resource carries `host.name`, `process.pid`, `process.executable.name`,
 //! `process.command_line`, `process.executable.path` and, in a container, `container.id`.
 //! Bodies are gzipped; an attempt that times out, fails to connect or gets 408/429/5xx is retried
-//! with exponential backoff; a failed TLS handshake is not retried within the export (see
-//! [`super::tls`]). HTTPS uses rustls, with the WebPKI roots or the CA file of `certificate` /
+//! with exponential backoff; a failed TLS handshake is not retried (see [`super::tls`]). Once the
+//! receiver has failed for one process (retries spent, or no TLS), the other processes of the same
+//! export are not sent: their samples fail at once instead of each costing the full timeout and
+//! retries, so a dead receiver costs one process's retries per export. During shutdown no attempt
+//! runs past the deadline the agent sets (`shutdown_timeout`). HTTPS uses rustls, with the WebPKI roots or the CA file of `certificate` /
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE`, and a client certificate for mutual TLS when configured.
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -220,6 +223,10 @@ pub struct OtlpExporter {
     http: ureq::Agent,
     host: Option<String>,
     requests: RequestCounts,
+    /// Why the receiver is given up on for the rest of the current export, if it is.
+    unavailable: Option<String>,
+    /// Shutdown deadline: no attempt runs past it.
+    deadline: Option<Instant>,
 }
 
 impl OtlpExporter {
@@ -243,6 +250,8 @@ impl OtlpExporter {
             http,
             host: crate::host_name(),
             requests: RequestCounts::default(),
+            unavailable: None,
+            deadline: None,
         })
     }
 
@@ -283,7 +292,7 @@ impl OtlpExporter {
         attrs.into_iter().collect()
     }
 
-    fn send_once(&self, body: &[u8]) -> Result<(), (ExportError, bool)> {
+    fn send_once(&self, body: &[u8], timeout: Duration) -> Result<(), (ExportError, Failure)> {
         let mut request = self
             .http
             .post(&self.settings.url)
@@ -293,6 +302,9 @@ impl OtlpExporter {
         }
         for (k, v) in &self.settings.headers {
             request = request.header(k.as_str(), v.as_str());
+        }
+        if timeout < self.settings.timeout {
+            request = request.config().timeout_global(Some(timeout)).build();
         }
         match request.send(body) {
             Ok(mut response) => {
@@ -306,21 +318,42 @@ impl OtlpExporter {
                     .limit(512)
                     .read_to_string()
                     .unwrap_or_default();
-                let retry = matches!(status, 408 | 429 | 500..=599);
-                Err((ExportError::Status { status, body }, retry))
+                let failure = if matches!(status, 408 | 429 | 500..=599) {
+                    Failure::Retry
+                } else {
+                    Failure::ThisRequest
+                };
+                Err((ExportError::Status { status, body }, failure))
             }
             Err(e) => match tls::handshake_failure(&e, &self.settings.tls) {
                 Some(message) => Err((
                     ExportError::Transport(format!("{}: {message}", self.settings.url)),
-                    false,
+                    Failure::Unreachable,
                 )),
                 None => Err((
                     ExportError::Transport(format!("{}: {e}", self.settings.url)),
-                    true,
+                    Failure::Retry,
                 )),
             },
         }
     }
+
+    /// Time left before the shutdown deadline (`None`: no deadline).
+    fn time_left(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// How an attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Worth another attempt (timeout, refused connection, 408/429/5xx).
+    Retry,
+    /// The receiver rejected this request (4xx): the next process's may pass.
+    ThisRequest,
+    /// No request can get through (TLS handshake refused): do not retry.
+    Unreachable,
 }
 
 impl Exporter for OtlpExporter {
@@ -347,15 +380,36 @@ impl Exporter for OtlpExporter {
         } else {
             raw
         };
+        if let Some(reason) = &self.unavailable {
+            // The receiver already failed in this export: do not spend another timeout on it.
+            return Err(ExportError::Transport(format!(
+                "not sent, the receiver failed earlier in this export: {reason}"
+            )));
+        }
         let mut backoff = self.settings.backoff;
         let mut attempt = 0;
         loop {
+            let timeout = match self.time_left() {
+                None => self.settings.timeout,
+                Some(left) if left.is_zero() => {
+                    let reason = "the shutdown deadline (shutdown_timeout) has passed".to_string();
+                    self.unavailable = Some(reason.clone());
+                    return Err(ExportError::Transport(format!("not sent: {reason}")));
+                }
+                Some(left) => left.min(self.settings.timeout),
+            };
             self.requests.attempts += 1;
             self.requests.retries += u64::from(attempt > 0);
-            match self.send_once(&body) {
+            match self.send_once(&body, timeout) {
                 Ok(()) => return Ok(()),
-                Err((err, retry)) => {
-                    if !retry || attempt >= self.settings.retries {
+                Err((err, Failure::ThisRequest)) => return Err(err),
+                Err((err, failure)) => {
+                    let out_of_time = self.time_left().is_some_and(|left| left <= backoff);
+                    if failure == Failure::Unreachable
+                        || attempt >= self.settings.retries
+                        || out_of_time
+                    {
+                        self.unavailable = Some(err.to_string());
                         return Err(err);
                     }
                     tracing::debug!("OTLP attempt {} failed, retrying: {err}", attempt + 1);
@@ -365,6 +419,15 @@ impl Exporter for OtlpExporter {
                 }
             }
         }
+    }
+
+    fn end_batch(&mut self, _batch: &ExportBatch) -> Result<(), ExportError> {
+        self.unavailable = None;
+        Ok(())
+    }
+
+    fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
     }
 }
 
