@@ -6,6 +6,7 @@
 //! export_interval = "10s"
 //! export_timeout = "5s"
 //! memory_limit = "64MiB"
+//! shutdown_timeout = "20s"
 //!
 //! [targets]            # nothing set: the whole host
 //! regex = ["^java$"]
@@ -75,6 +76,11 @@ pub struct AgentConfig {
     /// Hard cap on the agent's pipeline memory (cache, buffers, exporter working set). Default 64 MiB.
     #[serde(deserialize_with = "de_bytes")]
     pub memory_limit: usize,
+    /// Longest the final export may take after a stop request (SIGTERM): exports still trying a
+    /// slow or dead receiver give up at it. Default 20 s, inside Kubernetes' default 30 s grace
+    /// period.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub shutdown_timeout: Duration,
     /// How often target rules are re-evaluated for sources that sample per process. Default 1 s.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub target_refresh: Duration,
@@ -141,6 +147,15 @@ pub struct OtlpConfig {
     pub resource_attributes: BTreeMap<String, String>,
     /// `service.name` (`OTEL_SERVICE_NAME` overrides it). Default: the process's name.
     pub service_name: Option<String>,
+    /// PEM file of the CA certificates to trust for HTTPS instead of the WebPKI roots
+    /// (else `OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE`, `OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub certificate: Option<PathBuf>,
+    /// PEM file of the client certificate chain for mutual TLS
+    /// (else `OTEL_EXPORTER_OTLP_[PROFILES_]CLIENT_CERTIFICATE`).
+    pub client_certificate: Option<PathBuf>,
+    /// PEM file of the client certificate's private key
+    /// (else `OTEL_EXPORTER_OTLP_[PROFILES_]CLIENT_KEY`).
+    pub client_key: Option<PathBuf>,
 }
 
 /// A directory exporter's settings.
@@ -166,6 +181,7 @@ impl Default for AgentConfig {
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
             memory_limit: 64 << 20,
+            shutdown_timeout: Duration::from_secs(20),
             target_refresh: Duration::from_secs(1),
             targets: TargetConfig::default(),
             cache: CacheConfig::default(),
@@ -201,6 +217,9 @@ impl Default for OtlpConfig {
             backoff: Duration::from_millis(500),
             resource_attributes: BTreeMap::new(),
             service_name: None,
+            certificate: None,
+            client_certificate: None,
+            client_key: None,
         }
     }
 }
@@ -273,6 +292,11 @@ impl AgentConfig {
         }
         if self.export_timeout.is_zero() {
             return Err(ConfigError::Invalid("export_timeout must not be 0".into()));
+        }
+        if self.shutdown_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "shutdown_timeout must not be 0 (the final export needs some time)".into(),
+            ));
         }
         let estimate = self.memory_estimate();
         if estimate > self.memory_limit {

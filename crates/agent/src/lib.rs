@@ -38,7 +38,7 @@ pub use batch::{ExportBatch, ProcessProfile};
 pub use buffer::{Record, SampleBuffer, SampleRecord};
 pub use cache::{CacheLimits, CacheStats, StackCache, StackKey};
 pub use config::{AgentConfig, ConfigError};
-pub use export::{ExportError, ExportOutcome, Exporter, build_exporters};
+pub use export::{ExportError, ExportOutcome, Exporter, RequestCounts, build_exporters};
 pub use pipeline::{Agent, AgentError};
 pub use process::ProcessInfo;
 pub use source::{FrameDesc, PollStats, RawSample, SampleSource, SourceError, default_source};

@@ -57,6 +57,8 @@ struct Shared {
     hand: Mutex<Hand>,
     wake: Condvar,
     stop: AtomicBool,
+    /// When the final export must be over, set when a stop is requested.
+    deadline: Mutex<Option<Instant>>,
     counters: Counters,
 }
 
@@ -71,6 +73,7 @@ impl Shared {
 /// A running agent: a capture thread and an exporter thread.
 pub struct Agent {
     shared: Arc<Shared>,
+    shutdown_timeout: Duration,
     capture: Option<JoinHandle<Result<(), SourceError>>>,
     exporter: Option<JoinHandle<()>>,
 }
@@ -105,6 +108,7 @@ impl Agent {
             }),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
+            deadline: Mutex::new(None),
             counters: Counters::new(names),
         });
         let capture = Capture {
@@ -136,6 +140,7 @@ impl Agent {
             .map_err(|e| AgentError::Thread(e.to_string()))?;
         Ok(Agent {
             shared,
+            shutdown_timeout: config.shutdown_timeout,
             capture: Some(capture),
             exporter: Some(exporter),
         })
@@ -152,9 +157,11 @@ impl Agent {
     }
 
     /// Stops capturing, flushes both buffers through a final export, and returns the final
-    /// counters. The source's error, if it failed, is returned after the flush.
+    /// counters. The source's error, if it failed, is returned after the flush. Exports still
+    /// running or starting after this call end by `shutdown_timeout` from now; what they could not
+    /// deliver by then counts as failed.
     pub fn stop(mut self) -> Result<Stats, AgentError> {
-        self.shared.stop.store(true, Relaxed);
+        self.request_stop();
         let capture = self.capture.take().map(|h| h.join());
         let exporter = self.exporter.take().map(|h| h.join());
         if let Some(Err(_)) = exporter {
@@ -178,9 +185,21 @@ impl Agent {
     }
 }
 
+impl Agent {
+    fn request_stop(&self) {
+        let deadline = Instant::now() + self.shutdown_timeout;
+        self.shared
+            .deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(deadline);
+        self.shared.stop.store(true, Relaxed);
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Relaxed);
+        self.request_stop();
         if let Some(h) = self.capture.take() {
             let _ = h.join();
         }
@@ -437,13 +456,22 @@ impl ExportLoop {
             return buffer;
         }
         counters.exports.fetch_add(1, Relaxed);
+        let deadline = *self
+            .shared
+            .deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         for (exporter, c) in self.exporters.iter_mut().zip(&counters.exporters) {
+            exporter.set_deadline(deadline);
             let began = Instant::now();
             let outcome = exporter.export(&batch);
             let micros = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
             c.last_latency_us.store(micros, Relaxed);
             c.exported.fetch_add(outcome.exported, Relaxed);
             c.failed.fetch_add(outcome.failed, Relaxed);
+            let requests = exporter.requests();
+            c.attempts.store(requests.attempts, Relaxed);
+            c.retries.store(requests.retries, Relaxed);
             if outcome.failed == 0 && outcome.error.is_none() {
                 c.batches_ok.fetch_add(1, Relaxed);
             } else {

@@ -18,6 +18,8 @@ pub(crate) struct ExporterCounters {
     pub batches_ok: AtomicU64,
     pub batches_failed: AtomicU64,
     pub last_latency_us: AtomicU64,
+    pub attempts: AtomicU64,
+    pub retries: AtomicU64,
 }
 
 /// All counters of a running agent.
@@ -54,6 +56,10 @@ pub struct ExporterStats {
     pub batches_failed: u64,
     /// Duration of the last export, microseconds.
     pub last_latency_us: u64,
+    /// Requests sent to a receiver (first tries and retries; 0 for file exporters).
+    pub attempts: u64,
+    /// Requests that repeated a failed one.
+    pub retries: u64,
 }
 
 /// A snapshot of the agent's counters.
@@ -129,6 +135,8 @@ impl Counters {
                     batches_ok: e.batches_ok.load(Relaxed),
                     batches_failed: e.batches_failed.load(Relaxed),
                     last_latency_us: e.last_latency_us.load(Relaxed),
+                    attempts: e.attempts.load(Relaxed),
+                    retries: e.retries.load(Relaxed),
                 })
                 .collect(),
         }
@@ -159,6 +167,9 @@ impl Stats {
                 e.failed,
                 e.last_latency_us as f64 / 1000.0
             ));
+            if e.attempts > 0 {
+                line.push_str(&format!(" requests={} retries={}", e.attempts, e.retries));
+            }
         }
         line
     }

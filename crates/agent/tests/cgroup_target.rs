@@ -1,6 +1,8 @@
 //! A cgroup target, as for a Kubernetes pod: of two live processes, only the one placed in the
 //! target cgroup is profiled. The cgroup is a real one made for the test (cgroup v2, or the v1
-//! memory hierarchy on hybrid hosts); its path is matched against `/proc/PID/cgroup`.
+//! memory hierarchy on hybrid hosts); its path is matched against `/proc/PID/cgroup`. A process in
+//! a cgroup named as container runtimes name theirs (`docker-<64 hex>.scope`) is exported over OTLP
+//! with that id as `container.id`.
 
 mod common;
 
@@ -8,8 +10,12 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use common::receiver::Receiver;
 use common::{CollectingExporter, wait_for};
-use rootline_agent::{Agent, AgentConfig, SyntheticConfig, SyntheticSource, TargetConfig};
+use rootline_agent::config::OtlpConfig;
+use rootline_agent::{
+    Agent, AgentConfig, SyntheticConfig, SyntheticSource, TargetConfig, build_exporters,
+};
 
 /// A fresh cgroup directory and its path as `/proc/PID/cgroup` shows it.
 fn make_cgroup(name: &str) -> std::io::Result<(PathBuf, String)> {
@@ -81,4 +87,66 @@ fn only_processes_in_the_target_cgroup_are_profiled() {
         collected.stacks.keys().map(|(pid, _)| *pid).collect();
     assert_eq!(pids.into_iter().collect::<Vec<_>>(), vec![inside.id()]);
     assert_eq!(collected.samples, 300);
+}
+
+#[test]
+fn container_id_from_the_cgroup_reaches_the_otlp_resource() {
+    // 64 hex digits, unique to this run, in the systemd/docker naming.
+    let id = format!("{:064x}", u64::from(std::process::id()) << 20 | 0xc0ffee);
+    let name = format!("docker-{id}.scope");
+    let (dir, _) = match make_cgroup(&name) {
+        Ok(made) => made,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: cannot create a cgroup here: {e}");
+            return;
+        }
+        Err(e) => panic!("cannot create a cgroup (the test runs as root in CI): {e}"),
+    };
+    let mut inside = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let mut outside = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.join("cgroup.procs"), inside.id().to_string()).unwrap();
+
+    let receiver = Receiver::start();
+    let mut config = AgentConfig {
+        export_interval: Duration::from_millis(200),
+        ..AgentConfig::default()
+    };
+    config.exporters.otlp = Some(OtlpConfig {
+        endpoint: Some(receiver.endpoint()),
+        ..OtlpConfig::default()
+    });
+    let synth = SyntheticConfig {
+        pids: vec![inside.id(), outside.id()],
+        stacks: 5,
+        depth: 4,
+        rate_per_sec: 1000,
+        limit: Some(400),
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let exporters = build_exporters(&config, |_| None).unwrap();
+    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || counters
+        .delivered
+        .load(Relaxed)
+        == 400));
+    let stats = agent.stop().unwrap();
+    for child in [&mut inside, &mut outside] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_dir(&dir);
+
+    assert_eq!(stats.exporters[0].exported, 400, "{stats:?}");
+    let got = receiver.received();
+    let attrs = &got.resources[&i64::from(inside.id())];
+    assert_eq!(attrs.get("container.id"), Some(&id), "{attrs:?}");
+    let attrs = &got.resources[&i64::from(outside.id())];
+    // The test's own process may itself run in a container; it is not in ours.
+    assert_ne!(attrs.get("container.id"), Some(&id), "{attrs:?}");
 }

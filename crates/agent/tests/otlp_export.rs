@@ -154,3 +154,92 @@ fn stalled_dead_and_recovered_receiver() {
         config.memory_estimate()
     );
 }
+
+/// A stalled receiver costs one process's attempts per export, not every process's: the other
+/// processes of the export fail at once, counted exactly.
+#[test]
+fn stalled_receiver_costs_one_process_retries_per_export() {
+    let receiver = Receiver::start();
+    receiver.state.stall_ms.store(3000, Relaxed);
+    let config = otlp_config(&receiver, 400, 300);
+    let mut kids = children(5);
+    let pids: Vec<u32> = kids.iter().map(|c| c.id()).collect();
+    let synth = SyntheticConfig {
+        pids,
+        stacks: 10,
+        depth: 5,
+        rate_per_sec: 500,
+        limit: Some(1000),
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let exporters = build_exporters(&config, |_| None).unwrap();
+    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
+    assert!(wait_for(Duration::from_secs(30), || counters
+        .delivered
+        .load(Relaxed)
+        == 1000));
+    let stats = agent.stop().unwrap();
+    for kid in &mut kids {
+        let _ = kid.kill();
+        let _ = kid.wait();
+    }
+    let e = &stats.exporters[0];
+    assert_eq!(stats.captured, 1000);
+    assert_eq!(stats.captured, stats.dropped + e.failed, "{stats:?}");
+    assert_eq!(e.exported, 0);
+    assert!(e.batches_failed >= 2, "{stats:?}");
+    // retries = 1: exactly two attempts per export, whatever the number of processes in it.
+    assert_eq!(e.attempts, 2 * e.batches_failed, "{stats:?}");
+    assert_eq!(e.retries, e.batches_failed, "{stats:?}");
+    assert!(wait_for(Duration::from_secs(5), || receiver
+        .state
+        .stalled_requests
+        .load(Relaxed)
+        == e.attempts));
+}
+
+/// After a stop request the final export gives up at `shutdown_timeout`, even though the export
+/// timeout and retries would allow much more, and counts what it could not send as failed.
+#[test]
+fn final_export_ends_by_the_shutdown_deadline() {
+    let receiver = Receiver::start();
+    receiver.state.stall_ms.store(5000, Relaxed);
+    // One export a minute: everything goes out in the final export.
+    let mut config = otlp_config(&receiver, 60_000, 1000);
+    config.shutdown_timeout = Duration::from_millis(1500);
+    if let Some(otlp) = &mut config.exporters.otlp {
+        otlp.retries = 3;
+        otlp.backoff = Duration::from_millis(200);
+    }
+    let mut kids = children(4);
+    let pids: Vec<u32> = kids.iter().map(|c| c.id()).collect();
+    let synth = SyntheticConfig {
+        pids,
+        stacks: 10,
+        depth: 5,
+        rate_per_sec: 4000,
+        limit: Some(400),
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let exporters = build_exporters(&config, |_| None).unwrap();
+    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
+    assert!(wait_for(Duration::from_secs(10), || counters
+        .delivered
+        .load(Relaxed)
+        == 400));
+    let stats = agent.stop().unwrap();
+    for kid in &mut kids {
+        let _ = kid.kill();
+        let _ = kid.wait();
+    }
+    let e = &stats.exporters[0];
+    assert_eq!(
+        (stats.captured, e.exported, e.failed),
+        (400, 0, 400),
+        "{stats:?}"
+    );
+    // A 1 s attempt, a 200 ms backoff, then a second attempt cut to the 300 ms left; without the
+    // deadline it would be 4 attempts (1 + 3 retries).
+    assert!((1..=2).contains(&e.attempts), "{stats:?}");
+    assert_eq!(stats.exports, 1);
+}

@@ -8,7 +8,7 @@ mod jit;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use jit::{Graph, Running, SERIAL, check, is_native_root, record_pid, require, sources, which};
+use jit::{Graph, Rate, Running, Setup, is_native_root, record_and_check, require, sources, which};
 
 const DEEP: usize = 150;
 const SHALLOW: usize = 30;
@@ -105,9 +105,8 @@ fn coreclr_frames_are_named_whole_and_true() {
     let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let exe = build(&mcs, dir.path(), Some(&dotnet));
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), Some(&dotnet));
     let mut cmd = Command::new(&dotnet);
     cmd.arg(&exe)
         .args([
@@ -119,21 +118,19 @@ fn coreclr_frames_are_named_whole_and_true() {
         .env("COMPlus_PerfMapEnabled", "1")
         .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
     let target = Running::start(cmd);
-    let recording = record_pid(target.pid(), 4000, 6.0, 60);
     let graph = Graph {
         short: &coreclr_short,
         entries: &["Main", "Shallow"],
         edges: &EDGES,
-        recursion: Some(("Down", "Spin", &RECURSION)),
+        recursion: Some(("Down", "Spin", RECURSION.to_vec())),
         is_root: &is_native_root,
     };
-    let v = check(&recording.profile, &graph);
-    v.print("coreclr");
-    assert!(
-        v.program_samples >= 2000,
-        "{} program samples",
-        v.program_samples
-    );
+    let rate = Rate {
+        hz: 4000,
+        seconds: 6.0,
+        stack_kib: 60,
+    };
+    let (recording, v) = record_and_check("coreclr", target.pid(), rate, &graph, 2000);
     v.assert_whole_and_true();
     assert!(v.exact_recursion > 1000);
     // Managed frames carry their kind and their assembly as the mapping.
@@ -156,9 +153,8 @@ fn mono_frames_are_named_whole_and_true() {
     let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let exe = build(&mcs, dir.path(), None);
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), None);
     let mut cmd = Command::new(&mono);
     cmd.arg("--jitmap").arg(&exe).args([
         MONO_DEEP.to_string(),
@@ -167,25 +163,18 @@ fn mono_frames_are_named_whole_and_true() {
         "60".into(),
     ]);
     let target = Running::start(cmd);
-    let recording = record_pid(target.pid(), 20_000, 10.0, 16);
     let graph = Graph {
         short: &mono_short,
         entries: &["Main", "Shallow"],
         edges: &EDGES,
-        recursion: Some(("Down", "Spin", &MONO_RECURSION)),
+        recursion: Some(("Down", "Spin", MONO_RECURSION.to_vec())),
         is_root: &is_native_root,
     };
-    let v = check(&recording.profile, &graph);
-    v.print("mono");
-    assert!(
-        v.program_samples >= 20_000,
-        "{} program samples",
-        v.program_samples
-    );
-    assert_eq!(v.impossible_edges, 0);
-    assert_eq!(v.invented, 0);
-    assert_eq!(v.unnamed, 0);
-    assert_eq!(v.not_reaching_entry, 0);
-    assert_eq!(v.truncated, 0);
-    assert_eq!(v.wrong_recursion, 0);
+    let rate = Rate {
+        hz: 20_000,
+        seconds: 10.0,
+        stack_kib: 16,
+    };
+    let (_, v) = record_and_check("mono", target.pid(), rate, &graph, 20_000);
+    v.assert_whole_and_true();
 }

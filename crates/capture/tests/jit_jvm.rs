@@ -7,7 +7,7 @@ mod jit;
 
 use std::process::Command;
 
-use jit::{Graph, Running, SERIAL, check, is_native_root, record_pid, require, sources, which};
+use jit::{Graph, Rate, Running, Setup, is_native_root, record_and_check, require, sources, which};
 
 const DEEP: usize = 20;
 
@@ -32,11 +32,10 @@ fn jvm_frames_are_named_whole_and_true() {
     ) else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup::new();
     let status = Command::new(javac)
         .arg("-d")
-        .arg(dir.path())
+        .arg(setup.path())
         .arg(sources().join("Calls.java"))
         .status()
         .expect("run javac");
@@ -50,7 +49,7 @@ fn jvm_frames_are_named_whole_and_true() {
         "-XX:-TieredCompilation",
         "-cp",
     ])
-    .arg(dir.path())
+    .arg(setup.path())
     .args(["Calls", &DEEP.to_string(), "2", "90"]);
     let target = Running::start(cmd);
     let out = Command::new(jcmd)
@@ -59,7 +58,6 @@ fn jvm_frames_are_named_whole_and_true() {
         .output()
         .expect("run jcmd");
     assert!(out.status.success(), "jcmd failed: {out:?}");
-    let recording = record_pid(target.pid(), 20_000, 12.0, 16);
     let graph = Graph {
         short: &short,
         entries: &["worker"],
@@ -69,15 +67,14 @@ fn jvm_frames_are_named_whole_and_true() {
             ("down", "spin"),
             ("spin", "step"),
         ],
-        recursion: Some(("down", "spin", &[("worker", DEEP + 1)])),
+        recursion: Some(("down", "spin", vec![("worker", DEEP + 1)])),
         is_root: &is_native_root,
     };
-    let v = check(&recording.profile, &graph);
-    v.print("jvm");
-    assert!(
-        v.program_samples >= 20_000,
-        "{} program samples",
-        v.program_samples
-    );
+    let rate = Rate {
+        hz: 20_000,
+        seconds: 12.0,
+        stack_kib: 16,
+    };
+    let (_, v) = record_and_check("jvm", target.pid(), rate, &graph, 20_000);
     v.assert_whole_and_true();
 }

@@ -7,19 +7,9 @@ mod jit;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use jit::{Graph, Running, SERIAL, check, is_native_root, record_pid, require, sources, which};
+use jit::{Rate, Running, Setup, node, record_and_check, require, which};
 
 const DEEP: usize = 10;
-
-fn short(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "main" => "main",
-        "down" => "down",
-        "spin" => "spin",
-        "step" => "step",
-        _ => return None,
-    })
-}
 
 /// The first child of `pid` (unshare --fork runs the command as its child).
 fn child_of(pid: u32) -> u32 {
@@ -41,31 +31,20 @@ fn child_of(pid: u32) -> u32 {
 #[test]
 fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
     let test = "jit_frames_are_named_inside_a_pid_and_mount_namespace";
-    let Some(node) = require(test, "node", which("node")) else {
+    let Some(node) = node::node(test) else {
         return;
     };
     let Some(unshare) = require(test, "unshare (util-linux)", which("unshare")) else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let script = format!(
-        "mount -t tmpfs rootline-private-tmp /tmp && exec {} --perf-basic-prof \
-         --no-turbo-inlining {} {DEEP} 60",
-        node.display(),
-        sources().join("calls.js").display()
-    );
-    // node writes a V8 log into its working directory: keep it out of the source tree.
-    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup::new();
     let mut cmd = Command::new(unshare);
-    cmd.current_dir(dir.path()).args([
-        "--fork",
-        "--pid",
-        "--mount-proc",
-        "--mount",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    cmd.current_dir(setup.path())
+        .args(["--fork", "--pid", "--mount-proc", "--mount", "sh", "-c"])
+        .arg("mount -t tmpfs rootline-private-tmp /tmp && exec \"$@\"")
+        .arg("sh")
+        .arg(node)
+        .args(node::args(&["--perf-basic-prof"], DEEP, 60));
     let target = Running::start(cmd);
     let pid = child_of(target.pid());
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -84,29 +63,11 @@ fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
     );
     assert!(std::fs::metadata(format!("/tmp/perf-{pid}.map")).is_err());
 
-    let recording = record_pid(pid, 10_000, 5.0, 16);
-    let graph = Graph {
-        short: &short,
-        entries: &["main"],
-        edges: &[
-            ("main", "down"),
-            ("down", "down"),
-            ("down", "spin"),
-            ("spin", "step"),
-        ],
-        recursion: Some(("down", "spin", &[("main", DEEP + 1)])),
-        is_root: &is_native_root,
+    let rate = Rate {
+        hz: 10_000,
+        seconds: 5.0,
+        stack_kib: 16,
     };
-    let v = check(&recording.profile, &graph);
-    v.print("node in a namespace");
-    assert!(
-        v.program_samples >= 1000,
-        "{} program samples",
-        v.program_samples
-    );
-    assert_eq!(v.impossible_edges, 0);
-    assert_eq!(v.unnamed, 0);
-    assert_eq!(v.invented, 0);
-    assert_eq!(v.truncated, 0);
-    assert_eq!(v.wrong_recursion, 0);
+    let (_, v) = record_and_check("node in a namespace", pid, rate, &node::graph(DEEP), 1000);
+    v.assert_whole_and_true();
 }

@@ -1,66 +1,85 @@
-//! Node (V8, `--perf-basic-prof`): JIT frames named from the perf map, unwound through JIT code
-//! into node's native frames, checked against the target's known call graph
-//! (`tests/jit/calls.js`).
+//! Node (V8): JIT frames named from the perf map (`--perf-basic-prof`) or from the jitdump file
+//! (`--perf-prof`), unwound through JIT code into node's native frames, checked against the
+//! target's known call graph (`tests/jit/calls.js`).
 
 mod jit;
 
 use std::process::Command;
 
-use jit::{Graph, Running, SERIAL, check, is_native_root, record_pid, require, sources, which};
+use jit::{Rate, Running, Setup, node, record_and_check};
 
 const DEEP: usize = 20;
+const RATE: Rate = Rate {
+    hz: 20_000,
+    seconds: 12.0,
+    stack_kib: 16,
+};
 
-fn short(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "main" => "main",
-        "down" => "down",
-        "spin" => "spin",
-        "step" => "step",
-        _ => return None,
-    })
-}
-
-/// Records node running `calls.js` with `flag` in `dir` and checks every stack.
-fn run(test: &str, flag: &str, dir: &std::path::Path) {
-    let Some(node) = require(test, "node (apt-get install nodejs)", which("node")) else {
+#[test]
+fn node_frames_are_named_whole_and_true() {
+    let Some(node) = node::node("node_frames_are_named_whole_and_true") else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let setup = Setup::new();
     let mut cmd = Command::new(node);
-    cmd.current_dir(dir)
-        .args([flag, "--no-turbo-inlining"])
-        .arg(sources().join("calls.js"))
-        .args([DEEP.to_string(), "60".into()]);
+    // node writes a V8 log into its working directory: keep it out of the source tree.
+    cmd.current_dir(setup.path())
+        .args(node::args(&["--perf-basic-prof"], DEEP, 60));
     let target = Running::start(cmd);
-    let recording = record_pid(target.pid(), 20_000, 12.0, 16);
-    let graph = Graph {
-        short: &short,
-        entries: &["main"],
-        edges: &[
-            ("main", "down"),
-            ("down", "down"),
-            ("down", "spin"),
-            ("spin", "step"),
-        ],
-        recursion: Some(("down", "spin", &[("main", DEEP + 1)])),
-        is_root: &is_native_root,
-    };
-    let v = check(&recording.profile, &graph);
-    v.print(&format!("node {flag}"));
-    assert!(
-        v.program_samples >= 20_000,
-        "{} program samples",
-        v.program_samples
+    let (_, v) = record_and_check(
+        "node --perf-basic-prof",
+        target.pid(),
+        RATE,
+        &node::graph(DEEP),
+        20_000,
     );
     v.assert_whole_and_true();
 }
 
+/// `--perf-prof` writes no perf map, only `jit-PID.dump` in the working directory, which node
+/// maps so that profilers find it: every name comes from there.
+///
+/// V8 writes the dump through a buffered stream: the code it logged last stays invisible to a
+/// live reader until more code is logged (or node exits). On-stack replacement compiles a
+/// function's loop while it runs, possibly after the target said `ready`, so that code could
+/// stay unnamed for the whole recording; with `--no-use-osr` and `--always-sparkplug` every
+/// function gets its code when it is called, long before the measured loop.
 #[test]
-fn node_frames_are_named_whole_and_true() {
-    let dir = tempfile::tempdir().unwrap();
-    run(
-        "node_frames_are_named_whole_and_true",
-        "--perf-basic-prof",
-        dir.path(),
+fn node_jitdump_frames_are_named_whole_and_true() {
+    let Some(node) = node::node("node_jitdump_frames_are_named_whole_and_true") else {
+        return;
+    };
+    let setup = Setup::new();
+    let mut cmd = Command::new(node);
+    cmd.current_dir(setup.path()).args(node::args(
+        &["--perf-prof", "--no-use-osr", "--always-sparkplug"],
+        DEEP,
+        60,
+    ));
+    let target = Running::start(cmd);
+    let pid = target.pid();
+    let dump = setup.path().join(format!("jit-{pid}.dump"));
+    assert!(dump.is_file(), "node writes {}", dump.display());
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        maps.contains(&format!("jit-{pid}.dump")),
+        "node maps its jitdump file"
     );
+    let perf_map = format!("/tmp/perf-{pid}.map");
+    assert!(
+        std::fs::metadata(&perf_map).is_err(),
+        "{perf_map} exists: names could come from it"
+    );
+    let (_, v) = record_and_check(
+        "node --perf-prof (jitdump)",
+        pid,
+        RATE,
+        &node::graph(DEEP),
+        20_000,
+    );
+    assert!(
+        std::fs::metadata(&perf_map).is_err(),
+        "{perf_map} appeared while recording"
+    );
+    v.assert_whole_and_true();
 }

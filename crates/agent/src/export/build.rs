@@ -18,7 +18,7 @@ pub fn build_exporters(
         let settings = OtlpSettings::resolve(otlp, config.export_timeout, env);
         let encoder = super::otlp::default_encoder()
             .ok_or_else(|| ExportError::Encode("this build has no OTLP profiles writer".into()))?;
-        exporters.push(Box::new(OtlpExporter::new(settings, encoder)));
+        exporters.push(Box::new(OtlpExporter::new(settings, encoder)?));
     }
     for (name, dir, extension) in [
         ("pprof", &config.exporters.pprof, ".pb.gz"),

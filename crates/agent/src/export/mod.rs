@@ -5,6 +5,7 @@
 mod build;
 pub mod dir;
 pub mod otlp;
+pub mod tls;
 
 pub use build::build_exporters;
 
@@ -30,6 +31,19 @@ pub enum ExportError {
     /// Writing a file failed.
     #[error("{0}")]
     Io(String),
+    /// The exporter's settings cannot be used (a missing or malformed certificate file, …).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Requests an exporter sent so far (cumulative): every attempt, and how many of them were
+/// retries of a failed attempt.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Requests attempted, first tries and retries.
+    pub attempts: u64,
+    /// Attempts that repeated a failed one.
+    pub retries: u64,
 }
 
 /// The outcome of one batch for one exporter: samples that got out and samples that did not.
@@ -59,6 +73,15 @@ pub trait Exporter: Send {
     fn end_batch(&mut self, _batch: &ExportBatch) -> Result<(), ExportError> {
         Ok(())
     }
+
+    /// Requests sent so far, for exporters that talk to a receiver (zero for the others).
+    fn requests(&self) -> RequestCounts {
+        RequestCounts::default()
+    }
+
+    /// Sets (or clears) the time by which the agent must have exited; exporters that wait on a
+    /// receiver stop trying at it. Called before each export.
+    fn set_deadline(&mut self, _deadline: Option<std::time::Instant>) {}
 
     /// Called once at shutdown after the final batch.
     fn finish(&mut self) -> Result<(), ExportError> {

@@ -9,16 +9,22 @@
 //! request whose resource carries `host.name`, `process.pid`, `process.executable.name`,
 //! `process.command_line`, `process.executable.path` and, in a container, `container.id`.
 //! Bodies are gzipped; an attempt that times out, fails to connect or gets 408/429/5xx is retried
-//! with exponential backoff. HTTPS uses rustls with the WebPKI roots.
+//! with exponential backoff; a failed TLS handshake is not retried (see [`super::tls`]). Once the
+//! receiver has failed for one process (retries spent, or no TLS), the other processes of the same
+//! export are not sent: their samples fail at once instead of each costing the full timeout and
+//! retries, so a dead receiver costs one process's retries per export. During shutdown no attempt
+//! runs past the deadline the agent sets (`shutdown_timeout`). HTTPS uses rustls, with the WebPKI roots or the CA file of `certificate` /
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE`, and a client certificate for mutual TLS when configured.
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use super::{ExportError, Exporter};
+use super::tls::{self, TlsFiles};
+use super::{ExportError, Exporter, RequestCounts};
 use crate::batch::{ExportBatch, ProcessProfile};
 use crate::config::OtlpConfig;
 use rootline_profile::Profile;
@@ -99,6 +105,8 @@ pub struct OtlpSettings {
     pub retries: u32,
     /// First backoff; doubles on each retry.
     pub backoff: Duration,
+    /// CA and client certificate files for HTTPS.
+    pub tls: TlsFiles,
 }
 
 impl OtlpSettings {
@@ -134,6 +142,20 @@ impl OtlpSettings {
         if let Some(text) = nonempty("OTEL_RESOURCE_ATTRIBUTES") {
             resource.extend(parse_key_values(&text));
         }
+        // Config first, then the signal-specific variable, then the generic one (as for the
+        // endpoint).
+        let file = |configured: &Option<std::path::PathBuf>, suffix: &str| {
+            configured.clone().or_else(|| {
+                nonempty(&format!("OTEL_EXPORTER_OTLP_PROFILES_{suffix}"))
+                    .or_else(|| nonempty(&format!("OTEL_EXPORTER_OTLP_{suffix}")))
+                    .map(std::path::PathBuf::from)
+            })
+        };
+        let tls = TlsFiles {
+            certificate: file(&config.certificate, "CERTIFICATE"),
+            client_certificate: file(&config.client_certificate, "CLIENT_CERTIFICATE"),
+            client_key: file(&config.client_key, "CLIENT_KEY"),
+        };
         let service_name = nonempty("OTEL_SERVICE_NAME")
             .or_else(|| config.service_name.clone())
             .or_else(|| resource.get("service.name").cloned());
@@ -146,6 +168,7 @@ impl OtlpSettings {
             timeout,
             retries: config.retries,
             backoff: config.backoff,
+            tls,
         }
     }
 }
@@ -199,23 +222,37 @@ pub struct OtlpExporter {
     encoder: Box<dyn OtlpEncoder>,
     http: ureq::Agent,
     host: Option<String>,
+    requests: RequestCounts,
+    /// Why the receiver is given up on for the rest of the current export, if it is.
+    unavailable: Option<String>,
+    /// Shutdown deadline: no attempt runs past it.
+    deadline: Option<Instant>,
 }
 
 impl OtlpExporter {
-    /// An exporter sending with `settings`, encoding with `encoder`.
-    pub fn new(settings: OtlpSettings, encoder: Box<dyn OtlpEncoder>) -> OtlpExporter {
+    /// An exporter sending with `settings`, encoding with `encoder`. Fails when a certificate
+    /// file of `settings.tls` cannot be read or parsed.
+    pub fn new(
+        settings: OtlpSettings,
+        encoder: Box<dyn OtlpEncoder>,
+    ) -> Result<OtlpExporter, ExportError> {
+        let tls = settings.tls.load()?;
         let http = ureq::Agent::config_builder()
+            .tls_config(tls)
             .timeout_global(Some(settings.timeout))
             .http_status_as_error(false)
             .user_agent(concat!("rootline-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .new_agent();
-        OtlpExporter {
+        Ok(OtlpExporter {
             settings,
             encoder,
             http,
             host: crate::host_name(),
-        }
+            requests: RequestCounts::default(),
+            unavailable: None,
+            deadline: None,
+        })
     }
 
     /// The resolved settings.
@@ -255,7 +292,7 @@ impl OtlpExporter {
         attrs.into_iter().collect()
     }
 
-    fn send_once(&self, body: &[u8]) -> Result<(), (ExportError, bool)> {
+    fn send_once(&self, body: &[u8], timeout: Duration) -> Result<(), (ExportError, Failure)> {
         let mut request = self
             .http
             .post(&self.settings.url)
@@ -265,6 +302,9 @@ impl OtlpExporter {
         }
         for (k, v) in &self.settings.headers {
             request = request.header(k.as_str(), v.as_str());
+        }
+        if timeout < self.settings.timeout {
+            request = request.config().timeout_global(Some(timeout)).build();
         }
         match request.send(body) {
             Ok(mut response) => {
@@ -278,20 +318,51 @@ impl OtlpExporter {
                     .limit(512)
                     .read_to_string()
                     .unwrap_or_default();
-                let retry = matches!(status, 408 | 429 | 500..=599);
-                Err((ExportError::Status { status, body }, retry))
+                let failure = if matches!(status, 408 | 429 | 500..=599) {
+                    Failure::Retry
+                } else {
+                    Failure::ThisRequest
+                };
+                Err((ExportError::Status { status, body }, failure))
             }
-            Err(e) => Err((
-                ExportError::Transport(format!("{}: {e}", self.settings.url)),
-                true,
-            )),
+            Err(e) => match tls::handshake_failure(&e, &self.settings.tls) {
+                Some(message) => Err((
+                    ExportError::Transport(format!("{}: {message}", self.settings.url)),
+                    Failure::Unreachable,
+                )),
+                None => Err((
+                    ExportError::Transport(format!("{}: {e}", self.settings.url)),
+                    Failure::Retry,
+                )),
+            },
         }
     }
+
+    /// Time left before the shutdown deadline (`None`: no deadline).
+    fn time_left(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// How an attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Worth another attempt (timeout, refused connection, 408/429/5xx).
+    Retry,
+    /// The receiver rejected this request (4xx): the next process's may pass.
+    ThisRequest,
+    /// No request can get through (TLS handshake refused): do not retry.
+    Unreachable,
 }
 
 impl Exporter for OtlpExporter {
     fn name(&self) -> &str {
         "otlp"
+    }
+
+    fn requests(&self) -> RequestCounts {
+        self.requests
     }
 
     fn export_process(
@@ -309,13 +380,36 @@ impl Exporter for OtlpExporter {
         } else {
             raw
         };
+        if let Some(reason) = &self.unavailable {
+            // The receiver already failed in this export: do not spend another timeout on it.
+            return Err(ExportError::Transport(format!(
+                "not sent, the receiver failed earlier in this export: {reason}"
+            )));
+        }
         let mut backoff = self.settings.backoff;
         let mut attempt = 0;
         loop {
-            match self.send_once(&body) {
+            let timeout = match self.time_left() {
+                None => self.settings.timeout,
+                Some(left) if left.is_zero() => {
+                    let reason = "the shutdown deadline (shutdown_timeout) has passed".to_string();
+                    self.unavailable = Some(reason.clone());
+                    return Err(ExportError::Transport(format!("not sent: {reason}")));
+                }
+                Some(left) => left.min(self.settings.timeout),
+            };
+            self.requests.attempts += 1;
+            self.requests.retries += u64::from(attempt > 0);
+            match self.send_once(&body, timeout) {
                 Ok(()) => return Ok(()),
-                Err((err, retry)) => {
-                    if !retry || attempt >= self.settings.retries {
+                Err((err, Failure::ThisRequest)) => return Err(err),
+                Err((err, failure)) => {
+                    let out_of_time = self.time_left().is_some_and(|left| left <= backoff);
+                    if failure == Failure::Unreachable
+                        || attempt >= self.settings.retries
+                        || out_of_time
+                    {
+                        self.unavailable = Some(err.to_string());
                         return Err(err);
                     }
                     tracing::debug!("OTLP attempt {} failed, retrying: {err}", attempt + 1);
@@ -325,6 +419,15 @@ impl Exporter for OtlpExporter {
                 }
             }
         }
+    }
+
+    fn end_batch(&mut self, _batch: &ExportBatch) -> Result<(), ExportError> {
+        self.unavailable = None;
+        Ok(())
+    }
+
+    fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
     }
 }
 
@@ -393,5 +496,39 @@ mod tests {
         );
         assert_eq!(s.resource["k8s.node.name"], "n1");
         assert_eq!(s.service_name.as_deref(), Some("checkout"));
+    }
+
+    #[test]
+    fn certificate_files_config_then_signal_then_generic() {
+        let t = Duration::from_secs(1);
+        let vars = env(&[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/generic/ca.pem"),
+            (
+                "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",
+                "/profiles/ca.pem",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                "/generic/client.pem",
+            ),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/generic/key.pem"),
+        ]);
+        let s = OtlpSettings::resolve(&OtlpConfig::default(), t, &vars);
+        assert_eq!(
+            s.tls,
+            TlsFiles {
+                certificate: Some("/profiles/ca.pem".into()),
+                client_certificate: Some("/generic/client.pem".into()),
+                client_key: Some("/generic/key.pem".into()),
+            }
+        );
+        let c = OtlpConfig {
+            certificate: Some("/etc/ca.pem".into()),
+            ..OtlpConfig::default()
+        };
+        let s = OtlpSettings::resolve(&c, t, &vars);
+        assert_eq!(s.tls.certificate, Some("/etc/ca.pem".into()));
+        let s = OtlpSettings::resolve(&OtlpConfig::default(), t, env(&[]));
+        assert_eq!(s.tls, TlsFiles::default());
     }
 }

@@ -1,7 +1,8 @@
 //! A small OTLP/HTTP profiles receiver on 127.0.0.1 for tests. It decodes every request with the
 //! official protos (the `opentelemetry-proto` crate, proto v1.10) and counts samples per process.
 //! It can be told to stall (sleep past the client's timeout, then hang up without counting) or to
-//! be down (refuse connections), and comes back when told.
+//! be down (refuse connections), and comes back when told. [`Receiver::start_tls`] serves HTTPS
+//! with a rustls server configuration instead (its handshakes are counted).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -46,6 +47,11 @@ pub struct ReceiverState {
     pub down: AtomicBool,
     /// Requests that arrived while stalled.
     pub stalled_requests: AtomicU64,
+    /// TLS handshakes completed (HTTPS receivers only).
+    pub handshakes: AtomicU64,
+    /// TLS handshakes that failed, with the last error.
+    pub handshake_failures: AtomicU64,
+    pub last_handshake_error: Mutex<String>,
     stop: AtomicBool,
 }
 
@@ -58,11 +64,20 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start() -> Receiver {
+        Receiver::start_with(None)
+    }
+
+    /// An HTTPS receiver using `tls` (certificate, and client verification if any).
+    pub fn start_tls(tls: Arc<rustls::ServerConfig>) -> Receiver {
+        Receiver::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(ReceiverState::default());
         let s = Arc::clone(&state);
-        let thread = std::thread::spawn(move || serve(listener, addr, s));
+        let thread = std::thread::spawn(move || serve(listener, addr, s, tls));
         Receiver {
             addr,
             state,
@@ -72,6 +87,11 @@ impl Receiver {
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The endpoint with the `https` scheme.
+    pub fn https_endpoint(&self) -> String {
+        format!("https://{}", self.addr)
     }
 
     pub fn received(&self) -> Received {
@@ -88,7 +108,12 @@ impl Drop for Receiver {
     }
 }
 
-fn serve(listener: TcpListener, addr: SocketAddr, state: Arc<ReceiverState>) {
+fn serve(
+    listener: TcpListener,
+    addr: SocketAddr,
+    state: Arc<ReceiverState>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     let mut listener = Some(listener);
     while !state.stop.load(Relaxed) {
         if state.down.load(Relaxed) {
@@ -113,18 +138,78 @@ fn serve(listener: TcpListener, addr: SocketAddr, state: Arc<ReceiverState>) {
         match l.accept() {
             Ok((stream, _)) => {
                 let s = Arc::clone(&state);
-                std::thread::spawn(move || handle(stream, s));
+                let tls = tls.clone();
+                std::thread::spawn(move || {
+                    stream.set_nonblocking(false).unwrap();
+                    stream
+                        .set_read_timeout(Some(Duration::from_millis(100)))
+                        .unwrap();
+                    match tls {
+                        None => handle(stream, s),
+                        Some(config) => {
+                            if let Some(tls_stream) = handshake(stream, config, &s) {
+                                handle(tls_stream, s);
+                            }
+                        }
+                    }
+                });
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }
 
-fn handle(stream: TcpStream, state: Arc<ReceiverState>) {
-    stream.set_nonblocking(false).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
+/// Completes the server side of a TLS handshake on `tcp`, counting successes and failures.
+fn handshake(
+    mut tcp: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    state: &ReceiverState,
+) -> Option<rustls::StreamOwned<rustls::ServerConnection, TcpStream>> {
+    let mut conn = rustls::ServerConnection::new(config).unwrap();
+    let mut idle = 0;
+    while conn.is_handshaking() {
+        match conn.complete_io(&mut tcp) {
+            Ok((0, 0)) => {
+                // The client hung up before finishing.
+                state.handshake_failures.fetch_add(1, Relaxed);
+                *state.last_handshake_error.lock().unwrap() = "client closed".into();
+                return None;
+            }
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && idle < 50 =>
+            {
+                idle += 1;
+            }
+            Err(e) => {
+                // Send our alert, then close gracefully: drain what the client still sends, so
+                // that it reads the alert rather than a connection reset.
+                let _ = conn.write_tls(&mut tcp);
+                let _ = tcp.shutdown(std::net::Shutdown::Write);
+                let mut sink = [0u8; 4096];
+                for _ in 0..20 {
+                    match tcp.read(&mut sink) {
+                        Ok(0) => break,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                        Err(_) => break,
+                    }
+                }
+                state.handshake_failures.fetch_add(1, Relaxed);
+                *state.last_handshake_error.lock().unwrap() = e.to_string();
+                return None;
+            }
+        }
+    }
+    state.handshakes.fetch_add(1, Relaxed);
+    Some(rustls::StreamOwned::new(conn, tcp))
+}
+
+fn handle<S: Read + Write>(stream: S, state: Arc<ReceiverState>) {
     let mut reader = BufReader::new(stream);
     loop {
         if state.stop.load(Relaxed) || state.down.load(Relaxed) {

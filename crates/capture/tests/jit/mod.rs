@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -41,6 +43,61 @@ pub fn require<T>(test: &str, what: &str, found: Option<T>) -> Option<T> {
 /// The directory of this file's sources (C#, JS, Java targets).
 pub fn sources() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jit")
+}
+
+/// A runtime test's set-up: it holds the recording lock (one recording at a time) and a scratch
+/// directory for compiled targets and the files runtimes write into their working directory.
+pub struct Setup {
+    /// The scratch directory (removed when dropped).
+    pub dir: tempfile::TempDir,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Setup {
+    /// Takes the lock and makes the directory.
+    pub fn new() -> Setup {
+        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        Setup {
+            dir: tempfile::tempdir().expect("a scratch directory"),
+            _serial: serial,
+        }
+    }
+
+    /// The scratch directory's path.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// How a target is recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    /// Sampling frequency.
+    pub hz: u32,
+    /// Recording length.
+    pub seconds: f64,
+    /// Stack bytes copied per sample, in KiB.
+    pub stack_kib: u32,
+}
+
+/// Records `pid` at `rate`, checks every stack against `graph`, prints the counts under `what`
+/// and asserts that at least `min_program_samples` samples were in the program.
+pub fn record_and_check(
+    what: &str,
+    pid: u32,
+    rate: Rate,
+    graph: &Graph<'_>,
+    min_program_samples: u64,
+) -> (Recording, Verdict) {
+    let recording = record_pid(pid, rate.hz, rate.seconds, rate.stack_kib);
+    let v = check(&recording.profile, graph);
+    v.print(what);
+    assert!(
+        v.program_samples >= min_program_samples,
+        "{what}: {} program samples, want at least {min_program_samples}",
+        v.program_samples
+    );
+    (recording, v)
 }
 
 /// A running target, killed when dropped.
@@ -108,7 +165,7 @@ pub fn record_pid(pid: u32, hz: u32, seconds: f64, stack_kib: u32) -> Recording 
 
 /// The recursive function, the function at the bottom of the recursion, and by entry function
 /// the number of recursive frames expected above it.
-pub type Recursion<'a> = (&'static str, &'static str, &'a [(&'static str, usize)]);
+pub type Recursion = (&'static str, &'static str, Vec<(&'static str, usize)>);
 
 /// A target's known call graph.
 pub struct Graph<'a> {
@@ -120,7 +177,7 @@ pub struct Graph<'a> {
     pub edges: &'a [(&'static str, &'static str)],
     /// The recursive function and, by entry, how many times it is on the stack when the
     /// function at the bottom of the recursion is.
-    pub recursion: Option<Recursion<'a>>,
+    pub recursion: Option<Recursion>,
     /// Whether a frame name is a thread's root (`_start`, `clone3`, …).
     pub is_root: &'a dyn Fn(&str) -> bool,
 }
@@ -248,11 +305,11 @@ pub fn check(profile: &Profile, graph: &Graph<'_>) -> Verdict {
             v.impossible_edges += 1;
             bad.get_or_insert("impossible edge");
         }
-        if let Some((recursive, leaf, counts)) = graph.recursion
-            && program.contains(&leaf)
+        if let Some((recursive, leaf, counts)) = &graph.recursion
+            && program.contains(leaf)
             && let Some(&(_, want)) = counts.iter().find(|(e, _)| Some(*e) == short[first])
         {
-            let got = program.iter().filter(|&&n| n == recursive).count();
+            let got = program.iter().filter(|&n| n == recursive).count();
             if got == want {
                 v.exact_recursion += 1;
             } else {
