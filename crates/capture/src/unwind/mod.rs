@@ -16,6 +16,8 @@ pub mod module;
 mod nocfi;
 pub mod policy;
 pub mod regs;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

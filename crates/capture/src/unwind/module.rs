@@ -335,6 +335,51 @@ impl CodeModule {
     }
 }
 
+#[cfg(test)]
+impl CodeModule {
+    /// A module for tests: `code` linked at `text_svma` (one executable segment at file offset
+    /// 0), `eh_frame` linked at `eh_frame_svma`, and the given function symbols.
+    pub(crate) fn synthetic(
+        text_svma: u64,
+        code: &[u8],
+        eh_frame_svma: u64,
+        eh_frame: &[u8],
+        symbols: &[(u64, u64, &str)],
+    ) -> CodeModule {
+        let mut bytes = code.to_vec();
+        bytes.extend_from_slice(eh_frame);
+        let text_end = text_svma + code.len() as u64;
+        let mut module = CodeModule {
+            name: "synthetic".into(),
+            bytes: bytes.into(),
+            segments: vec![Segment {
+                vaddr: text_svma,
+                offset: 0,
+                filesz: code.len() as u64,
+                exec: true,
+            }],
+            text: Some(SectionRef {
+                svma: text_svma..text_end,
+                file: 0..code.len(),
+            }),
+            eh_frame: (!eh_frame.is_empty()).then(|| SectionRef {
+                svma: eh_frame_svma..eh_frame_svma + eh_frame.len() as u64,
+                file: code.len()..code.len() + eh_frame.len(),
+            }),
+            eh_frame_hdr: None,
+            debug_frame: None,
+            got: None,
+            eh_cfi: CfiIndex::default(),
+            debug_cfi: CfiIndex::default(),
+            functions: symbols.iter().map(|s| (s.0, s.1)).collect(),
+            symbols: symbols.iter().map(|s| (s.0, s.1, s.2.into())).collect(),
+            build_id: None,
+        };
+        module.eh_cfi = module.cfi_index(false);
+        module
+    }
+}
+
 /// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` and the i-th entry of `.plt`
 /// after its 16-byte header both go through the i-th `.rela.plt` relocation, whose symbol names
 /// them. The header itself (the lazy-binding trampoline) is `plt0@plt`.
