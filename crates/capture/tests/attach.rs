@@ -13,10 +13,8 @@ use rootline_capture::recorder::{RecordOptions, Target, record};
 fn build_target() -> std::path::PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("attach_target");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/attach_target.c");
-    // Bound at load time (-z now), as in the ground-truth builds: ld.so's lazy-binding trampoline
-    // is a known unwinding gap that this test is not about.
     let status = Command::new("cc")
-        .args(["-O1", "-g", "-Wl,-z,now", "-o"])
+        .args(["-O1", "-g", "-o"])
         .arg(&out)
         .arg(&src)
         .arg("-lpthread")

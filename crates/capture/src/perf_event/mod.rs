@@ -84,11 +84,9 @@ pub enum OpenError {
     Other(#[source] io::Error),
 }
 
-/// Bit positions of the user registers requested (x86-64 `perf_regs.h`): BP, SP, IP.
-const REG_BP: u64 = 6;
-const REG_SP: u64 = 7;
-const REG_IP: u64 = 8;
-const REGS_MASK: u64 = (1 << REG_BP) | (1 << REG_SP) | (1 << REG_IP);
+/// The user registers requested: every general-purpose register and IP (CFI may base a frame on
+/// any callee-saved register, e.g. rbx in ld.so's lazy-binding trampoline).
+const REGS_MASK: u64 = crate::unwind::regs::PERF_MASK;
 /// Callchain entries at or above this are context markers (`PERF_CONTEXT_*`), not addresses.
 const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
 

@@ -3,6 +3,7 @@
 use perf_event_open_sys::bindings as b;
 
 use super::PERF_CONTEXT_MAX;
+use crate::unwind::regs::{self, Registers};
 
 /// A parsed ring-buffer record.
 #[derive(Debug)]
@@ -75,8 +76,8 @@ pub struct Sample<'a> {
     pub kernel_mode: bool,
     /// Kernel callchain IPs (with context markers removed), leaf first.
     pub kernel_ips: Vec<u64>,
-    /// User registers (ip, sp, bp), absent for kernel threads.
-    pub user_regs: Option<(u64, u64, u64)>,
+    /// User registers, absent for kernel threads.
+    pub user_regs: Option<Registers>,
     /// Copied user stack starting at the user SP.
     pub stack: &'a [u8],
 }
@@ -153,10 +154,11 @@ fn parse(data: &[u8], kernel: bool) -> Option<Record<'_>> {
             }
             let abi = c.u64()?;
             let user_regs = if abi == b::PERF_SAMPLE_REGS_ABI_64 as u64 {
-                let bp = c.u64()?;
-                let sp = c.u64()?;
-                let ip = c.u64()?;
-                Some((ip, sp, bp))
+                let mut values = [0u64; regs::COUNT];
+                for v in &mut values {
+                    *v = c.u64()?;
+                }
+                Registers::from_perf(&values)
             } else {
                 None
             };

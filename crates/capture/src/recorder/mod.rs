@@ -519,6 +519,12 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
         m.extra
             .insert(format!("truncated.{}", reason.as_str()), n.to_string());
     }
+    if stats.full_register_unwinds > 0 {
+        m.extra.insert(
+            "unwind.full_register_samples".into(),
+            stats.full_register_unwinds.to_string(),
+        );
+    }
     if stats.live.samples > 0 {
         m.extra
             .insert("live.samples".into(), stats.live.samples.to_string());

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::jit::{JitMaps, JitMemory, JitName};
 use crate::perf_event::{Record, Sample};
 use crate::process::{BinaryFile, Processes, thread_name};
-use crate::unwind::{LiveMemory, SampleStack, StackEnd, TruncateReason};
+use crate::unwind::{LiveMemory, Registers, SampleStack, StackEnd, TruncateReason};
 
 /// Counts kept while recording.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub struct Stats {
     pub threads: u64,
     /// Reads of live process memory past the copied stacks.
     pub live: crate::unwind::live_memory::LiveStats,
+    /// Samples unwound with every register tracked (CFI that needs more than rip/rsp/rbp).
+    pub full_register_unwinds: u64,
 }
 
 impl Stats {
@@ -205,14 +207,15 @@ impl Pipeline {
         self.thread(s.pid, s.tid);
         let mut node = NO_NODE;
         match s.user_regs {
-            Some((ip, ..)) if self.in_exec(s, ip) => node = self.node(node, RawKind::Exec, 0),
+            Some(regs) if self.in_exec(s, regs.ip()) => node = self.node(node, RawKind::Exec, 0),
             None => {
                 if s.kernel_ips.is_empty() {
                     node = self.node(node, RawKind::KernelOnly, 0);
                 }
             }
-            Some((ip, sp, bp)) => {
-                let end = self.unwind(s.pid, s.tid, ip, sp, bp, s.stack);
+            Some(regs) => {
+                let sp = regs.sp();
+                let end = self.unwind(s.pid, s.tid, &regs, s.stack);
                 if let StackEnd::Truncated(reason) = end {
                     *self.stats.truncated.entry(reason).or_default() += 1;
                     node = self.node(node, RawKind::Truncated(reason), 0);
@@ -253,8 +256,8 @@ impl Pipeline {
             && self.processes.get(s.pid).space.region(ip).is_none()
     }
 
-    fn unwind(&mut self, pid: u32, tid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> StackEnd {
-        let mut end = self.unwind_once(pid, tid, ip, sp, bp, stack);
+    fn unwind(&mut self, pid: u32, tid: u32, regs: &Registers, stack: &[u8]) -> StackEnd {
+        let mut end = self.unwind_once(pid, tid, regs, stack);
         // A mapping the tracker has not seen yet (a record still in another ring, or created
         // before attach): re-read /proc/PID/maps, at most every 100 ms per process, and retry.
         if end == StackEnd::Truncated(TruncateReason::UnmappedAddress) {
@@ -266,21 +269,14 @@ impl Pipeline {
             if due {
                 self.refreshed.insert(pid, now);
                 self.processes.refresh(pid);
-                end = self.unwind_once(pid, tid, ip, sp, bp, stack);
+                end = self.unwind_once(pid, tid, regs, stack);
             }
         }
         end
     }
 
-    fn unwind_once(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        ip: u64,
-        sp: u64,
-        bp: u64,
-        stack: &[u8],
-    ) -> StackEnd {
+    fn unwind_once(&mut self, pid: u32, tid: u32, regs: &Registers, stack: &[u8]) -> StackEnd {
+        let sp = regs.sp();
         let state = self.processes.get(pid);
         let live = self.live.as_mut().map(|live| {
             live.start(pid, tid, sp.saturating_add(stack.len() as u64), stack);
@@ -294,10 +290,12 @@ impl Pipeline {
             },
             jit: self.jit.process(pid),
         };
+        let before = state.space.full_register_unwinds();
         let mut end =
             state
                 .space
-                .unwind_with_sps(ip, sp, bp, &mut mem, &mut self.addrs, Some(&mut self.sps));
+                .unwind_with_sps(regs, &mut mem, &mut self.addrs, Some(&mut self.sps));
+        self.stats.full_register_unwinds += state.space.full_register_unwinds() - before;
         if let Some(live) = &self.live {
             self.stats.live = live.stats();
             if live.used() > 0 && !live.thread_alive() {

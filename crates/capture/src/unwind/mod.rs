@@ -8,12 +8,18 @@
 //! increasing, return address right after a call in an executable mapping); a failed step ends
 //! the stack with a [`TruncateReason`] from [`policy`].
 
+pub mod cfi;
+pub mod full;
 pub mod instr;
 pub mod live_memory;
 pub mod module;
+mod nocfi;
 pub mod policy;
+pub mod regs;
+#[cfg(test)]
+mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use framehop::Unwinder as _;
@@ -23,6 +29,7 @@ pub use instr::NoCfiRule;
 pub use live_memory::LiveMemory;
 pub use module::{CodeModule, ModuleError, SectionBytes};
 pub use policy::{ReadFailure, StackEnd, TruncateReason};
+pub use regs::Registers;
 
 /// Memory of the sampled thread, as the unwinder may read it.
 pub trait Memory {
@@ -165,6 +172,11 @@ pub struct AddressSpace {
     debug: UnwinderX86_64<SectionBytes>,
     eh_cache: CacheX86_64,
     debug_cache: CacheX86_64,
+    evaluator: full::Evaluator,
+    /// Lookup addresses where framehop ended a stack, and whether the CFI row there really
+    /// marks the return address undefined.
+    roots: HashMap<u64, bool>,
+    full_register_unwinds: u64,
 }
 
 impl Default for AddressSpace {
@@ -175,8 +187,31 @@ impl Default for AddressSpace {
             debug: UnwinderX86_64::new(),
             eh_cache: CacheX86_64::new(),
             debug_cache: CacheX86_64::new(),
+            evaluator: full::Evaluator::default(),
+            roots: HashMap::new(),
+            full_register_unwinds: 0,
         }
     }
+}
+
+/// Why a walk stopped before deciding how the stack ends.
+enum Stop {
+    /// The stack ends here, for this reason.
+    Truncated(TruncateReason),
+    /// A frame needs registers the fast walk does not track: walk again from the leaf with all
+    /// registers.
+    NeedsFullRegisters,
+}
+
+impl From<TruncateReason> for Stop {
+    fn from(reason: TruncateReason) -> Stop {
+        Stop::Truncated(reason)
+    }
+}
+
+fn region_in(regions: &BTreeMap<u64, Region>, addr: u64) -> Option<&Region> {
+    let (_, r) = regions.range(..=addr).next_back()?;
+    (addr < r.end).then_some(r)
 }
 
 impl AddressSpace {
@@ -208,6 +243,7 @@ impl AddressSpace {
                 ));
             }
         }
+        self.roots.clear();
         self.regions.insert(region.start, region);
     }
 
@@ -224,13 +260,13 @@ impl AddressSpace {
             self.regions.remove(&s);
             self.eh.remove_module(s);
             self.debug.remove_module(s);
+            self.roots.clear();
         }
     }
 
     /// The region containing `addr`.
     pub fn region(&self, addr: u64) -> Option<&Region> {
-        let (_, r) = self.regions.range(..=addr).next_back()?;
-        (addr < r.end).then_some(r)
+        region_in(&self.regions, addr)
     }
 
     /// All regions in address order.
@@ -238,8 +274,15 @@ impl AddressSpace {
         self.regions.values()
     }
 
-    /// Unwinds one sample. `out` receives the instruction pointer followed by each return
-    /// address, leaf first; the result says whether the stack reached its root.
+    /// How many samples so far needed the full-register walk (a frame whose CFI uses registers
+    /// other than rip/rsp/rbp, or a stack end framehop reported that the CFI does not confirm).
+    pub fn full_register_unwinds(&self) -> u64 {
+        self.full_register_unwinds
+    }
+
+    /// Unwinds one sample from its instruction, stack and frame pointers only (any other
+    /// register a frame's CFI needs is unknown). `out` receives the instruction pointer followed
+    /// by each return address, leaf first; the result says whether the stack reached its root.
     pub fn unwind(
         &mut self,
         ip: u64,
@@ -248,54 +291,75 @@ impl AddressSpace {
         mem: &mut dyn Memory,
         out: &mut Vec<u64>,
     ) -> StackEnd {
-        self.unwind_with_sps(ip, sp, bp, mem, out, None)
+        self.unwind_with_sps(&Registers::new(ip, sp, bp), mem, out, None)
     }
 
-    /// [`AddressSpace::unwind`], also filling `sps` (when given) with each frame's stack pointer,
-    /// parallel to `out`: a return address `out[i]` (i > 0) was read just below `sps[i]`.
+    /// Unwinds one sample from its registers, also filling `sps` (when given) with each frame's
+    /// stack pointer, parallel to `out`: a return address `out[i]` (i > 0) was read just below
+    /// `sps[i]`.
+    ///
+    /// Frames go through framehop while their CFI needs only rip, rsp and rbp; a frame that
+    /// needs more (or a stack end the CFI does not confirm) restarts the walk from the leaf
+    /// with every register tracked (see [`full`]).
     pub fn unwind_with_sps(
         &mut self,
-        ip: u64,
-        sp: u64,
-        bp: u64,
+        regs: &Registers,
         mem: &mut dyn Memory,
         out: &mut Vec<u64>,
         mut sps: Option<&mut Vec<u64>>,
     ) -> StackEnd {
+        if let Some(end) = self.walk(false, *regs, mem, out, sps.as_deref_mut()) {
+            return end;
+        }
+        self.full_register_unwinds += 1;
+        self.walk(true, *regs, mem, out, sps)
+            .unwrap_or(StackEnd::Truncated(TruncateReason::CfiError))
+    }
+
+    /// One walk from the leaf; None when it needs all registers and `full` is off.
+    fn walk(
+        &mut self,
+        full: bool,
+        mut regs: Registers,
+        mem: &mut dyn Memory,
+        out: &mut Vec<u64>,
+        mut sps: Option<&mut Vec<u64>>,
+    ) -> Option<StackEnd> {
         out.clear();
-        out.push(ip);
+        out.push(regs.ip());
         if let Some(sps) = sps.as_mut() {
             sps.clear();
-            sps.push(sp);
+            sps.push(regs.sp());
         }
-        let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
         let mut first = true;
         loop {
             let pc = regs.ip();
             let lookup = if first { pc } else { pc.wrapping_sub(1) };
             let old_sp = regs.sp();
-            let step = match self.step(first, lookup, &mut regs, mem) {
+            let step = match self.step(full, first, lookup, &mut regs, mem) {
                 Ok(step) => step,
-                Err(_) if first && self.at_thread_entry(pc) => return StackEnd::Root,
-                Err(TruncateReason::StackCopyExhausted) if mem.copied_len() == Some(0) => {
-                    return StackEnd::Truncated(TruncateReason::StackNotCopied);
+                Err(Stop::NeedsFullRegisters) => return None,
+                Err(_) if first && self.at_thread_entry(pc) => return Some(StackEnd::Root),
+                Err(Stop::Truncated(TruncateReason::StackCopyExhausted))
+                    if mem.copied_len() == Some(0) =>
+                {
+                    return Some(StackEnd::Truncated(TruncateReason::StackNotCopied));
                 }
-                Err(reason) => return StackEnd::Truncated(reason),
+                Err(Stop::Truncated(reason)) => return Some(StackEnd::Truncated(reason)),
             };
             let Some(ra) = step else {
-                return StackEnd::Root;
+                return Some(StackEnd::Root);
             };
             if regs.sp() <= old_sp {
-                return StackEnd::Truncated(TruncateReason::SpNotIncreasing);
+                return Some(StackEnd::Truncated(TruncateReason::SpNotIncreasing));
             }
             if let Err(reason) = self.check_return_address(ra, mem) {
-                return StackEnd::Truncated(reason);
+                return Some(StackEnd::Truncated(reason));
             }
             out.push(ra);
             if let Some(sps) = sps.as_mut() {
                 sps.push(regs.sp());
             }
-            regs.set_ip(ra);
             first = false;
         }
     }
@@ -303,42 +367,79 @@ impl AddressSpace {
     /// One step: the caller's return address (None at the root), with `regs` moved to the caller.
     fn step(
         &mut self,
+        full: bool,
         first: bool,
         lookup: u64,
-        regs: &mut UnwindRegsX86_64,
+        regs: &mut Registers,
         mem: &mut dyn Memory,
-    ) -> Result<Option<u64>, TruncateReason> {
-        let region = self.region(lookup).ok_or(TruncateReason::UnmappedAddress)?;
+    ) -> Result<Option<u64>, Stop> {
+        let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
-        let cfi = match &region.module {
-            Some(m) if m.eh_frame_covers(svma) => Some(false),
-            Some(m) if m.debug_frame_covers(svma) => Some(true),
-            _ => None,
+        let cfi = region.module.as_deref().and_then(|m| {
+            if m.eh_frame_covers(svma) {
+                Some((m, false))
+            } else if m.debug_frame_covers(svma) {
+                Some((m, true))
+            } else {
+                None
+            }
+        });
+        let Some((module, debug)) = cfi else {
+            let frame = nocfi::frame(region, first, lookup, mem)?;
+            return Ok(nocfi::exec(frame, regs, mem)?);
         };
-        let Some(use_debug) = cfi else {
-            let rule = no_cfi_rule(region, first, lookup, mem)?;
-            return exec_no_cfi(rule, regs, mem);
+        let at = full::RowAt {
+            module,
+            debug,
+            svma,
         };
+        if full {
+            return Ok(self.evaluator.step(at, first, regs, mem)?);
+        }
+        if module.cfi(debug).needs_full_registers(svma) {
+            return Err(Stop::NeedsFullRegisters);
+        }
         let address = if first {
             framehop::FrameAddress::from_instruction_pointer(regs.ip())
         } else {
             framehop::FrameAddress::from_return_address(regs.ip())
                 .ok_or(TruncateReason::CfiError)?
         };
+        let mut fregs = UnwindRegsX86_64::new(regs.ip(), regs.sp(), regs.bp());
         let mut read_failure = None;
         let mut read = |addr: u64| {
             mem.read_stack_u64(addr).map_err(|e| {
                 read_failure = Some(e);
             })
         };
-        let result = if use_debug {
+        let result = if debug {
             self.debug
-                .unwind_frame(address, regs, &mut self.debug_cache, &mut read)
+                .unwind_frame(address, &mut fregs, &mut self.debug_cache, &mut read)
         } else {
             self.eh
-                .unwind_frame(address, regs, &mut self.eh_cache, &mut read)
+                .unwind_frame(address, &mut fregs, &mut self.eh_cache, &mut read)
         };
-        result.map_err(|e| TruncateReason::from_framehop(e, read_failure))
+        match result {
+            Ok(Some(ra)) => {
+                *regs = Registers::new(ra, fregs.sp(), fregs.bp());
+                Ok(Some(ra))
+            }
+            // framehop also ends a stack on a zero frame pointer or return address; only the
+            // CFI's own "return address undefined" is a root.
+            Ok(None) => {
+                let evaluator = &mut self.evaluator;
+                let root = *self
+                    .roots
+                    .entry(lookup)
+                    .or_insert_with(|| evaluator.return_address_undefined(at));
+                if root {
+                    Ok(None)
+                } else {
+                    Err(Stop::NeedsFullRegisters)
+                }
+            }
+            Err(e) => Err(TruncateReason::from_framehop(e, read_failure).into()),
+        }
     }
 
     /// Whether `pc` lies in a function that starts threads (see [`policy::is_thread_entry`]).
@@ -388,107 +489,4 @@ fn code_before<'b>(
         }
         None => mem.read_code(start, &mut buf[..len]).then_some(&buf[..len]),
     }
-}
-
-/// Decides the rule for a frame in code without CFI (see [`instr`]).
-fn no_cfi_rule(
-    region: &Region,
-    first: bool,
-    lookup: u64,
-    mem: &mut dyn Memory,
-) -> Result<NoCfiRule, TruncateReason> {
-    const WINDOW: usize = 4096;
-    let mut at_ip_buf = [0u8; 16];
-    let mut prev_buf = [0u8; 2];
-    type Analysis<'c> = (&'c [u8], [Option<u8>; 2], Option<(&'c [u8], usize)>);
-    let (at_ip, prev, function): Analysis<'_> = match &region.module {
-        Some(m) => {
-            let svma = region.svma(lookup);
-            let at_ip = m.code(svma, 16).unwrap_or(&[]);
-            let byte = |a: u64| m.code(a, 1).and_then(|b| b.first().copied());
-            let prev = [byte(svma.wrapping_sub(2)), byte(svma.wrapping_sub(1))];
-            let function = m.function_start(svma).and_then(|start| {
-                let offset = usize::try_from(svma - start).ok().filter(|&o| o < WINDOW)?;
-                let code = m.code(start, offset + 16)?;
-                Some((code, offset))
-            });
-            (at_ip, prev, function)
-        }
-        None => {
-            if let Some(rule) = mem.jit_rule(lookup, first) {
-                return rule.ok_or(TruncateReason::NoUnwindInfo);
-            }
-            let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
-                &at_ip_buf
-            } else {
-                &[]
-            };
-            let prev = if mem.read_code(lookup.wrapping_sub(2), &mut prev_buf) {
-                [Some(prev_buf[0]), Some(prev_buf[1])]
-            } else {
-                [None; 2]
-            };
-            (at_ip, prev, None)
-        }
-    };
-    let rule = if first {
-        instr::leaf_rule(at_ip, prev, function)
-    } else {
-        instr::caller_rule(function.map(|(code, _)| code))
-    };
-    // Code in a file without CFI whose prologue is not at its start (e.g. V8's embedded
-    // builtins in node): simulate the prologue as for JIT code.
-    let rule = rule.or_else(|| {
-        let (code, offset) = function?;
-        if first {
-            let m = region.module.as_ref()?;
-            let at = m.code(region.svma(lookup), 384)?;
-            crate::jit::frame_state::leaf_rule(code, offset, at)
-        } else {
-            crate::jit::frame_state::caller_rule(code, offset + 1)
-        }
-    });
-    rule.ok_or(TruncateReason::NoUnwindInfo)
-}
-
-/// Executes a no-CFI rule on `regs`.
-fn exec_no_cfi(
-    rule: NoCfiRule,
-    regs: &mut UnwindRegsX86_64,
-    mem: &mut dyn Memory,
-) -> Result<Option<u64>, TruncateReason> {
-    let sp = regs.sp();
-    let bp = regs.bp();
-    let read = |mem: &mut dyn Memory, addr: u64| {
-        mem.read_stack_u64(addr).map_err(TruncateReason::from_read)
-    };
-    let (ra, new_sp, new_bp) = match rule {
-        NoCfiRule::ReturnAtSp => (read(mem, sp)?, sp.checked_add(8), bp),
-        NoCfiRule::ReturnAtSpPlus8 => (read(mem, sp.wrapping_add(8))?, sp.checked_add(16), bp),
-        NoCfiRule::FramePointer => {
-            if bp == 0 {
-                return Ok(None);
-            }
-            if bp < sp || !bp.is_multiple_of(8) {
-                return Err(TruncateReason::BadFramePointer);
-            }
-            let ra = read(mem, bp.wrapping_add(8))?;
-            (ra, bp.checked_add(16), read(mem, bp)?)
-        }
-        NoCfiRule::ReturnAt { ra, saved_bp } => {
-            let new_bp = match saved_bp {
-                Some(o) => read(mem, sp.wrapping_add(u64::from(o)))?,
-                None => bp,
-            };
-            let ra_at = sp.wrapping_add(u64::from(ra));
-            (read(mem, ra_at)?, ra_at.checked_add(8), new_bp)
-        }
-    };
-    let new_sp = new_sp.ok_or(TruncateReason::BadFramePointer)?;
-    if ra == 0 {
-        return Ok(None);
-    }
-    regs.set_sp(new_sp);
-    regs.set_bp(new_bp);
-    Ok(Some(ra))
 }

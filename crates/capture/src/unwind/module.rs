@@ -4,7 +4,8 @@
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
+use super::cfi::CfiIndex;
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use object::{
     Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SectionKind, SymbolKind,
 };
@@ -64,8 +65,8 @@ pub struct CodeModule {
     eh_frame_hdr: Option<SectionRef>,
     debug_frame: Option<SectionRef>,
     got: Option<SectionRef>,
-    eh_cover: Vec<(u64, u64)>,
-    debug_cover: Vec<(u64, u64)>,
+    eh_cfi: CfiIndex,
+    debug_cfi: CfiIndex,
     functions: Vec<(u64, u64)>,
     symbols: Vec<(u64, u64, Box<str>)>,
     build_id: Option<String>,
@@ -75,8 +76,8 @@ impl std::fmt::Debug for CodeModule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CodeModule")
             .field("name", &self.name)
-            .field("eh_fdes", &self.eh_cover.len())
-            .field("debug_fdes", &self.debug_cover.len())
+            .field("eh_fdes", &self.eh_cfi.len())
+            .field("debug_fdes", &self.debug_cfi.len())
             .field("functions", &self.functions.len())
             .finish()
     }
@@ -157,14 +158,14 @@ impl CodeModule {
             eh_frame_hdr,
             debug_frame,
             got,
-            eh_cover: Vec::new(),
-            debug_cover: Vec::new(),
+            eh_cfi: CfiIndex::default(),
+            debug_cfi: CfiIndex::default(),
             functions,
             symbols,
             build_id,
         };
-        module.eh_cover = module.fde_ranges(false);
-        module.debug_cover = module.fde_ranges(true);
+        module.eh_cfi = module.cfi_index(false);
+        module.debug_cfi = module.cfi_index(true);
         Ok(module)
     }
 
@@ -180,22 +181,30 @@ impl CodeModule {
 
     /// Whether the file has any CFI (`.eh_frame` or `.debug_frame` FDEs).
     pub fn has_cfi(&self) -> bool {
-        !self.eh_cover.is_empty() || !self.debug_cover.is_empty()
+        !self.eh_cfi.is_empty() || !self.debug_cfi.is_empty()
     }
 
     /// Number of FDEs in `.eh_frame` and in `.debug_frame`.
     pub fn fde_counts(&self) -> (usize, usize) {
-        (self.eh_cover.len(), self.debug_cover.len())
+        (self.eh_cfi.len(), self.debug_cfi.len())
+    }
+
+    /// Link-time address ranges whose CFI rows need full-register evaluation (`.eh_frame`
+    /// ranges, then `.debug_frame` ones): see [`super::cfi`].
+    pub fn full_register_ranges(&self) -> Vec<(u64, u64)> {
+        let mut v = self.eh_cfi.full_register_ranges().to_vec();
+        v.extend_from_slice(self.debug_cfi.full_register_ranges());
+        v
     }
 
     /// Whether an `.eh_frame` FDE covers the link-time address `svma`.
     pub fn eh_frame_covers(&self, svma: u64) -> bool {
-        covers(&self.eh_cover, svma)
+        self.eh_cfi.covers(svma)
     }
 
     /// Whether a `.debug_frame` FDE covers the link-time address `svma`.
     pub fn debug_frame_covers(&self, svma: u64) -> bool {
-        covers(&self.debug_cover, svma)
+        self.debug_cfi.covers(svma)
     }
 
     /// Start of the function containing `svma`, from the symbol tables (None when unknown).
@@ -271,7 +280,13 @@ impl CodeModule {
         }
     }
 
-    fn fde_ranges(&self, debug: bool) -> Vec<(u64, u64)> {
+    /// The FDE index of `.debug_frame` (`debug`) or `.eh_frame`.
+    pub(crate) fn cfi(&self, debug: bool) -> &CfiIndex {
+        if debug { &self.debug_cfi } else { &self.eh_cfi }
+    }
+
+    /// The base addresses for reading `.eh_frame` (`debug` false) or `.debug_frame`.
+    pub(crate) fn cfi_bases(&self, debug: bool) -> BaseAddresses {
         let mut bases = BaseAddresses::default();
         if let Some(t) = &self.text {
             bases = bases.set_text(t.svma.start);
@@ -279,28 +294,89 @@ impl CodeModule {
         if let Some(g) = &self.got {
             bases = bases.set_got(g.svma.start);
         }
-        let mut out = Vec::new();
-        if debug {
-            let Some(s) = &self.debug_frame else {
-                return out;
-            };
-            let mut section = DebugFrame::new(&self.bytes[s.file.clone()], LittleEndian);
-            section.set_address_size(8);
-            collect_fdes(&section, &bases, &mut out);
-        } else {
-            let Some(s) = &self.eh_frame else {
-                return out;
-            };
-            let bases = bases.set_eh_frame(s.svma.start);
-            let bases = match &self.eh_frame_hdr {
-                Some(h) => bases.set_eh_frame_hdr(h.svma.start),
-                None => bases,
-            };
-            let section = EhFrame::new(&self.bytes[s.file.clone()], LittleEndian);
-            collect_fdes(&section, &bases, &mut out);
+        if !debug {
+            if let Some(s) = &self.eh_frame {
+                bases = bases.set_eh_frame(s.svma.start);
+            }
+            if let Some(h) = &self.eh_frame_hdr {
+                bases = bases.set_eh_frame_hdr(h.svma.start);
+            }
         }
-        out.sort_unstable();
-        out
+        bases
+    }
+
+    /// The bytes of `.eh_frame`, when present.
+    pub(crate) fn eh_frame_bytes(&self) -> Option<&[u8]> {
+        self.eh_frame.as_ref().map(|s| &self.bytes[s.file.clone()])
+    }
+
+    /// The bytes of `.debug_frame`, when present.
+    pub(crate) fn debug_frame_bytes(&self) -> Option<&[u8]> {
+        self.debug_frame
+            .as_ref()
+            .map(|s| &self.bytes[s.file.clone()])
+    }
+
+    fn cfi_index(&self, debug: bool) -> CfiIndex {
+        let bases = self.cfi_bases(debug);
+        if debug {
+            let Some(bytes) = self.debug_frame_bytes() else {
+                return CfiIndex::default();
+            };
+            let mut section = DebugFrame::new(bytes, LittleEndian);
+            section.set_address_size(8);
+            CfiIndex::build(&section, &bases)
+        } else {
+            let Some(bytes) = self.eh_frame_bytes() else {
+                return CfiIndex::default();
+            };
+            CfiIndex::build(&EhFrame::new(bytes, LittleEndian), &bases)
+        }
+    }
+}
+
+#[cfg(test)]
+impl CodeModule {
+    /// A module for tests: `code` linked at `text_svma` (one executable segment at file offset
+    /// 0), `eh_frame` linked at `eh_frame_svma`, and the given function symbols.
+    pub(crate) fn synthetic(
+        text_svma: u64,
+        code: &[u8],
+        eh_frame_svma: u64,
+        eh_frame: &[u8],
+        symbols: &[(u64, u64, &str)],
+    ) -> CodeModule {
+        let mut bytes = code.to_vec();
+        bytes.extend_from_slice(eh_frame);
+        let text_end = text_svma + code.len() as u64;
+        let mut module = CodeModule {
+            name: "synthetic".into(),
+            bytes: bytes.into(),
+            segments: vec![Segment {
+                vaddr: text_svma,
+                offset: 0,
+                filesz: code.len() as u64,
+                exec: true,
+            }],
+            text: Some(SectionRef {
+                svma: text_svma..text_end,
+                file: 0..code.len(),
+            }),
+            eh_frame: (!eh_frame.is_empty()).then(|| SectionRef {
+                svma: eh_frame_svma..eh_frame_svma + eh_frame.len() as u64,
+                file: code.len()..code.len() + eh_frame.len(),
+            }),
+            eh_frame_hdr: None,
+            debug_frame: None,
+            got: None,
+            eh_cfi: CfiIndex::default(),
+            debug_cfi: CfiIndex::default(),
+            functions: symbols.iter().map(|s| (s.0, s.1)).collect(),
+            symbols: symbols.iter().map(|s| (s.0, s.1, s.2.into())).collect(),
+            build_id: None,
+        };
+        module.eh_cfi = module.cfi_index(false);
+        module
     }
 }
 
@@ -342,28 +418,6 @@ fn plt_symbols(file: &object::File<'_>) -> Vec<(u64, u64, Box<str>)> {
         }
     }
     out
-}
-
-fn collect_fdes<'a, S>(section: &S, bases: &BaseAddresses, out: &mut Vec<(u64, u64)>)
-where
-    S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
-{
-    let mut entries = section.entries(bases);
-    // A malformed entry ends the walk; the FDEs read so far stay usable.
-    while let Ok(Some(entry)) = entries.next() {
-        if let CieOrFde::Fde(partial) = entry
-            && let Ok(fde) = partial.parse(S::cie_from_offset)
-            && fde.len() > 0
-        {
-            out.push((fde.initial_address(), fde.initial_address() + fde.len()));
-        }
-    }
-}
-
-fn covers(ranges: &[(u64, u64)], addr: u64) -> bool {
-    // Ranges may nest or overlap (rare); check the few that start at or before `addr`.
-    let i = ranges.partition_point(|r| r.0 <= addr);
-    ranges[..i].iter().rev().take(4).any(|r| addr < r.1)
 }
 
 /// framehop's view of a module's sections: either the `.eh_frame` family or `.debug_frame`.
@@ -433,8 +487,8 @@ mod tests {
             eh_frame_hdr: None,
             debug_frame: None,
             got: None,
-            eh_cover: Vec::new(),
-            debug_cover: Vec::new(),
+            eh_cfi: CfiIndex::default(),
+            debug_cfi: CfiIndex::default(),
             functions: Vec::new(),
             symbols: Vec::new(),
             build_id: None,

@@ -27,6 +27,9 @@ pub enum TruncateReason {
     NotAfterCall,
     /// The CFI could not be evaluated (malformed or unsupported expression).
     CfiError,
+    /// The CFI needs a register whose value in this frame is unknown (e.g. rbx, after a frame
+    /// without CFI that may have changed it), so the caller cannot be found.
+    UnwindRuleMissing,
     /// The sample carried no user registers (a kernel thread, or user state unavailable).
     NoUserRegisters,
     /// Reading past the copied stack from the live process would exceed the per-sample byte
@@ -41,7 +44,7 @@ pub enum TruncateReason {
 
 impl TruncateReason {
     /// Every reason, for reporting.
-    pub const ALL: [TruncateReason; 13] = [
+    pub const ALL: [TruncateReason; 14] = [
         TruncateReason::StackCopyExhausted,
         TruncateReason::StackNotCopied,
         TruncateReason::UnreadableStack,
@@ -51,6 +54,7 @@ impl TruncateReason {
         TruncateReason::BadFramePointer,
         TruncateReason::NotAfterCall,
         TruncateReason::CfiError,
+        TruncateReason::UnwindRuleMissing,
         TruncateReason::NoUserRegisters,
         TruncateReason::Budget,
         TruncateReason::ThreadExited,
@@ -69,6 +73,7 @@ impl TruncateReason {
             TruncateReason::BadFramePointer => "bad-frame-pointer",
             TruncateReason::NotAfterCall => "not-after-call",
             TruncateReason::CfiError => "cfi-error",
+            TruncateReason::UnwindRuleMissing => "unwind-rule-missing",
             TruncateReason::NoUserRegisters => "no-user-registers",
             TruncateReason::Budget => "budget",
             TruncateReason::ThreadExited => "thread-exited",

@@ -1,0 +1,243 @@
+//! An index of one CFI section's FDEs (`.eh_frame` or `.debug_frame`), built once when a module
+//! loads: which addresses an FDE covers, where that FDE lies in the section, and which rows
+//! framehop cannot evaluate exactly.
+//!
+//! framehop tracks only rip, rsp and rbp, and when a row needs anything else (a CFA based on rbx,
+//! a CFA expression, rbp restored from another register, …) it silently falls back to a
+//! frame-pointer walk. Every row is therefore classified here: rows framehop turns into one of
+//! its exact rules go to framehop, all others to the full-register evaluator
+//! ([`super::full`]). A row that cannot be parsed counts as "not exact" too, so that evaluator
+//! reports it instead of framehop guessing.
+
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, EndianSlice, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection, UnwindTableRow, X86_64,
+};
+
+/// One FDE: the link-time address range it covers and its offset in the section.
+#[derive(Debug, Clone, Copy)]
+struct Fde {
+    start: u64,
+    end: u64,
+    offset: usize,
+}
+
+/// The FDEs of one section, sorted by start address, and the address ranges whose rows need
+/// full-register evaluation.
+#[derive(Debug, Default)]
+pub struct CfiIndex {
+    fdes: Vec<Fde>,
+    full: Vec<(u64, u64)>,
+}
+
+type Slice<'a> = EndianSlice<'a, LittleEndian>;
+
+impl CfiIndex {
+    /// Walks every FDE of `section` and classifies every row. A malformed entry ends the walk;
+    /// the FDEs read so far stay usable.
+    pub fn build<'a, S>(section: &S, bases: &BaseAddresses) -> CfiIndex
+    where
+        S: UnwindSection<Slice<'a>>,
+    {
+        let mut index = CfiIndex::default();
+        let mut ctx = UnwindContext::new();
+        let mut entries = section.entries(bases);
+        while let Ok(Some(entry)) = entries.next() {
+            let CieOrFde::Fde(partial) = entry else {
+                continue;
+            };
+            let Ok(fde) = partial.parse(S::cie_from_offset) else {
+                continue;
+            };
+            if fde.len() == 0 {
+                continue;
+            }
+            let (start, end) = (fde.initial_address(), fde.end_address());
+            index.fdes.push(Fde {
+                start,
+                end,
+                offset: fde.offset(),
+            });
+            let Ok(mut rows) = fde.rows(section, bases, &mut ctx) else {
+                index.full.push((start, end));
+                continue;
+            };
+            loop {
+                match rows.next_row() {
+                    Ok(Some(row)) => {
+                        if !framehop_exact(row) {
+                            push_range(&mut index.full, row.start_address(), row.end_address());
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        push_range(&mut index.full, start, end);
+                        break;
+                    }
+                }
+            }
+        }
+        index.fdes.sort_unstable_by_key(|f| (f.start, f.end));
+        index.full.sort_unstable();
+        index
+    }
+
+    /// Number of FDEs.
+    pub fn len(&self) -> usize {
+        self.fdes.len()
+    }
+
+    /// Whether the section has no FDE.
+    pub fn is_empty(&self) -> bool {
+        self.fdes.is_empty()
+    }
+
+    /// Whether an FDE covers the link-time address `svma`.
+    pub fn covers(&self, svma: u64) -> bool {
+        self.fde_at(svma).is_some()
+    }
+
+    /// Section offset of the FDE covering `svma` (the latest-starting one when FDEs nest).
+    pub fn fde_at(&self, svma: u64) -> Option<usize> {
+        // Ranges may nest or overlap (rare); check the few that start at or before `svma`.
+        let i = self.fdes.partition_point(|f| f.start <= svma);
+        self.fdes[..i]
+            .iter()
+            .rev()
+            .take(4)
+            .find(|f| svma < f.end)
+            .map(|f| f.offset)
+    }
+
+    /// Whether the row at `svma` needs registers framehop does not track (or could not be
+    /// parsed), so only the full-register evaluator may unwind it.
+    pub fn needs_full_registers(&self, svma: u64) -> bool {
+        let i = self.full.partition_point(|r| r.0 <= svma);
+        self.full[..i].iter().rev().take(4).any(|r| svma < r.1)
+    }
+
+    /// Address ranges that need full-register evaluation (merged where adjacent).
+    pub fn full_register_ranges(&self) -> &[(u64, u64)] {
+        &self.full
+    }
+}
+
+/// Appends `start..end`, merging it into the previous range when they touch.
+fn push_range(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) {
+    if let Some(last) = ranges.last_mut()
+        && last.1 == start
+    {
+        last.1 = end;
+        return;
+    }
+    ranges.push((start, end));
+}
+
+/// Whether framehop turns this row into one of its exact (cacheable) rules: the return address
+/// at CFA-8 or undefined, the CFA at rsp+8n, and rbp kept or saved at CFA+8n; or the standard
+/// frame-pointer frame (CFA = rbp+16, rbp at CFA-16). Anything else framehop either evaluates
+/// with only rip/rsp/rbp known or replaces by a frame-pointer guess.
+pub fn framehop_exact<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>(
+    row: &UnwindTableRow<T, S>,
+) -> bool {
+    match row.register(X86_64::RA) {
+        Some(RegisterRule::Undefined) => return true,
+        Some(RegisterRule::Offset(-8)) => {}
+        _ => return false,
+    }
+    let bp = match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::SameValue) => None,
+        Some(RegisterRule::Offset(o)) => Some(o),
+        Some(_) => return false,
+    };
+    match *row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RSP => {
+            let fits = offset >= 0 && offset % 8 == 0 && offset / 8 <= i64::from(u16::MAX);
+            fits && bp.is_none_or(|o| {
+                let at = offset + o;
+                at % 8 == 0 && i16::try_from(at / 8).is_ok()
+            })
+        }
+        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RBP => {
+            offset == 16 && bp == Some(-16)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gimli::write::{
+        Address, CallFrameInstruction as I, CommonInformationEntry, EhFrame, EndianVec,
+        FrameDescriptionEntry, FrameTable,
+    };
+    use gimli::{Encoding, Format};
+
+    /// An `.eh_frame` with one FDE per instruction list (each 0x100 bytes from 0x1000 + 0x100·i,
+    /// instructions at offsets 0, 4, 8, …).
+    pub(crate) fn eh_frame(fdes: &[Vec<I>]) -> Vec<u8> {
+        let encoding = Encoding {
+            format: Format::Dwarf32,
+            version: 1,
+            address_size: 8,
+        };
+        let mut cie = CommonInformationEntry::new(encoding, 1, -8, X86_64::RA);
+        cie.add_instruction(I::Cfa(X86_64::RSP, 8));
+        cie.add_instruction(I::Offset(X86_64::RA, -8));
+        let mut table = FrameTable::default();
+        let cie_id = table.add_cie(cie);
+        for (i, instrs) in fdes.iter().enumerate() {
+            let mut fde =
+                FrameDescriptionEntry::new(Address::Constant(0x1000 + 0x100 * i as u64), 0x100);
+            for (k, ins) in instrs.iter().enumerate() {
+                fde.add_instruction(4 * (k as u32 + 1), ins.clone());
+            }
+            table.add_fde(cie_id, fde);
+        }
+        let mut out = EhFrame(EndianVec::new(LittleEndian));
+        table.write_eh_frame(&mut out).expect("writes");
+        out.0.into_vec()
+    }
+
+    fn index(bytes: &[u8]) -> CfiIndex {
+        let section = gimli::EhFrame::new(bytes, LittleEndian);
+        CfiIndex::build(&section, &BaseAddresses::default().set_eh_frame(0))
+    }
+
+    #[test]
+    fn rows_framehop_cannot_evaluate_are_marked() {
+        let bytes = eh_frame(&[
+            // A plain frame-pointer function: exact throughout.
+            vec![
+                I::CfaOffset(16),
+                I::Offset(X86_64::RBP, -16),
+                I::CfaRegister(X86_64::RBP),
+            ],
+            // ld.so's trampoline: CFA based on rbx from the second row on.
+            vec![
+                I::CfaOffset(24),
+                I::Offset(X86_64::RBX, -32),
+                I::CfaRegister(X86_64::RBX),
+            ],
+            // rbp restored from another register.
+            vec![I::Register(X86_64::RBP, X86_64::RBX)],
+            // A CFA offset framehop would round.
+            vec![I::CfaOffset(12)],
+        ]);
+        let idx = index(&bytes);
+        assert_eq!(idx.len(), 4);
+        assert!((0x1000..0x1100).all(|a| !idx.needs_full_registers(a)));
+        assert!(!idx.needs_full_registers(0x1100 + 11));
+        assert!(idx.needs_full_registers(0x1100 + 12));
+        assert!(idx.needs_full_registers(0x11ff));
+        assert!(!idx.needs_full_registers(0x1203));
+        assert!(idx.needs_full_registers(0x1204));
+        assert!(idx.needs_full_registers(0x1304));
+        assert!(idx.covers(0x13ff) && !idx.covers(0x1400) && !idx.covers(0xfff));
+        assert_eq!(
+            idx.full_register_ranges(),
+            &[(0x110c, 0x1200), (0x1204, 0x1300), (0x1304, 0x1400)]
+        );
+    }
+}

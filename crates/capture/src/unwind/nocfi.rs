@@ -1,0 +1,149 @@
+//! Frames in code without CFI: the rule decided from the instructions ([`instr`], or the JIT
+//! frame-state analysis), and its execution on the registers.
+//!
+//! A zero frame pointer or return address ends a stack at its root only where the ABI's
+//! outermost-frame convention can apply: in a function that starts threads, or in code whose
+//! function start is unknown. A function known to keep a frame pointer never has rbp = 0, so
+//! there a zero is a broken chain and ends the stack with a truncation.
+
+use super::instr::{self, NoCfiRule};
+use super::regs::{self, Registers};
+use super::{Memory, Region, TruncateReason, policy};
+
+/// The rule for one frame without CFI, and whether a zero frame pointer or return address may
+/// mark the thread's root there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame {
+    /// How to find the caller.
+    pub rule: NoCfiRule,
+    /// A zero frame pointer (frame-pointer rule) or return address ends the stack at its root.
+    pub may_end: bool,
+}
+
+/// Decides the rule for a frame in code without CFI (see [`instr`]).
+pub(crate) fn frame(
+    region: &Region,
+    first: bool,
+    lookup: u64,
+    mem: &mut dyn Memory,
+) -> Result<Frame, TruncateReason> {
+    const WINDOW: usize = 4096;
+    let mut at_ip_buf = [0u8; 16];
+    let mut prev_buf = [0u8; 2];
+    type Analysis<'c> = (&'c [u8], [Option<u8>; 2], Option<(&'c [u8], usize)>);
+    let mut thread_entry = false;
+    let (at_ip, prev, function): Analysis<'_> = match &region.module {
+        Some(m) => {
+            let svma = region.svma(lookup);
+            thread_entry = m.symbol_name(svma).is_some_and(policy::is_thread_entry);
+            let at_ip = m.code(svma, 16).unwrap_or(&[]);
+            let byte = |a: u64| m.code(a, 1).and_then(|b| b.first().copied());
+            let prev = [byte(svma.wrapping_sub(2)), byte(svma.wrapping_sub(1))];
+            let function = m.function_start(svma).and_then(|start| {
+                let offset = usize::try_from(svma - start).ok().filter(|&o| o < WINDOW)?;
+                let code = m.code(start, offset + 16)?;
+                Some((code, offset))
+            });
+            (at_ip, prev, function)
+        }
+        None => {
+            if let Some(rule) = mem.jit_rule(lookup, first) {
+                // JIT code is never a thread's root.
+                let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;
+                return Ok(Frame {
+                    rule,
+                    may_end: false,
+                });
+            }
+            let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
+                &at_ip_buf
+            } else {
+                &[]
+            };
+            let prev = if mem.read_code(lookup.wrapping_sub(2), &mut prev_buf) {
+                [Some(prev_buf[0]), Some(prev_buf[1])]
+            } else {
+                [None; 2]
+            };
+            (at_ip, prev, None)
+        }
+    };
+    let rule = if first {
+        instr::leaf_rule(at_ip, prev, function)
+    } else {
+        instr::caller_rule(function.map(|(code, _)| code))
+    };
+    // Code in a file without CFI whose prologue is not at its start (e.g. V8's embedded
+    // builtins in node): simulate the prologue as for JIT code.
+    let rule = rule.or_else(|| {
+        let (code, offset) = function?;
+        if first {
+            let m = region.module.as_ref()?;
+            let at = m.code(region.svma(lookup), 384)?;
+            crate::jit::frame_state::leaf_rule(code, offset, at)
+        } else {
+            crate::jit::frame_state::caller_rule(code, offset + 1)
+        }
+    });
+    let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;
+    Ok(Frame {
+        rule,
+        may_end: thread_entry || (function.is_none() && region.module.is_some()),
+    })
+}
+
+/// Executes a no-CFI rule on `regs` (rip, rsp, rbp; every other register becomes unknown,
+/// since code without CFI may have changed it). `Ok(None)`: the thread's root.
+pub(crate) fn exec(
+    frame: Frame,
+    regs: &mut Registers,
+    mem: &mut dyn Memory,
+) -> Result<Option<u64>, TruncateReason> {
+    let sp = regs.sp();
+    let bp = regs.get(regs::RBP);
+    let read = |mem: &mut dyn Memory, addr: u64| {
+        mem.read_stack_u64(addr).map_err(TruncateReason::from_read)
+    };
+    let (ra, new_sp, new_bp) = match frame.rule {
+        NoCfiRule::ReturnAtSp => (read(mem, sp)?, sp.checked_add(8), bp),
+        NoCfiRule::ReturnAtSpPlus8 => (read(mem, sp.wrapping_add(8))?, sp.checked_add(16), bp),
+        NoCfiRule::FramePointer => {
+            let bp = bp.ok_or(TruncateReason::UnwindRuleMissing)?;
+            if bp == 0 {
+                return if frame.may_end {
+                    Ok(None)
+                } else {
+                    Err(TruncateReason::BadFramePointer)
+                };
+            }
+            if bp < sp || !bp.is_multiple_of(8) {
+                return Err(TruncateReason::BadFramePointer);
+            }
+            let ra = read(mem, bp.wrapping_add(8))?;
+            (ra, bp.checked_add(16), Some(read(mem, bp)?))
+        }
+        NoCfiRule::ReturnAt { ra, saved_bp } => {
+            let new_bp = match saved_bp {
+                Some(o) => Some(read(mem, sp.wrapping_add(u64::from(o)))?),
+                None => bp,
+            };
+            let ra_at = sp.wrapping_add(u64::from(ra));
+            (read(mem, ra_at)?, ra_at.checked_add(8), new_bp)
+        }
+    };
+    let new_sp = new_sp.ok_or(TruncateReason::BadFramePointer)?;
+    if ra == 0 {
+        return if frame.may_end {
+            Ok(None)
+        } else {
+            Err(TruncateReason::NotAfterCall)
+        };
+    }
+    let mut caller = Registers::new(ra, new_sp, 0);
+    match new_bp {
+        Some(v) => caller.set(regs::RBP, v),
+        None => caller.forget(regs::RBP),
+    }
+    *regs = caller;
+    Ok(Some(ra))
+}

@@ -1,0 +1,264 @@
+//! Unwinder tests on a crafted module: every way a stack can end (a real root, or an explicit
+//! truncation) and the full-register path for CFI framehop cannot evaluate.
+
+use std::sync::Arc;
+
+use gimli::write::{
+    Address, CallFrameInstruction as I, CommonInformationEntry, EhFrame, EndianVec,
+    FrameDescriptionEntry, FrameTable,
+};
+use gimli::{Encoding, Format, LittleEndian, X86_64};
+
+use super::regs::{self, Registers};
+use super::{AddressSpace, CodeModule, Region, SampleStack, StackEnd, TruncateReason};
+
+const TEXT: u64 = 0x1000;
+/// `root` (CFI: return address undefined) calls `tramp` and returns to `ROOT_RA`.
+const ROOT: u64 = 0x1000;
+const ROOT_RA: u64 = 0x1010;
+/// `tramp` (CFI: rbx saved, then CFA = rbx+16, like ld.so's `_dl_runtime_resolve`) calls the
+/// leaves and returns to `TRAMP_RA`.
+const TRAMP: u64 = 0x1100;
+const TRAMP_RA: u64 = 0x1150;
+/// `leaf` (CFI: push rbx at +4).
+const LEAF: u64 = 0x1200;
+/// `fp_nocfi`: `push rbp; mov rsp,rbp`, no CFI.
+const FP_NOCFI: u64 = 0x1300;
+/// `fp_cfi`: a frame-pointer function with CFI (CFA = rbp+16 from +4).
+const FP_CFI: u64 = 0x1400;
+/// 0x1500..0x1600: code without a symbol or CFI (function start unknown).
+const NAMELESS: u64 = 0x1500;
+/// `clone3`, without CFI.
+const CLONE3: u64 = 0x1600;
+const TEXT_END: u64 = 0x1700;
+
+/// Stack pointer of every sample.
+const SP: u64 = 0x7000_0000;
+
+fn eh_frame() -> Vec<u8> {
+    let encoding = Encoding {
+        format: Format::Dwarf32,
+        version: 1,
+        address_size: 8,
+    };
+    let mut cie = CommonInformationEntry::new(encoding, 1, -8, X86_64::RA);
+    cie.add_instruction(I::Cfa(X86_64::RSP, 8));
+    cie.add_instruction(I::Offset(X86_64::RA, -8));
+    let mut table = FrameTable::default();
+    let cie_id = table.add_cie(cie);
+    let fdes: [(u64, Vec<(u32, I)>); 4] = [
+        (ROOT, vec![(0, I::Undefined(X86_64::RA))]),
+        (
+            TRAMP,
+            vec![
+                (4, I::CfaOffset(16)),
+                (4, I::Offset(X86_64::RBX, -16)),
+                (8, I::CfaRegister(X86_64::RBX)),
+            ],
+        ),
+        (
+            LEAF,
+            vec![(4, I::CfaOffset(16)), (4, I::Offset(X86_64::RBX, -16))],
+        ),
+        (
+            FP_CFI,
+            vec![
+                (1, I::CfaOffset(16)),
+                (1, I::Offset(X86_64::RBP, -16)),
+                (4, I::CfaRegister(X86_64::RBP)),
+            ],
+        ),
+    ];
+    for (start, rows) in fdes {
+        let mut fde = FrameDescriptionEntry::new(Address::Constant(start), 0x100);
+        for (offset, ins) in rows {
+            fde.add_instruction(offset, ins);
+        }
+        table.add_fde(cie_id, fde);
+    }
+    let mut out = EhFrame(EndianVec::new(LittleEndian));
+    table.write_eh_frame(&mut out).expect("writes");
+    out.0.into_vec()
+}
+
+fn space() -> AddressSpace {
+    let mut code = vec![0x90u8; (TEXT_END - TEXT) as usize];
+    let mut put = |at: u64, bytes: &[u8]| {
+        let o = (at - TEXT) as usize;
+        code[o..o + bytes.len()].copy_from_slice(bytes);
+    };
+    // `call rel32` before each return address.
+    put(ROOT_RA - 5, &[0xe8, 0, 0, 0, 0]);
+    put(TRAMP_RA - 5, &[0xe8, 0, 0, 0, 0]);
+    put(FP_NOCFI, &[0x55, 0x48, 0x89, 0xe5]);
+    put(FP_CFI, &[0x55, 0x48, 0x89, 0xe5]);
+    let module = CodeModule::synthetic(
+        TEXT,
+        &code,
+        0x8000,
+        &eh_frame(),
+        &[
+            (ROOT, ROOT + 0x100, "root"),
+            (TRAMP, TRAMP + 0x100, "tramp"),
+            (LEAF, LEAF + 0x100, "leaf"),
+            (FP_NOCFI, FP_NOCFI + 0x100, "fp_nocfi"),
+            (FP_CFI, FP_CFI + 0x100, "fp_cfi"),
+            (CLONE3, CLONE3 + 0x100, "clone3"),
+        ],
+    );
+    let mut space = AddressSpace::new();
+    space.add_region(Region::new(
+        TEXT,
+        TEXT_END,
+        0,
+        "synthetic".into(),
+        Some(Arc::new(module)),
+    ));
+    space
+}
+
+/// Stack bytes from `SP`: `words[i]` at `SP + 8i`.
+fn stack(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn unwind(space: &mut AddressSpace, regs: &Registers, words: &[u64]) -> (StackEnd, Vec<u64>) {
+    let bytes = stack(words);
+    let mut mem = SampleStack {
+        base: SP,
+        bytes: &bytes,
+        fallback: None,
+    };
+    let mut out = Vec::new();
+    let end = space.unwind_with_sps(regs, &mut mem, &mut out, None);
+    (end, out)
+}
+
+fn regs(ip: u64, bp: u64, rbx: Option<u64>) -> Registers {
+    let mut r = Registers::new(ip, SP, bp);
+    if let Some(v) = rbx {
+        r.set(regs::RBX, v);
+    }
+    r
+}
+
+/// The stack under a sample in `leaf` after its `push rbx`: leaf's frame (saved rbx, return
+/// into tramp), tramp's frame (48 bytes of locals below its saved rbx), root's return address.
+fn trampoline_stack() -> Vec<u64> {
+    // tramp's CFA is SP + 80, so its rbx (CFA - 16) is SP + 64.
+    let mut w = vec![SP + 64, TRAMP_RA];
+    w.extend([0xbad; 6]);
+    w.extend([0x1234, ROOT_RA]);
+    w
+}
+
+#[test]
+fn cfi_undefined_return_address_is_the_root() {
+    let mut s = space();
+    let (end, out) = unwind(&mut s, &regs(ROOT + 0x20, 0, None), &[0; 4]);
+    assert_eq!((end, out), (StackEnd::Root, vec![ROOT + 0x20]));
+    assert_eq!(s.full_register_unwinds(), 0);
+}
+
+#[test]
+fn frames_based_on_rbx_are_unwound_with_all_registers() {
+    let mut s = space();
+    let (end, out) = unwind(
+        &mut s,
+        &regs(LEAF + 0x80, 0xdead, Some(7)),
+        &trampoline_stack(),
+    );
+    assert_eq!(end, StackEnd::Root);
+    assert_eq!(out, vec![LEAF + 0x80, TRAMP_RA, ROOT_RA]);
+    assert_eq!(s.full_register_unwinds(), 1, "restarted once from the leaf");
+    // Twice: framehop's cache must not turn the rbx row into a frame-pointer guess.
+    let (end, out) = unwind(
+        &mut s,
+        &regs(LEAF + 0x80, 0xdead, Some(7)),
+        &trampoline_stack(),
+    );
+    assert_eq!((end, out.len()), (StackEnd::Root, 3));
+}
+
+#[test]
+fn a_sample_in_the_rbx_frame_itself_needs_the_sampled_rbx() {
+    let mut s = space();
+    // tramp after `mov rsp,rbx`: CFA = rbx + 16 = SP + 16.
+    let words = [0x1234, ROOT_RA];
+    let (end, out) = unwind(&mut s, &regs(TRAMP + 0x80, 0, Some(SP)), &words);
+    assert_eq!((end, out), (StackEnd::Root, vec![TRAMP + 0x80, ROOT_RA]));
+    // Without rbx the frame cannot be unwound: an explicit truncation, no frame-pointer guess.
+    let (end, out) = unwind(&mut s, &regs(TRAMP + 0x80, 0, None), &words);
+    assert_eq!(
+        (end, out),
+        (
+            StackEnd::Truncated(TruncateReason::UnwindRuleMissing),
+            vec![TRAMP + 0x80]
+        )
+    );
+}
+
+#[test]
+fn an_unknown_register_after_a_frame_without_cfi_truncates() {
+    let mut s = space();
+    // fp_nocfi's body, called from tramp: its frame pointer chain gives the return address, but
+    // rbx (which tramp's CFA needs) may have been changed by code without CFI.
+    let words = [SP + 64, TRAMP_RA, 0, 0, 0, 0, 0, 0, 0x1234, ROOT_RA];
+    let (end, out) = unwind(&mut s, &regs(FP_NOCFI + 0x20, SP, Some(SP + 64)), &words);
+    assert_eq!(
+        (end, out),
+        (
+            StackEnd::Truncated(TruncateReason::UnwindRuleMissing),
+            vec![FP_NOCFI + 0x20, TRAMP_RA]
+        )
+    );
+}
+
+#[test]
+fn a_zero_frame_pointer_in_a_cfi_frame_is_not_a_root() {
+    let mut s = space();
+    // framehop's frame-pointer rule ends the stack on rbp = 0; the CFI says nothing of a root.
+    let (end, out) = unwind(&mut s, &regs(FP_CFI + 0x80, 0, None), &[0; 4]);
+    assert!(matches!(end, StackEnd::Truncated(_)), "{end:?}");
+    assert_eq!(out, vec![FP_CFI + 0x80]);
+}
+
+#[test]
+fn a_zero_return_address_in_a_cfi_frame_is_not_a_root() {
+    let mut s = space();
+    let (end, out) = unwind(&mut s, &regs(LEAF + 0x80, 0, None), &[0, 0, 0]);
+    assert_eq!(end, StackEnd::Truncated(TruncateReason::NotAfterCall));
+    assert_eq!(out, vec![LEAF + 0x80]);
+}
+
+#[test]
+fn a_zero_frame_pointer_ends_the_stack_only_where_the_function_is_unknown() {
+    let mut s = space();
+    // fp_nocfi keeps a frame pointer: rbp = 0 in its body is a broken chain.
+    let (end, _) = unwind(&mut s, &regs(FP_NOCFI + 0x20, 0, None), &[0; 4]);
+    assert_eq!(end, StackEnd::Truncated(TruncateReason::BadFramePointer));
+    // Code whose start is unknown: rbp = 0 is the ABI's outermost-frame mark.
+    let (end, out) = unwind(&mut s, &regs(NAMELESS + 0x20, 0, None), &[0; 4]);
+    assert_eq!((end, out), (StackEnd::Root, vec![NAMELESS + 0x20]));
+}
+
+#[test]
+fn a_zero_return_address_without_cfi_ends_the_stack_only_where_a_root_may_be() {
+    let mut s = space();
+    let (end, _) = unwind(&mut s, &regs(FP_NOCFI + 0x20, SP, None), &[0, 0, 0]);
+    assert_eq!(end, StackEnd::Truncated(TruncateReason::NotAfterCall));
+    let (end, _) = unwind(&mut s, &regs(NAMELESS + 0x20, SP, None), &[0, 0, 0]);
+    assert_eq!(end, StackEnd::Root);
+}
+
+#[test]
+fn a_new_thread_in_clone3_ends_at_its_root() {
+    let mut s = space();
+    // clone3 past its start, without CFI or a prologue: undecidable, but it is where threads
+    // begin.
+    let (end, out) = unwind(&mut s, &regs(CLONE3 + 0x20, 0, None), &[0; 2]);
+    assert_eq!((end, out), (StackEnd::Root, vec![CLONE3 + 0x20]));
+    // The same code under another name is an explicit truncation.
+    let (end, _) = unwind(&mut s, &regs(FP_NOCFI + 0x2, 0, None), &[]);
+    assert!(matches!(end, StackEnd::Truncated(_)), "{end:?}");
+}
