@@ -117,7 +117,45 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
     }
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     // JSON log lines, the cache rundown and the final status line.
-    assert!(stderr.lines().all(|l| l.starts_with('{')), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    let status = lines
+        .iter()
+        .rev()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("status: "))
+        })
+        .unwrap_or_else(|| panic!("no status line: {stderr}"));
+    for field in [
+        "samples",
+        "lost",
+        "dropped",
+        "ignored",
+        "cache_hits",
+        "cache_misses",
+        "cache_evictions",
+        "cache_entries",
+        "cache_bytes",
+        "export_latency_ms",
+        "export_failed",
+    ] {
+        assert!(
+            status[field].is_number(),
+            "status line lacks {field}: {status}"
+        );
+    }
+    assert!(status["samples"].as_u64().unwrap() > 0, "{status}");
+    let exporter = lines
+        .iter()
+        .rev()
+        .find(|l| l["exporter"] == "pprof")
+        .unwrap_or_else(|| panic!("no exporter status line: {stderr}"));
+    assert_eq!(exporter["failed"], 0, "{exporter}");
+    assert_eq!(exporter["exported"], status["samples"], "{exporter}");
     assert!(stderr.contains("stack cache rundown"), "{stderr}");
     assert!(stderr.contains("rootline agent stopped"), "{stderr}");
     let files: Vec<_> = std::fs::read_dir(&out_dir).unwrap().flatten().collect();
