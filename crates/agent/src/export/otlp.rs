@@ -3,8 +3,9 @@
 //! Endpoint, headers and resource follow the OpenTelemetry environment variables:
 //! `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (used as is), else `OTEL_EXPORTER_OTLP_ENDPOINT` (with
 //! `/v1development/profiles` appended), else `http://localhost:4318/v1development/profiles`; an
-//! `endpoint` in the config file takes precedence over both. `OTEL_EXPORTER_OTLP_HEADERS` (and
-//! `…_PROFILES_HEADERS`) add `key=value,…` headers; `OTEL_RESOURCE_ATTRIBUTES` adds resource
+//! `endpoint` in the config file takes precedence over both. `OTEL_EXPORTER_OTLP_HEADERS` and
+//! `…_PROFILES_HEADERS` add `key=value,…` headers (a header in both: the signal-specific value; in
+//! the config too: the config's); `OTEL_RESOURCE_ATTRIBUTES` adds resource
 //! attributes and `OTEL_SERVICE_NAME` sets `service.name`. Each process's profile goes out as one
 //! request whose resource carries `host.name`, `process.pid`, `process.executable.name`,
 //! `process.command_line`, `process.executable.path` and, in a container, `container.id`.
@@ -125,18 +126,28 @@ impl OtlpSettings {
             .or_else(|| nonempty("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT"))
             .or_else(|| nonempty("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| with_signal_path(&e)))
             .unwrap_or_else(|| format!("http://localhost:4318{PROFILES_PATH}"));
-        let mut headers: Vec<(String, String)> = config
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        // As for the endpoint: the config wins, then the signal-specific variable, then the
+        // generic one; a header set twice is sent once (names compared case-insensitively).
+        let mut headers: Vec<(String, String)> = Vec::new();
+        let mut set = |k: String, v: String| match headers
+            .iter_mut()
+            .find(|(name, _)| name.eq_ignore_ascii_case(&k))
+        {
+            Some(slot) => slot.1 = v,
+            None => headers.push((k, v)),
+        };
         for var in [
             "OTEL_EXPORTER_OTLP_HEADERS",
             "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
         ] {
             if let Some(text) = nonempty(var) {
-                headers.extend(parse_key_values(&text));
+                for (k, v) in parse_key_values(&text) {
+                    set(k, v);
+                }
             }
+        }
+        for (k, v) in &config.headers {
+            set(k.clone(), v.clone());
         }
         let mut resource = config.resource_attributes.clone();
         if let Some(text) = nonempty("OTEL_RESOURCE_ATTRIBUTES") {
@@ -530,5 +541,32 @@ mod tests {
         assert_eq!(s.tls.certificate, Some("/etc/ca.pem".into()));
         let s = OtlpSettings::resolve(&OtlpConfig::default(), t, env(&[]));
         assert_eq!(s.tls, TlsFiles::default());
+    }
+
+    #[test]
+    fn headers_signal_specific_and_config_win() {
+        let c = OtlpConfig {
+            headers: [("X-Tenant".to_string(), "config".to_string())].into(),
+            ..OtlpConfig::default()
+        };
+        let s = OtlpSettings::resolve(
+            &c,
+            Duration::from_secs(1),
+            env(&[
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "api-key=generic,x-tenant=env,a=1",
+                ),
+                ("OTEL_EXPORTER_OTLP_PROFILES_HEADERS", "Api-Key=profiles"),
+            ]),
+        );
+        assert_eq!(
+            s.headers,
+            vec![
+                ("api-key".into(), "profiles".into()),
+                ("x-tenant".into(), "config".into()),
+                ("a".into(), "1".into()),
+            ]
+        );
     }
 }
