@@ -519,6 +519,7 @@ impl ExportLoop {
             .unwrap_or(0) as f64
             / 1000.0;
         let export_failed: u64 = now.exporters.iter().map(|e| e.failed).sum();
+        let rss_bytes = crate::process::own_rss_bytes().unwrap_or(0);
         tracing::info!(
             samples = now.captured,
             lost = now.lost,
@@ -531,8 +532,10 @@ impl ExportLoop {
             cache_bytes = now.cache.bytes,
             export_latency_ms,
             export_failed,
-            "status: {}",
-            now.status_line()
+            rss_bytes,
+            "status: {} rss_mib={:.1}",
+            now.status_line(),
+            rss_bytes as f64 / (1 << 20) as f64
         );
         // Each exporter's counters as fields, for log pipelines that read JSON.
         for e in &now.exporters {

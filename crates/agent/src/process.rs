@@ -67,6 +67,20 @@ impl ProcessInfo {
     }
 }
 
+/// Resident set size of the agent's own process, from `/proc/self/status` (`VmRSS`).
+pub fn own_rss_bytes() -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// The distinct cgroup paths in `/proc/PID/cgroup`, most specific first: the v2 line (`0::/path`)
 /// unless it is the root `/` (as on hybrid v1 hosts, where the v1 lines carry the real placement),
 /// then the v1 paths in file order, `/` last.
@@ -123,6 +137,12 @@ mod tests {
         assert!(me.comm.is_some());
         assert!(me.command_line.is_some());
         assert!(me.cgroup.is_some());
+    }
+
+    #[test]
+    fn own_rss_is_read() {
+        let rss = own_rss_bytes().unwrap();
+        assert!(rss > 1 << 20 && rss < 1 << 40, "{rss}");
     }
 
     #[test]

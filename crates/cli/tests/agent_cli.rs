@@ -142,6 +142,7 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
         "cache_bytes",
         "export_latency_ms",
         "export_failed",
+        "rss_bytes",
     ] {
         assert!(
             status[field].is_number(),
@@ -149,6 +150,7 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
         );
     }
     assert!(status["samples"].as_u64().unwrap() > 0, "{status}");
+    assert!(status["rss_bytes"].as_u64().unwrap() > 1 << 20, "{status}");
     let exporter = lines
         .iter()
         .rev()
