@@ -8,7 +8,8 @@
 //! the config too: the config's); `OTEL_RESOURCE_ATTRIBUTES` adds resource
 //! attributes and `OTEL_SERVICE_NAME` sets `service.name`. Each process's profile goes out as one
 //! request whose resource carries `host.name`, `process.pid`, `process.executable.name`,
-//! `process.command_line`, `process.executable.path` and, in a container, `container.id`.
+//! `process.command_line`, `process.executable.path` and, in a container, `container.id` (and in
+//! a Kubernetes pod, `k8s.pod.uid`; both from the cgroup path).
 //! Bodies are gzipped; an attempt that times out, fails to connect or gets 408/429/5xx is retried
 //! with exponential backoff; a failed TLS handshake is not retried (see [`super::tls`]). Once the
 //! receiver has failed for one process (retries spent, or no TLS), the other processes of the same
@@ -292,6 +293,9 @@ impl OtlpExporter {
         }
         if let Some(id) = &info.container_id {
             attrs.insert("container.id".into(), id.clone());
+        }
+        if let Some(uid) = &info.pod_uid {
+            attrs.insert("k8s.pod.uid".into(), uid.clone());
         }
         let service = self
             .settings
