@@ -172,3 +172,61 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
         "only the target's profiles"
     );
 }
+
+/// A second SIGTERM while the final export waits on a stalled receiver exits at once (130)
+/// instead of waiting for `shutdown_timeout`.
+#[test]
+fn second_sigterm_exits_without_waiting_for_the_final_export() {
+    // A receiver that accepts connections and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().take(8) {
+            open.push(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "export_interval = \"60s\"\nexport_timeout = \"60s\"\nshutdown_timeout = \"60s\"\n\
+             [targets]\nregex = [\"rootline-2term-target\"]\n\
+             [exporters.otlp]\nendpoint = \"http://{addr}\"\nretries = 0\n"
+        ),
+    )
+    .unwrap();
+    let mut busy = Command::new("sh")
+        .args(["-c", "while :; do :; done", "rootline-2term-target"])
+        .spawn()
+        .unwrap();
+    let agent = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(["agent", "--config", config.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let term = || {
+        let status = Command::new("kill")
+            .args(["-TERM", &agent.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    term();
+    // Let the final export start and hang on the receiver, then insist.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    term();
+    let out = agent.wait_with_output().unwrap();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    drop(held);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(2) && std::env::var_os("CI").is_none() {
+        eprintln!("skipping: perf events not permitted here: {stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(!stderr.contains("rootline agent stopped"), "{stderr}");
+}
