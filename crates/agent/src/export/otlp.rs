@@ -185,6 +185,29 @@ impl OtlpSettings {
     }
 }
 
+/// Refuses an OTLP protocol other than `http/protobuf` named by `OTEL_EXPORTER_OTLP_PROTOCOL` or
+/// `OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL` (the signal-specific one wins): sending HTTP to a gRPC
+/// port would only fail later with a less clear error.
+pub fn check_protocol(env: impl Fn(&str) -> Option<String>) -> Result<(), ExportError> {
+    let nonempty = |k: &str| {
+        env(k)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (k.to_string(), v))
+    };
+    let Some((var, value)) = nonempty("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL")
+        .or_else(|| nonempty("OTEL_EXPORTER_OTLP_PROTOCOL"))
+    else {
+        return Ok(());
+    };
+    if value.trim() == "http/protobuf" {
+        return Ok(());
+    }
+    Err(ExportError::Config(format!(
+        "{var}={value}: rootline exports OTLP over HTTP with protobuf bodies only; set it to \
+         http/protobuf (or unset it) and point the endpoint at the receiver's HTTP port (4318)"
+    )))
+}
+
 /// `base` with `/v1development/profiles` appended, unless it already ends in it.
 fn with_signal_path(base: &str) -> String {
     let base = base.trim().trim_end_matches('/');
@@ -572,5 +595,33 @@ mod tests {
                 ("a".into(), "1".into()),
             ]
         );
+    }
+
+    #[test]
+    fn only_http_protobuf_is_accepted() {
+        assert!(check_protocol(env(&[])).is_ok());
+        assert!(check_protocol(env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")])).is_ok());
+        let err = check_protocol(env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc") && err.contains("4318"),
+            "{err}"
+        );
+        // The signal-specific variable wins, both ways.
+        assert!(
+            check_protocol(env(&[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "http/protobuf"),
+            ]))
+            .is_ok()
+        );
+        let err = check_protocol(env(&[(
+            "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",
+            "http/json",
+        )]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("PROFILES_PROTOCOL=http/json"), "{err}");
     }
 }
