@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use jit::{Graph, Rate, Running, Setup, is_native_root, record_and_check, require, sources, which};
+use rootline_capture::jit::perfinfo::PerfInfo;
+use rootline_profile::FrameKind;
 
 const DEEP: usize = 150;
 const SHALLOW: usize = 30;
@@ -29,13 +31,14 @@ fn dotnet() -> Option<PathBuf> {
     (out.status.success() && host.exists()).then_some(host)
 }
 
-/// Compiles `Calls.cs` with `mcs` into `dir`; writes a runtimeconfig for the host's framework.
-fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>) -> PathBuf {
-    let exe = dir.join("Calls.exe");
+/// Compiles `tests/jit/NAME.cs` with `mcs` into `dir`; writes a runtimeconfig for the host's
+/// framework.
+fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>, name: &str) -> PathBuf {
+    let exe = dir.join(format!("{name}.exe"));
     let status = Command::new(mcs)
         .arg("-optimize+")
         .arg(format!("-out:{}", exe.display()))
-        .arg(sources().join("Calls.cs"))
+        .arg(sources().join(format!("{name}.cs")))
         .status()
         .expect("run mcs");
     assert!(status.success(), "mcs failed");
@@ -54,7 +57,7 @@ fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>) -> PathBuf {
             r#"{{"runtimeOptions":{{"tfm":"netcoreapp3.1","framework":{{"name":"Microsoft.NETCore.App","version":"{}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
             versions.pop().expect("a framework version")
         );
-        std::fs::write(dir.join("Calls.runtimeconfig.json"), config).unwrap();
+        std::fs::write(dir.join(format!("{name}.runtimeconfig.json")), config).unwrap();
     }
     exe
 }
@@ -106,7 +109,7 @@ fn coreclr_frames_are_named_whole_and_true() {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), Some(&dotnet));
+    let exe = build(&mcs, setup.path(), Some(&dotnet), "Calls");
     let mut cmd = Command::new(&dotnet);
     cmd.arg(&exe)
         .args([
@@ -154,7 +157,7 @@ fn mono_frames_are_named_whole_and_true() {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), None);
+    let exe = build(&mcs, setup.path(), None, "Calls");
     let mut cmd = Command::new(&mono);
     cmd.arg("--jitmap").arg(&exe).args([
         MONO_DEEP.to_string(),
@@ -177,4 +180,159 @@ fn mono_frames_are_named_whole_and_true() {
     };
     let (_, v) = record_and_check("mono", target.pid(), rate, &graph, 20_000);
     v.assert_whole_and_true();
+}
+
+fn precompiled_short(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "Precompiled::Main(string[])" => "Main",
+        "Precompiled::Work(int32)" => "Work",
+        _ => return None,
+    })
+}
+
+/// CoreCLR's own libraries run from their precompiled (ReadyToRun) code, which no perf map
+/// names: the runtime lists the images it loads in `perfinfo-PID.map`, and each frame in one is
+/// named from the image's ReadyToRun method entry points and metadata, with the image as its
+/// mapping.
+#[test]
+fn coreclr_precompiled_frames_are_named_from_the_image() {
+    let test = "coreclr_precompiled_frames_are_named_from_the_image";
+    let Some(dotnet) = require(test, "the .NET runtime (pip install dotnetcore2)", dotnet()) else {
+        return;
+    };
+    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+        return;
+    };
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
+    let mut cmd = Command::new(&dotnet);
+    cmd.arg(&exe)
+        .arg("60")
+        .env("COMPlus_PerfMapEnabled", "1")
+        .env("COMPlus_TieredCompilation", "0")
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
+    let target = Running::start(cmd);
+    let pid = target.pid();
+
+    // The runtime's own perfinfo file: CoreLib loaded at a base where its file is mapped from
+    // offset 0, the IL-only program at base 0.
+    let info_path = format!("/tmp/perfinfo-{pid}.map");
+    let mut info =
+        PerfInfo::new(std::fs::File::open(&info_path).expect("the runtime writes perfinfo"));
+    info.read_more().unwrap();
+    assert!(info.bad_lines.is_empty(), "{:?}", info.bad_lines);
+    let corelib = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/System.Private.CoreLib.dll"))
+        .expect("CoreLib's image load")
+        .clone();
+    let program = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/Precompiled.exe"))
+        .expect("the program's image load");
+    assert_eq!(
+        program.base, 0,
+        "an IL-only assembly has no precompiled code"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let header = maps
+        .lines()
+        .find(|l| l.ends_with(&corelib.path))
+        .expect("CoreLib is mapped");
+    let (range, rest) = header.split_once(' ').unwrap();
+    assert_eq!(
+        u64::from_str_radix(range.split_once('-').unwrap().0, 16).unwrap(),
+        corelib.base,
+        "CoreLib's first mapping starts at its perfinfo base"
+    );
+    assert_eq!(rest.split_whitespace().nth(1), Some("00000000"));
+
+    let graph = Graph {
+        short: &precompiled_short,
+        entries: &["Main"],
+        edges: &[("Main", "Work")],
+        recursion: None,
+        is_root: &is_native_root,
+    };
+    let rate = Rate {
+        hz: 10_000,
+        seconds: 5.0,
+        stack_kib: 32,
+    };
+    let (recording, v) = record_and_check("coreclr precompiled", pid, rate, &graph, 10_000);
+    v.assert_whole_and_true();
+
+    // Every frame in CoreLib's image: named, managed, with the image as its mapping.
+    let p = &recording.profile;
+    let mut frames = Vec::new();
+    let (mut in_image, mut named, mut samples_in_image) = (0u64, 0u64, 0u64);
+    let mut callees: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut unnamed: std::collections::BTreeMap<String, u64> = Default::default();
+    let samples = p.samples();
+    for i in 0..samples.len() {
+        p.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let mut any = false;
+        for (j, &f) in frames.iter().enumerate() {
+            let frame = p.frame(f);
+            let Some(m) = frame.mapping else { continue };
+            let mapping = p.mapping(m);
+            if p.string(mapping.path) != corelib.path {
+                continue;
+            }
+            any = true;
+            in_image += 1;
+            let name = p.frame_name(f);
+            assert!(mapping.start <= frame.address && frame.address < mapping.end);
+            if name.contains("+0x") {
+                *unnamed.entry(name.to_string()).or_default() += 1;
+            } else {
+                named += 1;
+                assert_eq!(frame.kind, FrameKind::Managed, "{name}");
+            }
+            if j > 0 && p.frame_name(frames[j - 1]) == "Precompiled::Work(int32)" {
+                *callees.entry(name.to_string()).or_default() += 1;
+            }
+        }
+        samples_in_image += u64::from(any);
+    }
+    println!(
+        "CoreLib frames: {in_image} in {samples_in_image} samples, {named} named ({:.2}%)",
+        100.0 * named as f64 / in_image.max(1) as f64
+    );
+    println!("CoreLib methods called by Work: {callees:#?}");
+    println!("unnamed CoreLib frames: {unnamed:#?}");
+    // Nearly every sample is in the program: a stack that lost Main and Work would not count.
+    assert!(v.program_samples * 100 >= v.samples * 95, "program samples");
+    assert!(
+        samples_in_image >= 5000,
+        "{samples_in_image} samples in CoreLib"
+    );
+    assert_eq!(named, in_image, "every CoreLib frame named");
+    // What Work calls (some calls inlined into it, so their callees show instead).
+    let allowed = [
+        "System.Int32::ToString()",
+        "System.Number::FormatInt32(int32,valuetype System.ReadOnlySpan`1<char>,class System.IFormatProvider)",
+        "System.Number::Int32ToDecStr(int32)",
+        "System.Text.StringBuilder::Append(string)",
+        "System.Text.StringBuilder::get_Length()",
+        "System.Text.StringBuilder::ToString()",
+        "System.Text.StringBuilder::Clear()",
+        "System.Text.StringBuilder::set_Length(int32)",
+        "System.String::IndexOf(char)",
+        "System.SpanHelpers::IndexOf(char&,char,int32)",
+    ];
+    let wrong: Vec<_> = callees
+        .keys()
+        .filter(|c| !allowed.contains(&c.as_str()))
+        .collect();
+    assert!(wrong.is_empty(), "Work does not call {wrong:?}");
+    assert!(
+        callees
+            .keys()
+            .any(|c| c.contains("::FormatInt32(") || c.contains("Int32::ToString("))
+            && callees.contains_key("System.Text.StringBuilder::Append(string)"),
+        "the hot calls are seen"
+    );
 }
