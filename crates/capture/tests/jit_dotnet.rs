@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use jit::{Graph, Rate, Running, Setup, is_native_root, record_and_check, require, sources, which};
+use std::collections::HashSet;
+
+use rootline_capture::jit::parse_name;
 use rootline_capture::jit::perfinfo::PerfInfo;
+use rootline_capture::jit::r2r::{R2rImage, method_names};
 use rootline_profile::FrameKind;
 
 const DEEP: usize = 150;
@@ -335,4 +339,121 @@ fn coreclr_precompiled_frames_are_named_from_the_image() {
             && callees.contains_key("System.Text.StringBuilder::Append(string)"),
         "the hot calls are seen"
     );
+}
+
+/// Runs `exe` with perf maps on and `env`, waits `seconds` after `ready`, and returns the
+/// runtime's perf map and CoreLib's path from its perfinfo file.
+fn perf_map_of(dotnet: &Path, exe: &Path, env: &[(&str, &str)], seconds: u64) -> (String, String) {
+    let mut cmd = Command::new(dotnet);
+    cmd.arg(exe)
+        .arg("60")
+        .env("COMPlus_PerfMapEnabled", "1")
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1")
+        .envs(env.iter().copied());
+    let target = Running::start(cmd);
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    let pid = target.pid();
+    let map = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).unwrap();
+    let mut info = PerfInfo::new(std::fs::File::open(format!("/tmp/perfinfo-{pid}.map")).unwrap());
+    info.read_more().unwrap();
+    let corelib = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/System.Private.CoreLib.dll"))
+        .expect("CoreLib's image load");
+    (map, corelib.path.clone())
+}
+
+/// The non-generic CoreLib methods of a perf map, by whether the runtime compiled them at
+/// tier 1 (`[OptimizedTier1]`) or otherwise.
+fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
+    let (mut other, mut tier1) = (HashSet::new(), HashSet::new());
+    for (i, line) in map.lines().enumerate() {
+        let Ok(entry) = rootline_capture::jit::perfmap::parse_line(line, i as u64 + 1) else {
+            continue;
+        };
+        let name = parse_name(&entry.raw);
+        if name.module.as_deref() != Some("System.Private.CoreLib") {
+            continue;
+        }
+        let (owner, method) = name.name.split_once("::").unwrap();
+        // Instantiations of generic types and methods are spelled with their type arguments;
+        // the runtime's own stubs (`dynamicClass::IL_STUB_PInvoke`) have no metadata.
+        if owner.contains('[') || method.contains("!!") || owner == "dynamicClass" {
+            continue;
+        }
+        if entry.raw.ends_with("[OptimizedTier1]") {
+            tier1.insert(name.name);
+        } else {
+            other.insert(name.name);
+        }
+    }
+    (other, tier1)
+}
+
+/// The names read from CoreLib's image are the runtime's own.
+///
+/// With its precompiled code disabled (`COMPlus_ReadyToRun=0`) the runtime compiles every
+/// CoreLib method it runs and names it in its perf map: each non-generic one must be spelled
+/// exactly as the image's metadata spells it.
+///
+/// With tiered compilation on, a method that starts in precompiled code is later compiled at
+/// tier 1 only (`[OptimizedTier1]`, no `[QuickJitted]` before it): such methods must be among
+/// those the image gives code for — except methods the runtime compiled before it opened its
+/// perf map (start-up code), which are listed.
+#[test]
+fn coreclr_precompiled_names_match_the_runtimes_own() {
+    let test = "coreclr_precompiled_names_match_the_runtimes_own";
+    let Some(dotnet) = require(test, "the .NET runtime (pip install dotnetcore2)", dotnet()) else {
+        return;
+    };
+    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+        return;
+    };
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
+
+    let (map, corelib) = perf_map_of(&dotnet, &exe, &[("COMPlus_ReadyToRun", "0")], 1);
+    let bytes = std::fs::read(&corelib).unwrap();
+    let defined: HashSet<String> = method_names(&bytes).unwrap().into_iter().collect();
+    let (other, tier1) = corelib_methods(&map);
+    let compiled: Vec<&String> = other.union(&tier1).collect();
+    let misspelled: Vec<&&String> = compiled.iter().filter(|n| !defined.contains(**n)).collect();
+    let nested = compiled
+        .iter()
+        .filter(|n| n.split_once("::").is_some_and(|(o, _)| o.contains('+')))
+        .count();
+    println!(
+        "CoreLib defines {} methods; the runtime compiled {} non-generic ones ({nested} of \
+         nested types), spelled differently: {misspelled:#?}",
+        defined.len(),
+        compiled.len()
+    );
+    assert!(compiled.len() >= 300, "{} methods", compiled.len());
+    assert!(misspelled.is_empty());
+
+    // Let the hot methods reach tier 1.
+    let (map, _) = perf_map_of(&dotnet, &exe, &[], 3);
+    let image = R2rImage::parse(&bytes).unwrap();
+    assert_eq!(image.assembly, "System.Private.CoreLib");
+    let with_code: HashSet<&str> = image
+        .methods
+        .iter()
+        .flat_map(|m| m.name.split(" | "))
+        .collect();
+    let (other, tier1) = corelib_methods(&map);
+    let from_image: Vec<&String> = tier1.iter().filter(|n| !other.contains(*n)).collect();
+    let (matched, early): (Vec<&String>, Vec<&String>) = from_image
+        .iter()
+        .partition(|n| with_code.contains(n.as_str()));
+    println!(
+        "{} methods with precompiled code ({} runtime functions); moved to tier 1 with no tier 0: {}, with \
+         precompiled code in the image: {}, compiled before the perf map opened: {early:#?}",
+        with_code.len(),
+        image.runtime_functions,
+        from_image.len(),
+        matched.len()
+    );
+    assert!(matched.len() >= 8, "{} methods", matched.len());
+    assert!(early.len() <= matched.len() / 2);
 }

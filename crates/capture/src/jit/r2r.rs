@@ -125,10 +125,7 @@ impl R2rImage {
                 )
             })
             .collect();
-        let md_bytes = at(md_rva)
-            .and_then(|b| b.get(..md_size as usize))
-            .ok_or(malformed(md_rva, "metadata outside the image"))?;
-        let md = Metadata::parse(md_bytes)?;
+        let md = metadata_at(&pe, data, md_rva, md_size)?;
         let assembly = md
             .assembly_name
             .clone()
@@ -196,6 +193,42 @@ impl R2rImage {
             precompiled: true,
         }
     }
+}
+
+/// The metadata of image `data` whose CLI header says it is at `rva`, `size` bytes long.
+fn metadata_at<'a>(pe: &Pe, data: &'a [u8], rva: u32, size: u32) -> Result<Metadata<'a>, R2rError> {
+    let bytes = pe
+        .at(data, rva)
+        .and_then(|b| b.get(..size as usize))
+        .ok_or(R2rError::Malformed {
+            rva,
+            reason: "metadata outside the image",
+        })?;
+    Ok(Metadata::parse(bytes)?)
+}
+
+/// The name of every method an assembly defines (with or without precompiled code), spelled as
+/// [`R2rImage`] spells them; for IL-only assemblies too.
+pub fn method_names(data: &[u8]) -> Result<Vec<String>, R2rError> {
+    let pe = Pe::parse(data)?;
+    let cli = pe.cli_header;
+    let word = |rva| {
+        pe.at(data, rva)
+            .and_then(|b| b.get(..4))
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or(R2rError::Malformed {
+                rva,
+                reason: "outside the image",
+            })
+    };
+    if cli == 0 {
+        return Err(R2rError::NotReadyToRun("no CLI header"));
+    }
+    let md = metadata_at(&pe, data, word(cli + 8)?, word(cli + 12)?)?;
+    let (owners, enclosing) = (md.method_owners(), md.enclosing_types());
+    Ok((1..=md.method_count())
+        .filter_map(|rid| md.method_name(rid, &owners, &enclosing))
+        .collect())
 }
 
 /// The PE32+ headers: where each section's bytes are, the image size and the CLI header.
