@@ -456,6 +456,30 @@ mod tests {
     }
 
     #[test]
+    fn printed_config_reads_back_the_same() {
+        let mut c = AgentConfig {
+            shutdown_timeout: Duration::from_millis(7500),
+            ..AgentConfig::default()
+        };
+        c.exporters.otlp = Some(OtlpConfig {
+            certificate: Some("/etc/rootline/ca.pem".into()),
+            client_certificate: Some("/etc/rootline/tls.crt".into()),
+            client_key: Some("/etc/rootline/tls.key".into()),
+            ..OtlpConfig::default()
+        });
+        c.exporters.pprof = Some(DirConfig {
+            directory: "/var/lib/rootline/pprof".into(),
+            max_bytes: 1 << 20,
+        });
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("shutdown_timeout = \"7500ms\""), "{text}");
+        assert_eq!(
+            AgentConfig::from_toml(&text, Path::new("printed.toml")).unwrap(),
+            c
+        );
+    }
+
+    #[test]
     fn units() {
         assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));

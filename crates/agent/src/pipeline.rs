@@ -511,17 +511,47 @@ impl ExportLoop {
                 );
             }
         }
+        let export_latency_ms = now
+            .exporters
+            .iter()
+            .map(|e| e.last_latency_us)
+            .max()
+            .unwrap_or(0) as f64
+            / 1000.0;
+        let export_failed: u64 = now.exporters.iter().map(|e| e.failed).sum();
+        let rss_bytes = crate::process::own_rss_bytes().unwrap_or(0);
         tracing::info!(
             samples = now.captured,
             lost = now.lost,
             dropped = now.dropped,
+            ignored = now.ignored,
             cache_hits = now.cache.hits,
             cache_misses = now.cache.misses,
             cache_evictions = now.cache.evictions,
+            cache_entries = now.cache.entries,
             cache_bytes = now.cache.bytes,
-            "status: {}",
-            now.status_line()
+            export_latency_ms,
+            export_failed,
+            rss_bytes,
+            "status: {} rss_mib={:.1}",
+            now.status_line(),
+            rss_bytes as f64 / (1 << 20) as f64
         );
+        // Each exporter's counters as fields, for log pipelines that read JSON.
+        for e in &now.exporters {
+            tracing::info!(
+                exporter = e.name.as_str(),
+                exported = e.exported,
+                failed = e.failed,
+                batches_ok = e.batches_ok,
+                batches_failed = e.batches_failed,
+                latency_ms = e.last_latency_us as f64 / 1000.0,
+                requests = e.attempts,
+                retries = e.retries,
+                "exporter status: {}",
+                e.name
+            );
+        }
         self.last_status = now;
     }
 }

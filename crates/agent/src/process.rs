@@ -21,6 +21,9 @@ pub struct ProcessInfo {
     pub cgroups: Vec<String>,
     /// Container id found in the cgroup path (64 hex digits), when in a container.
     pub container_id: Option<String>,
+    /// Kubernetes pod UID found in the cgroup path (`…/pod<uid>/…` or
+    /// `…-pod<uid_with_underscores>.slice`), when in a pod.
+    pub pod_uid: Option<String>,
 }
 
 impl ProcessInfo {
@@ -47,6 +50,7 @@ impl ProcessInfo {
             .unwrap_or_default();
         let cgroup = cgroups.first().cloned();
         let container_id = cgroups.iter().find_map(|p| container_id(p));
+        let pod_uid = cgroups.iter().find_map(|p| pod_uid(p));
         ProcessInfo {
             pid,
             comm,
@@ -55,6 +59,7 @@ impl ProcessInfo {
             cgroup,
             cgroups,
             container_id,
+            pod_uid,
         }
     }
 
@@ -65,6 +70,20 @@ impl ProcessInfo {
             ..ProcessInfo::default()
         }
     }
+}
+
+/// Resident set size of the agent's own process, from `/proc/self/status` (`VmRSS`).
+pub fn own_rss_bytes() -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// The distinct cgroup paths in `/proc/PID/cgroup`, most specific first: the v2 line (`0::/path`)
@@ -113,6 +132,25 @@ pub fn container_id(cgroup: &str) -> Option<String> {
     })
 }
 
+/// The Kubernetes pod UID in a cgroup path: `pod` followed by a UUID, written with dashes
+/// (cgroupfs driver: `/kubepods/burstable/pod<uid>/…`) or underscores (systemd driver:
+/// `…/kubepods-burstable-pod<uid>.slice/…`). Returned with dashes, lowercase.
+pub fn pod_uid(cgroup: &str) -> Option<String> {
+    cgroup.split('/').find_map(|component| {
+        let at = component.rfind("pod")?;
+        let rest = component[at + 3..].trim_end_matches(".slice");
+        let uid = rest.replace('_', "-").to_ascii_lowercase();
+        let groups: Vec<&str> = uid.split('-').collect();
+        let shape = [8, 4, 4, 4, 12];
+        let is_uuid = groups.len() == shape.len()
+            && groups
+                .iter()
+                .zip(shape)
+                .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
+        is_uuid.then_some(uid)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +161,12 @@ mod tests {
         assert!(me.comm.is_some());
         assert!(me.command_line.is_some());
         assert!(me.cgroup.is_some());
+    }
+
+    #[test]
+    fn own_rss_is_read() {
+        let rss = own_rss_bytes().unwrap();
+        assert!(rss > 1 << 20 && rss < 1 << 40, "{rss}");
     }
 
     #[test]
@@ -140,6 +184,27 @@ mod tests {
             container_id("/user.slice/user-0.slice/session-3.scope"),
             None
         );
+    }
+
+    #[test]
+    fn pod_uids_from_both_cgroup_drivers() {
+        let uid = "0b6e3b0a-9c1f-4d2e-8f00-1234567890ab";
+        assert_eq!(
+            pod_uid(&format!("/kubepods/burstable/pod{uid}/{}", "a".repeat(64))).as_deref(),
+            Some(uid)
+        );
+        assert_eq!(
+            pod_uid(&format!(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/\
+                 cri-containerd-{}.scope",
+                uid.replace('-', "_"),
+                "b".repeat(64)
+            ))
+            .as_deref(),
+            Some(uid)
+        );
+        assert_eq!(pod_uid("/kubepods/burstable/podnotauuid"), None);
+        assert_eq!(pod_uid("/system.slice/docker.service"), None);
     }
 
     #[test]

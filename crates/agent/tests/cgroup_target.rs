@@ -1,8 +1,9 @@
 //! A cgroup target, as for a Kubernetes pod: of two live processes, only the one placed in the
 //! target cgroup is profiled. The cgroup is a real one made for the test (cgroup v2, or the v1
 //! memory hierarchy on hybrid hosts); its path is matched against `/proc/PID/cgroup`. A process in
-//! a cgroup named as container runtimes name theirs (`docker-<64 hex>.scope`) is exported over OTLP
-//! with that id as `container.id`.
+//! a pod's container cgroup named as the systemd cgroup driver names it
+//! (`…-pod<uid>.slice/cri-containerd-<64 hex>.scope`) is exported over OTLP with `container.id`
+//! and `k8s.pod.uid`.
 
 mod common;
 
@@ -90,11 +91,16 @@ fn only_processes_in_the_target_cgroup_are_profiled() {
 }
 
 #[test]
-fn container_id_from_the_cgroup_reaches_the_otlp_resource() {
-    // 64 hex digits, unique to this run, in the systemd/docker naming.
-    let id = format!("{:064x}", u64::from(std::process::id()) << 20 | 0xc0ffee);
-    let name = format!("docker-{id}.scope");
-    let (dir, _) = match make_cgroup(&name) {
+fn container_id_and_pod_uid_from_the_cgroup_reach_the_otlp_resource() {
+    // A pod's container as the systemd cgroup driver names it, with ids unique to this run.
+    let id = format!("{:064x}", (u64::from(std::process::id()) << 20) | 0xc0ffee);
+    let uid = format!("0b6e3b0a-9c1f-4d2e-8f00-{:012x}", std::process::id());
+    let pod = format!(
+        "rootline-test-{}.slice/rootline-test-pod{}.slice",
+        std::process::id(),
+        uid.replace('-', "_")
+    );
+    let (top, _) = match make_cgroup(pod.split('/').next().unwrap()) {
         Ok(made) => made,
         Err(e) if std::env::var_os("CI").is_none() => {
             eprintln!("skipping: cannot create a cgroup here: {e}");
@@ -102,6 +108,9 @@ fn container_id_from_the_cgroup_reaches_the_otlp_resource() {
         }
         Err(e) => panic!("cannot create a cgroup (the test runs as root in CI): {e}"),
     };
+    let pod_dir = top.parent().unwrap().join(&pod);
+    let dir = pod_dir.join(format!("cri-containerd-{id}.scope"));
+    std::fs::create_dir_all(&dir).unwrap();
     let mut inside = std::process::Command::new("sleep")
         .arg("30")
         .spawn()
@@ -140,12 +149,15 @@ fn container_id_from_the_cgroup_reaches_the_otlp_resource() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let _ = std::fs::remove_dir(&dir);
+    for d in [&dir, &pod_dir, &top] {
+        let _ = std::fs::remove_dir(d);
+    }
 
     assert_eq!(stats.exporters[0].exported, 400, "{stats:?}");
     let got = receiver.received();
     let attrs = &got.resources[&i64::from(inside.id())];
     assert_eq!(attrs.get("container.id"), Some(&id), "{attrs:?}");
+    assert_eq!(attrs.get("k8s.pod.uid"), Some(&uid), "{attrs:?}");
     let attrs = &got.resources[&i64::from(outside.id())];
     // The test's own process may itself run in a container; it is not in ours.
     assert_ne!(attrs.get("container.id"), Some(&id), "{attrs:?}");

@@ -129,7 +129,26 @@ fn byte_cap_rotates_the_oldest_files() {
         directory: dir.clone(),
         max_bytes: 6 << 10,
     });
+    // Left by an earlier agent: a finished file (oldest, so rotated out first) and a half-written
+    // one from a crash (removed at start).
+    std::fs::create_dir_all(&dir).unwrap();
+    let earlier = dir.join("old-1-0-000001.pb.gz");
+    std::fs::write(&earlier, vec![0u8; 1024]).unwrap();
+    let old_time = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&earlier)
+        .unwrap()
+        .set_modified(old_time)
+        .unwrap();
+    let crashed = dir.join("old-1-0-000002.pb.gz.partial");
+    std::fs::write(&crashed, vec![0u8; 100 << 10]).unwrap();
     let stats = run(&config, vec![4_200_002], 3000);
+    assert!(
+        !earlier.exists(),
+        "the earlier agent's file was rotated out first"
+    );
+    assert!(!crashed.exists(), "the half-written file was removed");
     assert_eq!(stats.exporters[0].exported, 3000);
     let left = files(&dir, ".pb.gz");
     let bytes: u64 = left.iter().map(|p| p.metadata().unwrap().len()).sum();

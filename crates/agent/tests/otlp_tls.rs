@@ -327,3 +327,31 @@ fn missing_client_certificate_is_named() {
         "{lines:#?}"
     );
 }
+
+#[test]
+fn private_ca_without_a_ca_file_points_to_the_setting() {
+    let pki = make_pki("unlisted CA");
+    let receiver = Receiver::start_tls(server_config(&pki, false));
+    // Only the endpoint: the receiver's certificate is checked against the WebPKI roots.
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.https_endpoint())];
+    let port = receiver.addr.port().to_string();
+    let stats = run(
+        &config(OtlpConfig::default()),
+        &env,
+        vec![std::process::id()],
+        300,
+    );
+    let e = &stats.exporters[0];
+    assert_eq!((e.exported, e.failed, e.retries), (0, 300, 0), "{stats:?}");
+    let lines: Vec<String> = log_lines_with("export failed")
+        .into_iter()
+        .filter(|l| l.contains(&port))
+        .collect();
+    assert!(!lines.is_empty());
+    assert!(
+        lines.iter().all(|l| l.contains("UnknownIssuer")
+            && l.contains("WebPKI roots")
+            && l.contains("OTEL_EXPORTER_OTLP_CERTIFICATE")),
+        "{lines:#?}"
+    );
+}

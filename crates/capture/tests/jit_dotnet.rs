@@ -9,6 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use jit::{Graph, Rate, Running, Setup, is_native_root, record_and_check, require, sources, which};
+use std::collections::HashSet;
+
+use rootline_capture::jit::parse_name;
+use rootline_capture::jit::perfinfo::PerfInfo;
+use rootline_capture::jit::r2r::{R2rImage, method_names};
+use rootline_profile::FrameKind;
 
 const DEEP: usize = 150;
 const SHALLOW: usize = 30;
@@ -29,13 +35,14 @@ fn dotnet() -> Option<PathBuf> {
     (out.status.success() && host.exists()).then_some(host)
 }
 
-/// Compiles `Calls.cs` with `mcs` into `dir`; writes a runtimeconfig for the host's framework.
-fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>) -> PathBuf {
-    let exe = dir.join("Calls.exe");
+/// Compiles `tests/jit/NAME.cs` with `mcs` into `dir`; writes a runtimeconfig for the host's
+/// framework.
+fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>, name: &str) -> PathBuf {
+    let exe = dir.join(format!("{name}.exe"));
     let status = Command::new(mcs)
         .arg("-optimize+")
         .arg(format!("-out:{}", exe.display()))
-        .arg(sources().join("Calls.cs"))
+        .arg(sources().join(format!("{name}.cs")))
         .status()
         .expect("run mcs");
     assert!(status.success(), "mcs failed");
@@ -54,7 +61,7 @@ fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>) -> PathBuf {
             r#"{{"runtimeOptions":{{"tfm":"netcoreapp3.1","framework":{{"name":"Microsoft.NETCore.App","version":"{}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
             versions.pop().expect("a framework version")
         );
-        std::fs::write(dir.join("Calls.runtimeconfig.json"), config).unwrap();
+        std::fs::write(dir.join(format!("{name}.runtimeconfig.json")), config).unwrap();
     }
     exe
 }
@@ -106,7 +113,7 @@ fn coreclr_frames_are_named_whole_and_true() {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), Some(&dotnet));
+    let exe = build(&mcs, setup.path(), Some(&dotnet), "Calls");
     let mut cmd = Command::new(&dotnet);
     cmd.arg(&exe)
         .args([
@@ -154,7 +161,7 @@ fn mono_frames_are_named_whole_and_true() {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), None);
+    let exe = build(&mcs, setup.path(), None, "Calls");
     let mut cmd = Command::new(&mono);
     cmd.arg("--jitmap").arg(&exe).args([
         MONO_DEEP.to_string(),
@@ -177,4 +184,276 @@ fn mono_frames_are_named_whole_and_true() {
     };
     let (_, v) = record_and_check("mono", target.pid(), rate, &graph, 20_000);
     v.assert_whole_and_true();
+}
+
+fn precompiled_short(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "Precompiled::Main(string[])" => "Main",
+        "Precompiled::Work(int32)" => "Work",
+        _ => return None,
+    })
+}
+
+/// CoreCLR's own libraries run from their precompiled (ReadyToRun) code, which no perf map
+/// names: the runtime lists the images it loads in `perfinfo-PID.map`, and each frame in one is
+/// named from the image's ReadyToRun method entry points and metadata, with the image as its
+/// mapping.
+#[test]
+fn coreclr_precompiled_frames_are_named_from_the_image() {
+    let test = "coreclr_precompiled_frames_are_named_from_the_image";
+    let Some(dotnet) = require(test, "the .NET runtime (pip install dotnetcore2)", dotnet()) else {
+        return;
+    };
+    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+        return;
+    };
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
+    let mut cmd = Command::new(&dotnet);
+    cmd.arg(&exe)
+        .arg("60")
+        .env("COMPlus_PerfMapEnabled", "1")
+        .env("COMPlus_TieredCompilation", "0")
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
+    let target = Running::start(cmd);
+    let pid = target.pid();
+
+    // The runtime's own perfinfo file: CoreLib loaded at a base where its file is mapped from
+    // offset 0, the IL-only program at base 0.
+    let info_path = format!("/tmp/perfinfo-{pid}.map");
+    let mut info =
+        PerfInfo::new(std::fs::File::open(&info_path).expect("the runtime writes perfinfo"));
+    info.read_more().unwrap();
+    assert!(info.bad_lines.is_empty(), "{:?}", info.bad_lines);
+    let corelib = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/System.Private.CoreLib.dll"))
+        .expect("CoreLib's image load")
+        .clone();
+    let program = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/Precompiled.exe"))
+        .expect("the program's image load");
+    assert_eq!(
+        program.base, 0,
+        "an IL-only assembly has no precompiled code"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let header = maps
+        .lines()
+        .find(|l| l.ends_with(&corelib.path))
+        .expect("CoreLib is mapped");
+    let (range, rest) = header.split_once(' ').unwrap();
+    assert_eq!(
+        u64::from_str_radix(range.split_once('-').unwrap().0, 16).unwrap(),
+        corelib.base,
+        "CoreLib's first mapping starts at its perfinfo base"
+    );
+    assert_eq!(rest.split_whitespace().nth(1), Some("00000000"));
+
+    let graph = Graph {
+        short: &precompiled_short,
+        entries: &["Main"],
+        edges: &[("Main", "Work")],
+        recursion: None,
+        is_root: &is_native_root,
+    };
+    let rate = Rate {
+        hz: 10_000,
+        seconds: 5.0,
+        stack_kib: 32,
+    };
+    let (recording, v) = record_and_check("coreclr precompiled", pid, rate, &graph, 10_000);
+    v.assert_whole_and_true();
+
+    // Every frame in CoreLib's image: named, managed, with the image as its mapping.
+    let p = &recording.profile;
+    let mut frames = Vec::new();
+    let (mut in_image, mut named, mut samples_in_image) = (0u64, 0u64, 0u64);
+    let mut callees: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut unnamed: std::collections::BTreeMap<String, u64> = Default::default();
+    let samples = p.samples();
+    for i in 0..samples.len() {
+        p.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let mut any = false;
+        for (j, &f) in frames.iter().enumerate() {
+            let frame = p.frame(f);
+            let Some(m) = frame.mapping else { continue };
+            let mapping = p.mapping(m);
+            if p.string(mapping.path) != corelib.path {
+                continue;
+            }
+            any = true;
+            in_image += 1;
+            let name = p.frame_name(f);
+            assert!(mapping.start <= frame.address && frame.address < mapping.end);
+            if name.contains("+0x") {
+                *unnamed.entry(name.to_string()).or_default() += 1;
+            } else {
+                named += 1;
+                assert_eq!(frame.kind, FrameKind::Managed, "{name}");
+            }
+            if j > 0 && p.frame_name(frames[j - 1]) == "Precompiled::Work(int32)" {
+                *callees.entry(name.to_string()).or_default() += 1;
+            }
+        }
+        samples_in_image += u64::from(any);
+    }
+    println!(
+        "CoreLib frames: {in_image} in {samples_in_image} samples, {named} named ({:.2}%)",
+        100.0 * named as f64 / in_image.max(1) as f64
+    );
+    println!("CoreLib methods called by Work: {callees:#?}");
+    println!("unnamed CoreLib frames: {unnamed:#?}");
+    // Nearly every sample is in the program: a stack that lost Main and Work would not count.
+    assert!(v.program_samples * 100 >= v.samples * 95, "program samples");
+    assert!(
+        samples_in_image >= 5000,
+        "{samples_in_image} samples in CoreLib"
+    );
+    assert_eq!(named, in_image, "every CoreLib frame named");
+    // What Work calls (some calls inlined into it, so their callees show instead).
+    let allowed = [
+        "System.Int32::ToString()",
+        "System.Number::FormatInt32(int32,valuetype System.ReadOnlySpan`1<char>,class System.IFormatProvider)",
+        "System.Number::Int32ToDecStr(int32)",
+        "System.Text.StringBuilder::Append(string)",
+        "System.Text.StringBuilder::get_Length()",
+        "System.Text.StringBuilder::ToString()",
+        "System.Text.StringBuilder::Clear()",
+        "System.Text.StringBuilder::set_Length(int32)",
+        "System.String::IndexOf(char)",
+        "System.SpanHelpers::IndexOf(char&,char,int32)",
+    ];
+    let wrong: Vec<_> = callees
+        .keys()
+        .filter(|c| !allowed.contains(&c.as_str()))
+        .collect();
+    assert!(wrong.is_empty(), "Work does not call {wrong:?}");
+    assert!(
+        callees
+            .keys()
+            .any(|c| c.contains("::FormatInt32(") || c.contains("Int32::ToString("))
+            && callees.contains_key("System.Text.StringBuilder::Append(string)"),
+        "the hot calls are seen"
+    );
+}
+
+/// Runs `exe` with perf maps on and `env`, waits `seconds` after `ready`, and returns the
+/// runtime's perf map and CoreLib's path from its perfinfo file.
+fn perf_map_of(dotnet: &Path, exe: &Path, env: &[(&str, &str)], seconds: u64) -> (String, String) {
+    let mut cmd = Command::new(dotnet);
+    cmd.arg(exe)
+        .arg("60")
+        .env("COMPlus_PerfMapEnabled", "1")
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1")
+        .envs(env.iter().copied());
+    let target = Running::start(cmd);
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    let pid = target.pid();
+    let map = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).unwrap();
+    let mut info = PerfInfo::new(std::fs::File::open(format!("/tmp/perfinfo-{pid}.map")).unwrap());
+    info.read_more().unwrap();
+    let corelib = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/System.Private.CoreLib.dll"))
+        .expect("CoreLib's image load");
+    (map, corelib.path.clone())
+}
+
+/// The non-generic CoreLib methods of a perf map, by whether the runtime compiled them at
+/// tier 1 (`[OptimizedTier1]`) or otherwise.
+fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
+    let (mut other, mut tier1) = (HashSet::new(), HashSet::new());
+    for (i, line) in map.lines().enumerate() {
+        let Ok(entry) = rootline_capture::jit::perfmap::parse_line(line, i as u64 + 1) else {
+            continue;
+        };
+        let name = parse_name(&entry.raw);
+        if name.module.as_deref() != Some("System.Private.CoreLib") {
+            continue;
+        }
+        let (owner, method) = name.name.split_once("::").unwrap();
+        // Instantiations of generic types and methods are spelled with their type arguments;
+        // the runtime's own stubs (`dynamicClass::IL_STUB_PInvoke`) have no metadata.
+        if owner.contains('[') || method.contains("!!") || owner == "dynamicClass" {
+            continue;
+        }
+        if entry.raw.ends_with("[OptimizedTier1]") {
+            tier1.insert(name.name);
+        } else {
+            other.insert(name.name);
+        }
+    }
+    (other, tier1)
+}
+
+/// The names read from CoreLib's image are the runtime's own.
+///
+/// With its precompiled code disabled (`COMPlus_ReadyToRun=0`) the runtime compiles every
+/// CoreLib method it runs and names it in its perf map: each non-generic one must be spelled
+/// exactly as the image's metadata spells it.
+///
+/// With tiered compilation on, a method that starts in precompiled code is later compiled at
+/// tier 1 only (`[OptimizedTier1]`, no `[QuickJitted]` before it): such methods must be among
+/// those the image gives code for — except methods the runtime compiled before it opened its
+/// perf map (start-up code), which are listed.
+#[test]
+fn coreclr_precompiled_names_match_the_runtimes_own() {
+    let test = "coreclr_precompiled_names_match_the_runtimes_own";
+    let Some(dotnet) = require(test, "the .NET runtime (pip install dotnetcore2)", dotnet()) else {
+        return;
+    };
+    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+        return;
+    };
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
+
+    let (map, corelib) = perf_map_of(&dotnet, &exe, &[("COMPlus_ReadyToRun", "0")], 1);
+    let bytes = std::fs::read(&corelib).unwrap();
+    let defined: HashSet<String> = method_names(&bytes).unwrap().into_iter().collect();
+    let (other, tier1) = corelib_methods(&map);
+    let compiled: Vec<&String> = other.union(&tier1).collect();
+    let misspelled: Vec<&&String> = compiled.iter().filter(|n| !defined.contains(**n)).collect();
+    let nested = compiled
+        .iter()
+        .filter(|n| n.split_once("::").is_some_and(|(o, _)| o.contains('+')))
+        .count();
+    println!(
+        "CoreLib defines {} methods; the runtime compiled {} non-generic ones ({nested} of \
+         nested types), spelled differently: {misspelled:#?}",
+        defined.len(),
+        compiled.len()
+    );
+    assert!(compiled.len() >= 300, "{} methods", compiled.len());
+    assert!(misspelled.is_empty());
+
+    // Let the hot methods reach tier 1.
+    let (map, _) = perf_map_of(&dotnet, &exe, &[], 3);
+    let image = R2rImage::parse(&bytes).unwrap();
+    assert_eq!(image.assembly, "System.Private.CoreLib");
+    let with_code: HashSet<&str> = image
+        .methods
+        .iter()
+        .flat_map(|m| m.name.split(" | "))
+        .collect();
+    let (other, tier1) = corelib_methods(&map);
+    let from_image: Vec<&String> = tier1.iter().filter(|n| !other.contains(*n)).collect();
+    let (matched, early): (Vec<&String>, Vec<&String>) = from_image
+        .iter()
+        .partition(|n| with_code.contains(n.as_str()));
+    println!(
+        "{} methods with precompiled code ({} runtime functions); moved to tier 1 with no tier 0: {}, with \
+         precompiled code in the image: {}, compiled before the perf map opened: {early:#?}",
+        with_code.len(),
+        image.runtime_functions,
+        from_image.len(),
+        matched.len()
+    );
+    assert!(matched.len() >= 8, "{} methods", matched.len());
+    assert!(early.len() <= matched.len() / 2);
 }

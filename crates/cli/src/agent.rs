@@ -1,5 +1,5 @@
 //! `rootline agent [--config FILE]`: continuous profiling until SIGTERM or SIGINT, then a final
-//! export and exit 0.
+//! export and exit 0 (a second signal during the final export exits at once with status 130).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -103,7 +103,10 @@ pub fn run(args: Args) -> Result<()> {
 
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))
+        // The first signal asks for a final export; a second one while it runs exits at once
+        // (status 130, as for an interrupted program), giving up what was not exported.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&stop))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
             .context("cannot install the SIGTERM/SIGINT handler")?;
     }
     if let Some(secs) = args.duration {

@@ -117,7 +117,47 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
     }
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     // JSON log lines, the cache rundown and the final status line.
-    assert!(stderr.lines().all(|l| l.starts_with('{')), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    let status = lines
+        .iter()
+        .rev()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("status: "))
+        })
+        .unwrap_or_else(|| panic!("no status line: {stderr}"));
+    for field in [
+        "samples",
+        "lost",
+        "dropped",
+        "ignored",
+        "cache_hits",
+        "cache_misses",
+        "cache_evictions",
+        "cache_entries",
+        "cache_bytes",
+        "export_latency_ms",
+        "export_failed",
+        "rss_bytes",
+    ] {
+        assert!(
+            status[field].is_number(),
+            "status line lacks {field}: {status}"
+        );
+    }
+    assert!(status["samples"].as_u64().unwrap() > 0, "{status}");
+    assert!(status["rss_bytes"].as_u64().unwrap() > 1 << 20, "{status}");
+    let exporter = lines
+        .iter()
+        .rev()
+        .find(|l| l["exporter"] == "pprof")
+        .unwrap_or_else(|| panic!("no exporter status line: {stderr}"));
+    assert_eq!(exporter["failed"], 0, "{exporter}");
+    assert_eq!(exporter["exported"], status["samples"], "{exporter}");
     assert!(stderr.contains("stack cache rundown"), "{stderr}");
     assert!(stderr.contains("rootline agent stopped"), "{stderr}");
     let files: Vec<_> = std::fs::read_dir(&out_dir).unwrap().flatten().collect();
@@ -131,4 +171,62 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
             .all(|f| f.file_name().to_string_lossy().starts_with("sh-")),
         "only the target's profiles"
     );
+}
+
+/// A second SIGTERM while the final export waits on a stalled receiver exits at once (130)
+/// instead of waiting for `shutdown_timeout`.
+#[test]
+fn second_sigterm_exits_without_waiting_for_the_final_export() {
+    // A receiver that accepts connections and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().take(8) {
+            open.push(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "export_interval = \"60s\"\nexport_timeout = \"60s\"\nshutdown_timeout = \"60s\"\n\
+             [targets]\nregex = [\"rootline-2term-target\"]\n\
+             [exporters.otlp]\nendpoint = \"http://{addr}\"\nretries = 0\n"
+        ),
+    )
+    .unwrap();
+    let mut busy = Command::new("sh")
+        .args(["-c", "while :; do :; done", "rootline-2term-target"])
+        .spawn()
+        .unwrap();
+    let agent = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(["agent", "--config", config.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let term = || {
+        let status = Command::new("kill")
+            .args(["-TERM", &agent.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    term();
+    // Let the final export start and hang on the receiver, then insist.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    term();
+    let out = agent.wait_with_output().unwrap();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    drop(held);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(2) && std::env::var_os("CI").is_none() {
+        eprintln!("skipping: perf events not permitted here: {stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(!stderr.contains("rootline agent stopped"), "{stderr}");
 }

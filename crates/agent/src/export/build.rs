@@ -15,6 +15,7 @@ pub fn build_exporters(
 ) -> Result<Vec<Box<dyn Exporter>>, ExportError> {
     let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
     if let Some(otlp) = &config.exporters.otlp {
+        super::otlp::check_protocol(&env)?;
         let settings = OtlpSettings::resolve(otlp, config.export_timeout, env);
         let encoder = super::otlp::default_encoder()
             .ok_or_else(|| ExportError::Encode("this build has no OTLP profiles writer".into()))?;

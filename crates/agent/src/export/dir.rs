@@ -1,6 +1,7 @@
 //! Files in a directory: one file per export and process, in any format rootline-formats writes
 //! (pprof for `[exporters.pprof]`), rotating under a byte cap: once the directory's files from this
-//! exporter exceed the cap, the oldest are deleted.
+//! exporter exceed the cap, the oldest are deleted. Files are written as `NAME.partial` and renamed
+//! when complete; partial files left by an agent that died are removed at start.
 
 use std::collections::VecDeque;
 use std::fs;
@@ -26,7 +27,8 @@ pub struct DirExporter {
 impl DirExporter {
     /// An exporter named `name` writing `format` files (ending `extension`) into `directory`, which
     /// is created if missing. Files already there with that ending count against `max_bytes`,
-    /// oldest first, so a restarted agent keeps rotating them.
+    /// oldest first, so a restarted agent keeps rotating them; leftover `…{extension}.partial`
+    /// files are removed.
     pub fn new(
         name: &str,
         format: Format,
@@ -36,6 +38,17 @@ impl DirExporter {
     ) -> Result<DirExporter, ExportError> {
         fs::create_dir_all(directory)
             .map_err(|e| ExportError::Io(format!("cannot create {}: {e}", directory.display())))?;
+        // Half-written files of an agent that died mid-write: they count against no cap, so
+        // remove them now.
+        let partial = format!("{extension}.partial");
+        for entry in fs::read_dir(directory)
+            .map_err(|e| ExportError::Io(format!("cannot list {}: {e}", directory.display())))?
+            .flatten()
+        {
+            if entry.file_name().to_string_lossy().ends_with(&partial) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
         let mut existing: Vec<(std::time::SystemTime, PathBuf, u64)> = fs::read_dir(directory)
             .map_err(|e| ExportError::Io(format!("cannot list {}: {e}", directory.display())))?
             .flatten()
@@ -118,7 +131,9 @@ impl Exporter for DirExporter {
         process: &ProcessProfile,
     ) -> Result<(), ExportError> {
         let path = self.file_name(batch, process);
-        let tmp = path.with_extension("partial");
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(".partial");
+        let tmp = PathBuf::from(tmp);
         let write = || -> Result<u64, String> {
             let file = fs::File::create(&tmp).map_err(|e| e.to_string())?;
             let mut out = BufWriter::new(file);

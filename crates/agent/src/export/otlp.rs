@@ -3,11 +3,13 @@
 //! Endpoint, headers and resource follow the OpenTelemetry environment variables:
 //! `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` (used as is), else `OTEL_EXPORTER_OTLP_ENDPOINT` (with
 //! `/v1development/profiles` appended), else `http://localhost:4318/v1development/profiles`; an
-//! `endpoint` in the config file takes precedence over both. `OTEL_EXPORTER_OTLP_HEADERS` (and
-//! `…_PROFILES_HEADERS`) add `key=value,…` headers; `OTEL_RESOURCE_ATTRIBUTES` adds resource
+//! `endpoint` in the config file takes precedence over both. `OTEL_EXPORTER_OTLP_HEADERS` and
+//! `…_PROFILES_HEADERS` add `key=value,…` headers (a header in both: the signal-specific value; in
+//! the config too: the config's); `OTEL_RESOURCE_ATTRIBUTES` adds resource
 //! attributes and `OTEL_SERVICE_NAME` sets `service.name`. Each process's profile goes out as one
 //! request whose resource carries `host.name`, `process.pid`, `process.executable.name`,
-//! `process.command_line`, `process.executable.path` and, in a container, `container.id`.
+//! `process.command_line`, `process.executable.path` and, in a container, `container.id` (and in
+//! a Kubernetes pod, `k8s.pod.uid`; both from the cgroup path).
 //! Bodies are gzipped; an attempt that times out, fails to connect or gets 408/429/5xx is retried
 //! with exponential backoff; a failed TLS handshake is not retried (see [`super::tls`]). Once the
 //! receiver has failed for one process (retries spent, or no TLS), the other processes of the same
@@ -125,18 +127,28 @@ impl OtlpSettings {
             .or_else(|| nonempty("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT"))
             .or_else(|| nonempty("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| with_signal_path(&e)))
             .unwrap_or_else(|| format!("http://localhost:4318{PROFILES_PATH}"));
-        let mut headers: Vec<(String, String)> = config
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        // As for the endpoint: the config wins, then the signal-specific variable, then the
+        // generic one; a header set twice is sent once (names compared case-insensitively).
+        let mut headers: Vec<(String, String)> = Vec::new();
+        let mut set = |k: String, v: String| match headers
+            .iter_mut()
+            .find(|(name, _)| name.eq_ignore_ascii_case(&k))
+        {
+            Some(slot) => slot.1 = v,
+            None => headers.push((k, v)),
+        };
         for var in [
             "OTEL_EXPORTER_OTLP_HEADERS",
             "OTEL_EXPORTER_OTLP_PROFILES_HEADERS",
         ] {
             if let Some(text) = nonempty(var) {
-                headers.extend(parse_key_values(&text));
+                for (k, v) in parse_key_values(&text) {
+                    set(k, v);
+                }
             }
+        }
+        for (k, v) in &config.headers {
+            set(k.clone(), v.clone());
         }
         let mut resource = config.resource_attributes.clone();
         if let Some(text) = nonempty("OTEL_RESOURCE_ATTRIBUTES") {
@@ -171,6 +183,29 @@ impl OtlpSettings {
             tls,
         }
     }
+}
+
+/// Refuses an OTLP protocol other than `http/protobuf` named by `OTEL_EXPORTER_OTLP_PROTOCOL` or
+/// `OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL` (the signal-specific one wins): sending HTTP to a gRPC
+/// port would only fail later with a less clear error.
+pub fn check_protocol(env: impl Fn(&str) -> Option<String>) -> Result<(), ExportError> {
+    let nonempty = |k: &str| {
+        env(k)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (k.to_string(), v))
+    };
+    let Some((var, value)) = nonempty("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL")
+        .or_else(|| nonempty("OTEL_EXPORTER_OTLP_PROTOCOL"))
+    else {
+        return Ok(());
+    };
+    if value.trim() == "http/protobuf" {
+        return Ok(());
+    }
+    Err(ExportError::Config(format!(
+        "{var}={value}: rootline exports OTLP over HTTP with protobuf bodies only; set it to \
+         http/protobuf (or unset it) and point the endpoint at the receiver's HTTP port (4318)"
+    )))
 }
 
 /// `base` with `/v1development/profiles` appended, unless it already ends in it.
@@ -281,6 +316,9 @@ impl OtlpExporter {
         }
         if let Some(id) = &info.container_id {
             attrs.insert("container.id".into(), id.clone());
+        }
+        if let Some(uid) = &info.pod_uid {
+            attrs.insert("k8s.pod.uid".into(), uid.clone());
         }
         let service = self
             .settings
@@ -530,5 +568,60 @@ mod tests {
         assert_eq!(s.tls.certificate, Some("/etc/ca.pem".into()));
         let s = OtlpSettings::resolve(&OtlpConfig::default(), t, env(&[]));
         assert_eq!(s.tls, TlsFiles::default());
+    }
+
+    #[test]
+    fn headers_signal_specific_and_config_win() {
+        let c = OtlpConfig {
+            headers: [("X-Tenant".to_string(), "config".to_string())].into(),
+            ..OtlpConfig::default()
+        };
+        let s = OtlpSettings::resolve(
+            &c,
+            Duration::from_secs(1),
+            env(&[
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "api-key=generic,x-tenant=env,a=1",
+                ),
+                ("OTEL_EXPORTER_OTLP_PROFILES_HEADERS", "Api-Key=profiles"),
+            ]),
+        );
+        assert_eq!(
+            s.headers,
+            vec![
+                ("api-key".into(), "profiles".into()),
+                ("x-tenant".into(), "config".into()),
+                ("a".into(), "1".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_http_protobuf_is_accepted() {
+        assert!(check_protocol(env(&[])).is_ok());
+        assert!(check_protocol(env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")])).is_ok());
+        let err = check_protocol(env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc") && err.contains("4318"),
+            "{err}"
+        );
+        // The signal-specific variable wins, both ways.
+        assert!(
+            check_protocol(env(&[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "http/protobuf"),
+            ]))
+            .is_ok()
+        );
+        let err = check_protocol(env(&[(
+            "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",
+            "http/json",
+        )]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("PROFILES_PROTOCOL=http/json"), "{err}");
     }
 }

@@ -13,10 +13,13 @@
 //! parses each runtime's name style ([`names`]); reads JIT code from `/proc/PID/mem`, caching
 //! each function's bytes; and decides the frame state in JIT code ([`frame_state`]).
 
+pub mod ecma;
 pub mod frame_state;
 pub mod jitdump;
 pub mod names;
+pub mod perfinfo;
 pub mod perfmap;
+pub mod r2r;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -57,6 +60,14 @@ pub fn namespace_pid(pid: u32) -> u32 {
 pub fn perf_map_path(pid: u32) -> PathBuf {
     PathBuf::from(format!(
         "/proc/{pid}/root/tmp/perf-{}.map",
+        namespace_pid(pid)
+    ))
+}
+
+/// Where a .NET process writes its image loads: `/proc/PID/root/tmp/perfinfo-NSPID.map`.
+pub fn perf_info_path(pid: u32) -> PathBuf {
+    PathBuf::from(format!(
+        "/proc/{pid}/root/tmp/perfinfo-{}.map",
         namespace_pid(pid)
     ))
 }
@@ -124,6 +135,13 @@ pub struct JitProcess {
     pid: u32,
     map: Option<PerfMap<File>>,
     dump: Option<jitdump::JitDump<File>>,
+    info: Option<perfinfo::PerfInfo<File>>,
+    /// Image loads of `info` already handled.
+    images_done: usize,
+    /// Methods of the process's ReadyToRun images, at their load addresses.
+    precompiled: SymbolTable,
+    /// Images whose precompiled code could not be named, and why.
+    pub image_errors: Vec<String>,
     last_open_try: Option<Instant>,
     last_read: Option<Instant>,
     /// Why the perf map was last refused, when it exists but was not used.
@@ -139,6 +157,10 @@ impl JitProcess {
             pid,
             map: None,
             dump: None,
+            info: None,
+            images_done: 0,
+            precompiled: SymbolTable::default(),
+            image_errors: Vec::new(),
             last_open_try: None,
             last_read: None,
             refused: None,
@@ -153,6 +175,7 @@ impl JitProcess {
             .as_ref()
             .and_then(|m| m.symbols.lookup(addr))
             .or_else(|| self.dump.as_ref()?.symbols.lookup(addr))
+            .or_else(|| self.precompiled.lookup(addr))
     }
 
     /// The symbol at `addr` from the perf map or the jitdump file, re-reading them (at most every
@@ -168,7 +191,7 @@ impl JitProcess {
     /// when they are not open yet (looked for again at most every 250 ms).
     pub fn refresh(&mut self) {
         let now = Instant::now();
-        let missing = self.map.is_none() || self.dump.is_none();
+        let missing = self.map.is_none() || self.dump.is_none() || self.info.is_none();
         if missing
             && self
                 .last_open_try
@@ -186,6 +209,11 @@ impl JitProcess {
             {
                 self.dump = Some(jitdump::JitDump::new(f));
             }
+            if self.info.is_none()
+                && let Some(f) = self.open(perf_info_path(self.pid))
+            {
+                self.info = Some(perfinfo::PerfInfo::new(f));
+            }
             self.last_read = None;
         }
         if self
@@ -200,6 +228,41 @@ impl JitProcess {
         }
         if let Some(d) = self.dump.as_mut() {
             let _ = d.read_more();
+        }
+        if let Some(info) = self.info.as_mut()
+            && info.read_more().is_ok()
+            && info.images.len() > self.images_done
+        {
+            let new = info.images[self.images_done..].to_vec();
+            self.images_done = info.images.len();
+            for image in new.iter().filter(|i| i.base != 0) {
+                self.load_image(image);
+            }
+        }
+    }
+
+    /// Names the precompiled methods of a ReadyToRun image the runtime loaded, reading the
+    /// image through the target's root (its mount namespace).
+    fn load_image(&mut self, image: &perfinfo::ImageLoad) {
+        let path = format!("/proc/{}/root{}", self.pid, image.path);
+        let parsed = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| r2r::R2rImage::parse(&bytes).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(r2r) => {
+                for m in &r2r.methods {
+                    self.precompiled.insert(JitSymbol {
+                        start: image.base + u64::from(m.start),
+                        end: image.base + u64::from(m.end),
+                        name: r2r.jit_name(m),
+                    });
+                }
+            }
+            Err(e) => {
+                if self.image_errors.len() < 16 {
+                    self.image_errors.push(format!("{}: {e}", image.path));
+                }
+            }
         }
     }
 
@@ -218,10 +281,11 @@ impl JitProcess {
         }
     }
 
-    /// Number of symbols known (perf map and jitdump).
+    /// Number of symbols known (perf map, jitdump and precompiled images).
     pub fn symbol_count(&self) -> usize {
         self.map.as_ref().map_or(0, |m| m.symbols.len())
             + self.dump.as_ref().map_or(0, |d| d.symbols.len())
+            + self.precompiled.len()
     }
 
     /// Reads process memory at `addr` (code), from the cache of the enclosing symbol's bytes

@@ -34,6 +34,9 @@ pub struct JitName {
     /// Return addresses into this code need not follow a call instruction: HotSpot's
     /// interpreter pushes its return entry and jumps to the callee.
     pub pushed_returns: bool,
+    /// Precompiled code in a mapped image file (.NET ReadyToRun), not JIT memory: the frame
+    /// keeps the image as its mapping.
+    pub precompiled: bool,
 }
 
 const V8_METHOD_PREFIXES: [&str; 6] = [
@@ -65,6 +68,7 @@ pub fn parse_name(raw: &str) -> JitName {
         kind: FrameKind::Jit,
         single_function: v8_code,
         pushed_returns: name == "Interpreter",
+        precompiled: false,
     };
     if raw.starts_with("stub<") || raw.contains(':') && !raw.contains('(') {
         // CoreCLR stubs, V8 `Builtin:`/`Stub:`/`BytecodeHandler:`, Mono trampolines.
@@ -78,6 +82,7 @@ pub fn parse_name(raw: &str) -> JitName {
             kind: FrameKind::Managed,
             single_function: true,
             pushed_returns: false,
+            precompiled: false,
         };
     }
     jit(raw)
@@ -115,6 +120,7 @@ fn coreclr(raw: &str) -> Option<JitName> {
         kind: FrameKind::Managed,
         single_function: true,
         pushed_returns: false,
+        precompiled: false,
     })
 }
 
@@ -132,6 +138,7 @@ fn v8(rest: &str) -> JitName {
         kind: FrameKind::Managed,
         single_function: true,
         pushed_returns: false,
+        precompiled: false,
     }
 }
 

@@ -120,13 +120,52 @@ impl SymbolTable {
     }
 }
 
+/// The complete lines appended to a text file since the last read; a last line without its
+/// newline (a write in progress) is held back until the newline arrives.
+#[derive(Debug, Default)]
+pub(crate) struct AppendedLines {
+    offset: u64,
+    pending: Vec<u8>,
+    lines: u64,
+}
+
+impl AppendedLines {
+    /// Reads what was appended to `source` and returns each new complete, non-empty line with
+    /// its 1-based line number.
+    pub(crate) fn read<R: Read + Seek>(
+        &mut self,
+        source: &mut R,
+    ) -> io::Result<Vec<(u64, String)>> {
+        source.seek(SeekFrom::Start(self.offset))?;
+        let mut buf = Vec::new();
+        let n = source.take(64 << 20).read_to_end(&mut buf)?;
+        self.offset += n as u64;
+        self.pending.extend_from_slice(&buf);
+        let Some(last_nl) = self.pending.iter().rposition(|&b| b == b'\n') else {
+            return Ok(Vec::new());
+        };
+        let complete: Vec<u8> = self.pending.drain(..=last_nl).collect();
+        let mut out = Vec::new();
+        for raw in complete[..last_nl].split(|&b| b == b'\n') {
+            self.lines += 1;
+            if !raw.is_empty() {
+                out.push((self.lines, String::from_utf8_lossy(raw).into_owned()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes consumed so far (complete lines plus a held-back torn line).
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
 /// An incrementally read perf map.
 #[derive(Debug)]
 pub struct PerfMap<R> {
     source: R,
-    offset: u64,
-    pending: Vec<u8>,
-    lines: u64,
+    lines: AppendedLines,
     /// Lines that did not parse (kept for reporting; the rest of the file is still used).
     pub bad_lines: Vec<LineError>,
     /// The symbols read so far.
@@ -138,9 +177,7 @@ impl<R: Read + Seek> PerfMap<R> {
     pub fn new(source: R) -> PerfMap<R> {
         PerfMap {
             source,
-            offset: 0,
-            pending: Vec::new(),
-            lines: 0,
+            lines: AppendedLines::default(),
             bad_lines: Vec::new(),
             symbols: SymbolTable::default(),
         }
@@ -149,23 +186,9 @@ impl<R: Read + Seek> PerfMap<R> {
     /// Reads what was appended since the last call; returns the number of new entries. A last
     /// line without its newline is kept back until the rest of it is written.
     pub fn read_more(&mut self) -> io::Result<usize> {
-        self.source.seek(SeekFrom::Start(self.offset))?;
-        let mut buf = Vec::new();
-        let n = (&mut self.source).take(64 << 20).read_to_end(&mut buf)?;
-        self.offset += n as u64;
-        self.pending.extend_from_slice(&buf);
-        let Some(last_nl) = self.pending.iter().rposition(|&b| b == b'\n') else {
-            return Ok(0);
-        };
-        let complete: Vec<u8> = self.pending.drain(..=last_nl).collect();
         let mut added = 0;
-        for raw in complete[..last_nl].split(|&b| b == b'\n') {
-            self.lines += 1;
-            if raw.is_empty() {
-                continue;
-            }
-            let text = String::from_utf8_lossy(raw);
-            match parse_line(&text, self.lines) {
+        for (line, text) in self.lines.read(&mut self.source)? {
+            match parse_line(&text, line) {
                 Ok(e) => {
                     self.symbols.insert(JitSymbol {
                         start: e.start,
@@ -186,7 +209,7 @@ impl<R: Read + Seek> PerfMap<R> {
 
     /// Bytes consumed so far (complete lines plus a held-back torn line).
     pub fn offset(&self) -> u64 {
-        self.offset
+        self.lines.offset()
     }
 }
 

@@ -187,8 +187,9 @@ impl Builder {
         }
     }
 
-    /// The frame of an address in code without a file image: named through the process's JIT
-    /// map when it had an entry, else `path+0xOFFSET` like any unnamed address.
+    /// The frame of an address in code without ELF symbols: named through the process's JIT
+    /// maps or precompiled images when they had an entry, else `path+0xOFFSET` like any
+    /// unnamed address.
     fn jit_frame(&mut self, m: u32, frame: RawFrame, name: Option<JitName>) -> Vec<FrameId> {
         let Some(name) = name else {
             let mapping = self.profile_mapping(m);
@@ -205,15 +206,20 @@ impl Builder {
             let raw = &self.mappings[m as usize].0;
             (raw.start, raw.end)
         };
-        let module = name.module.as_deref().unwrap_or("[jit]");
-        let path = self.profile.intern_string(module);
-        let mapping = self.profile.intern_mapping(Mapping {
-            start,
-            end,
-            file_offset: 0,
-            path,
-            build_id: None,
-        });
+        // Precompiled code in a mapped image (.NET ReadyToRun) keeps the image as its mapping.
+        let mapping = if name.precompiled {
+            self.profile_mapping(m)
+        } else {
+            let module = name.module.as_deref().unwrap_or("[jit]");
+            let path = self.profile.intern_string(module);
+            self.profile.intern_mapping(Mapping {
+                start,
+                end,
+                file_offset: 0,
+                path,
+                build_id: None,
+            })
+        };
         vec![self.frame(
             &name.name,
             name.file.as_deref(),
