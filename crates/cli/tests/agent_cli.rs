@@ -101,6 +101,7 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(3));
+    let ports = listening_sockets(agent.id());
     // SIGTERM, as Kubernetes sends it before stopping a pod.
     let status = Command::new("kill")
         .args(["-TERM", &agent.id().to_string()])
@@ -116,6 +117,11 @@ fn sigterm_flushes_a_final_export_and_exits_0() {
         return;
     }
     assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        ports,
+        Vec::<String>::new(),
+        "the agent opened a listening port"
+    );
     // JSON log lines, the cache rundown and the final status line.
     let lines: Vec<serde_json::Value> = stderr
         .lines()
@@ -229,4 +235,43 @@ fn second_sigterm_exits_without_waiting_for_the_final_export() {
     }
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert!(!stderr.contains("rootline agent stopped"), "{stderr}");
+}
+
+/// TCP sockets of process `pid` in the LISTEN state and UDP sockets it has bound, as
+/// `/proc/net/{tcp,tcp6,udp,udp6}` lines.
+fn listening_sockets(pid: u32) -> Vec<String> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut found = Vec::new();
+    for table in ["tcp", "tcp6", "udp", "udp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(state), Some(inode)) = (cols.get(3), cols.get(9)) else {
+                continue;
+            };
+            let listening = table.starts_with("udp") || *state == "0A";
+            if listening && inodes.iter().any(|i| i == inode) {
+                found.push(format!("{table}: {line}"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn listening_sockets_sees_a_listener() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let found = listening_sockets(std::process::id());
+    assert!(!found.is_empty(), "a bound listener was not found");
+    drop(listener);
 }
