@@ -355,3 +355,27 @@ fn private_ca_without_a_ca_file_points_to_the_setting() {
         "{lines:#?}"
     );
 }
+
+#[test]
+fn https_to_a_plain_http_receiver_says_so() {
+    let receiver = Receiver::start();
+    let otlp = OtlpConfig {
+        endpoint: Some(receiver.https_endpoint()),
+        ..OtlpConfig::default()
+    };
+    let port = receiver.addr.port().to_string();
+    let stats = run(&config(otlp), &[], vec![std::process::id()], 300);
+    let lines: Vec<String> = log_lines_with("export failed")
+        .into_iter()
+        .filter(|l| l.contains(&port))
+        .collect();
+    assert!(!lines.is_empty());
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("TLS handshake failed") && l.contains("speaks HTTPS")),
+        "{lines:#?}"
+    );
+    let e = &stats.exporters[0];
+    assert_eq!((e.exported, e.failed, e.retries), (0, 300, 0), "{stats:?}");
+}

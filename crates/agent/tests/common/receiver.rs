@@ -240,6 +240,14 @@ fn handle<S: Read + Write>(stream: S, state: Arc<ReceiverState>) {
                     head.push_str(&line);
                     continue;
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    // Not HTTP (e.g. a TLS ClientHello): answer as HTTP servers do, then close.
+                    let _ = reader.get_mut().write_all(
+                        b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n\
+                          400 Bad Request: malformed HTTP request",
+                    );
+                    return;
+                }
                 Err(_) => return,
             }
             if head.is_empty() {
