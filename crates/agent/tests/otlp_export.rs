@@ -243,3 +243,63 @@ fn final_export_ends_by_the_shutdown_deadline() {
     assert!((1..=2).contains(&e.attempts), "{stats:?}");
     assert_eq!(stats.exports, 1);
 }
+
+/// A throttling receiver (503 with `Retry-After: 1` for one second) is retried after the wait it
+/// asks for: one throttled answer, then everything is delivered. Retrying on the 50 ms backoff
+/// alone would hit the throttle again and, with one retry allowed, fail.
+#[test]
+fn retry_after_is_honoured() {
+    let receiver = Receiver::start();
+    receiver.state.throttle_secs.store(1, Relaxed);
+    let config = otlp_config(&receiver, 60_000, 3000);
+    let synth = SyntheticConfig {
+        pids: vec![std::process::id()],
+        stacks: 10,
+        depth: 5,
+        rate_per_sec: 3000,
+        limit: Some(300),
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let exporters = build_exporters(&config, |_| None).unwrap();
+    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
+    assert!(wait_for(Duration::from_secs(10), || counters
+        .delivered
+        .load(Relaxed)
+        == 300));
+    let stats = agent.stop().unwrap();
+    let e = &stats.exporters[0];
+    assert_eq!((e.exported, e.failed, e.retries), (300, 0, 1), "{stats:?}");
+    assert_eq!(receiver.state.throttled_requests.load(Relaxed), 1);
+    assert_eq!(receiver.received().total(), 300);
+}
+
+/// A `Retry-After` longer than an export waits fails the export at once, without retries.
+#[test]
+fn retry_after_longer_than_an_export_waits_gives_up() {
+    let receiver = Receiver::start();
+    receiver.state.throttle_secs.store(3600, Relaxed);
+    let config = otlp_config(&receiver, 200, 3000);
+    let synth = SyntheticConfig {
+        pids: vec![std::process::id()],
+        stacks: 10,
+        depth: 5,
+        rate_per_sec: 1000,
+        limit: Some(600),
+    };
+    let (source, counters) = SyntheticSource::new(synth);
+    let exporters = build_exporters(&config, |_| None).unwrap();
+    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
+    assert!(wait_for(Duration::from_secs(10), || counters
+        .delivered
+        .load(Relaxed)
+        == 600));
+    let stats = agent.stop().unwrap();
+    let e = &stats.exporters[0];
+    assert_eq!((e.exported, e.failed, e.retries), (0, 600, 0), "{stats:?}");
+    assert!(e.batches_failed >= 2, "{stats:?}");
+    assert_eq!(
+        e.attempts, e.batches_failed,
+        "one request per export: {stats:?}"
+    );
+    assert_eq!(receiver.state.throttled_requests.load(Relaxed), e.attempts);
+}

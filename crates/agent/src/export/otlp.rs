@@ -11,11 +11,13 @@
 //! `process.command_line`, `process.executable.path` and, in a container, `container.id` (and in
 //! a Kubernetes pod, `k8s.pod.uid`; both from the cgroup path).
 //! Bodies are gzipped; an attempt that times out, fails to connect or gets 408/429/5xx is retried
-//! with exponential backoff; a failed TLS handshake is not retried (see [`super::tls`]). Once the
-//! receiver has failed for one process (retries spent, or no TLS), the other processes of the same
-//! export are not sent: their samples fail at once instead of each costing the full timeout and
-//! retries, so a dead receiver costs one process's retries per export. During shutdown no attempt
-//! runs past the deadline the agent sets (`shutdown_timeout`). HTTPS uses rustls, with the WebPKI roots or the CA file of `certificate` /
+//! with exponential backoff, waiting at least what a 429/503 `Retry-After` asks (up to
+//! [`MAX_RETRY_AFTER`]; a longer wait fails the export at once); a failed TLS handshake is not
+//! retried (see [`super::tls`]). Once the receiver has failed for one process (retries spent, or no
+//! TLS), the other processes of the same export are not sent: their samples fail at once instead of
+//! each costing the full timeout and retries, so a dead receiver costs one process's retries per
+//! export. During shutdown no attempt runs past the deadline the agent sets (`shutdown_timeout`).
+//! HTTPS uses rustls, with the WebPKI roots or the CA file of `certificate` /
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE`, and a client certificate for mutual TLS when configured.
 
 use std::collections::BTreeMap;
@@ -30,6 +32,10 @@ use super::{ExportError, Exporter, RequestCounts};
 use crate::batch::{ExportBatch, ProcessProfile};
 use crate::config::OtlpConfig;
 use rootline_profile::Profile;
+
+/// Longest `Retry-After` an export waits for before its next attempt; a longer one fails the
+/// export (the next export tries again).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Path of the profiles signal under an OTLP/HTTP base URL.
 pub const PROFILES_PATH: &str = "/v1development/profiles";
@@ -356,10 +362,17 @@ impl OtlpExporter {
                     .limit(512)
                     .read_to_string()
                     .unwrap_or_default();
-                let failure = if matches!(status, 408 | 429 | 500..=599) {
-                    Failure::Retry
-                } else {
-                    Failure::ThisRequest
+                // Throttling (429, 503) may say when to come back, in seconds.
+                let retry_after = matches!(status, 429 | 503)
+                    .then(|| response.headers().get("retry-after"))
+                    .flatten()
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                let failure = match retry_after {
+                    Some(wait) => Failure::RetryAfter(wait),
+                    None if matches!(status, 408 | 429 | 500..=599) => Failure::Retry,
+                    None => Failure::ThisRequest,
                 };
                 Err((ExportError::Status { status, body }, failure))
             }
@@ -388,6 +401,8 @@ impl OtlpExporter {
 enum Failure {
     /// Worth another attempt (timeout, refused connection, 408/429/5xx).
     Retry,
+    /// Throttled: the receiver asked for this wait before the next attempt (`Retry-After`).
+    RetryAfter(Duration),
     /// The receiver rejected this request (4xx): the next process's may pass.
     ThisRequest,
     /// No request can get through (TLS handshake refused): do not retry.
@@ -442,7 +457,11 @@ impl Exporter for OtlpExporter {
                 Ok(()) => return Ok(()),
                 Err((err, Failure::ThisRequest)) => return Err(err),
                 Err((err, failure)) => {
-                    let out_of_time = self.time_left().is_some_and(|left| left <= backoff);
+                    let wait = match failure {
+                        Failure::RetryAfter(asked) => asked.max(backoff),
+                        _ => backoff,
+                    };
+                    let out_of_time = self.time_left().is_some_and(|left| left <= wait);
                     if failure == Failure::Unreachable
                         || attempt >= self.settings.retries
                         || out_of_time
@@ -450,8 +469,19 @@ impl Exporter for OtlpExporter {
                         self.unavailable = Some(err.to_string());
                         return Err(err);
                     }
+                    if wait > MAX_RETRY_AFTER {
+                        // Honouring it would stall every other sample behind this export.
+                        let err = ExportError::Transport(format!(
+                            "{err}; the receiver asked to retry after {} s, longer than the {} s \
+                             an export waits, so this export gives up",
+                            wait.as_secs(),
+                            MAX_RETRY_AFTER.as_secs()
+                        ));
+                        self.unavailable = Some(err.to_string());
+                        return Err(err);
+                    }
                     tracing::debug!("OTLP attempt {} failed, retrying: {err}", attempt + 1);
-                    std::thread::sleep(backoff);
+                    std::thread::sleep(wait);
                     backoff = backoff.saturating_mul(2);
                     attempt += 1;
                 }

@@ -1,7 +1,7 @@
 //! A small OTLP/HTTP profiles receiver on 127.0.0.1 for tests. It decodes every request with the
 //! official protos (the `opentelemetry-proto` crate, proto v1.10) and counts samples per process.
 //! It can be told to stall (sleep past the client's timeout, then hang up without counting) or to
-//! be down (refuse connections), and comes back when told. [`Receiver::start_tls`] serves HTTPS
+//! be down (refuse connections), or to throttle (503 with `Retry-After`), and comes back when told. [`Receiver::start_tls`] serves HTTPS
 //! with a rustls server configuration instead (its handshakes are counted).
 
 use std::collections::BTreeMap;
@@ -47,6 +47,11 @@ pub struct ReceiverState {
     pub down: AtomicBool,
     /// Requests that arrived while stalled.
     pub stalled_requests: AtomicU64,
+    /// Throttle: answer 503 with `Retry-After: N` during N seconds from the first request.
+    pub throttle_secs: AtomicU64,
+    throttle_until: Mutex<Option<std::time::Instant>>,
+    /// Requests answered 503 by the throttle.
+    pub throttled_requests: AtomicU64,
     /// TLS handshakes completed (HTTPS receivers only).
     pub handshakes: AtomicU64,
     /// TLS handshakes that failed, with the last error.
@@ -288,6 +293,16 @@ fn handle<S: Read + Write>(stream: S, state: Arc<ReceiverState>) {
         if state.down.load(Relaxed) {
             return;
         }
+        if let Some(retry_after) = throttled(&state) {
+            let response = format!(
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: {retry_after}\r\n\
+                 Content-Length: 0\r\n\r\n"
+            );
+            if reader.get_mut().write_all(response.as_bytes()).is_err() {
+                return;
+            }
+            continue;
+        }
         let status = if path == "/v1development/profiles" && count(&body, gzip, &state) {
             "200 OK"
         } else {
@@ -300,6 +315,22 @@ fn handle<S: Read + Write>(stream: S, state: Arc<ReceiverState>) {
             return;
         }
     }
+}
+
+/// When throttling is on (`throttle_secs` > 0): the first request opens a window of that many
+/// seconds, and every request inside it is answered 503 with `Retry-After` of the same value.
+fn throttled(state: &ReceiverState) -> Option<u64> {
+    let secs = state.throttle_secs.load(Relaxed);
+    if secs == 0 {
+        return None;
+    }
+    let mut until = state.throttle_until.lock().unwrap();
+    let now = std::time::Instant::now();
+    let end = *until.get_or_insert(now + Duration::from_secs(secs));
+    (now < end).then(|| {
+        state.throttled_requests.fetch_add(1, Relaxed);
+        secs
+    })
 }
 
 fn count(body: &[u8], gzip: bool, state: &ReceiverState) -> bool {
