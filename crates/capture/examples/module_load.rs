@@ -54,6 +54,7 @@ fn main() {
         bytes.len() >> 20,
         full.len(),
     );
+    println!("  {module:?}");
     if args.next().as_deref() == Some("--list") {
         for (start, end) in full {
             let name = module.symbol_name(start).unwrap_or("?");

@@ -78,8 +78,23 @@ impl CfiIndex {
             }
         }
         index.fdes.sort_unstable_by_key(|f| (f.start, f.end));
+        // Where FDEs overlap, an address past a nested FDE's end is covered only by the outer
+        // one, while framehop's lookup (the last FDE starting at or before the address) finds
+        // the nested one and falls back to frame pointers: those addresses go the full way.
+        let mut reach = 0;
+        for f in &index.fdes {
+            if reach > f.end {
+                index.full.push((f.end, reach));
+            }
+            reach = reach.max(f.end);
+        }
         index.full.sort_unstable();
         index
+    }
+
+    /// The FDE start addresses, sorted.
+    pub fn starts(&self) -> Vec<u64> {
+        self.fdes.iter().map(|f| f.start).collect()
     }
 
     /// Number of FDEs.
@@ -175,8 +190,18 @@ mod tests {
     use gimli::{Encoding, Format};
 
     /// An `.eh_frame` with one FDE per instruction list (each 0x100 bytes from 0x1000 + 0x100·i,
-    /// instructions at offsets 0, 4, 8, …).
-    pub(crate) fn eh_frame(fdes: &[Vec<I>]) -> Vec<u8> {
+    /// instructions at offsets 4, 8, …).
+    fn eh_frame(fdes: &[Vec<I>]) -> Vec<u8> {
+        let placed: Vec<(u64, u64, Vec<I>)> = fdes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (0x1000 + 0x100 * i as u64, 0x100, v.clone()))
+            .collect();
+        eh_frame_at(&placed)
+    }
+
+    /// An `.eh_frame` with FDEs at the given (start, length), instructions at offsets 4, 8, ….
+    fn eh_frame_at(fdes: &[(u64, u64, Vec<I>)]) -> Vec<u8> {
         let encoding = Encoding {
             format: Format::Dwarf32,
             version: 1,
@@ -187,9 +212,8 @@ mod tests {
         cie.add_instruction(I::Offset(X86_64::RA, -8));
         let mut table = FrameTable::default();
         let cie_id = table.add_cie(cie);
-        for (i, instrs) in fdes.iter().enumerate() {
-            let mut fde =
-                FrameDescriptionEntry::new(Address::Constant(0x1000 + 0x100 * i as u64), 0x100);
+        for (start, len, instrs) in fdes {
+            let mut fde = FrameDescriptionEntry::new(Address::Constant(*start), *len as u32);
             for (k, ins) in instrs.iter().enumerate() {
                 fde.add_instruction(4 * (k as u32 + 1), ins.clone());
             }
@@ -239,5 +263,16 @@ mod tests {
             idx.full_register_ranges(),
             &[(0x110c, 0x1200), (0x1204, 0x1300), (0x1304, 0x1400)]
         );
+    }
+
+    #[test]
+    fn addresses_past_a_nested_fde_go_the_full_way() {
+        // framehop looks up the last FDE starting at or before an address; past the nested FDE's
+        // end that one does not cover it, and framehop would guess frame pointers.
+        let bytes = eh_frame_at(&[(0x1000, 0x100, vec![]), (0x1010, 0x10, vec![])]);
+        let idx = index(&bytes);
+        assert_eq!(idx.full_register_ranges(), &[(0x1020, 0x1100)]);
+        assert!(idx.covers(0x1050) && idx.needs_full_registers(0x1050));
+        assert!(!idx.needs_full_registers(0x1018) && !idx.needs_full_registers(0x1008));
     }
 }

@@ -63,6 +63,9 @@ pub struct CodeModule {
     text: Option<SectionRef>,
     eh_frame: Option<SectionRef>,
     eh_frame_hdr: Option<SectionRef>,
+    /// Whether `.eh_frame_hdr`'s table lists exactly the FDEs of `.eh_frame` (framehop looks
+    /// addresses up through it; a table missing an FDE would make it guess frame pointers).
+    hdr_complete: bool,
     debug_frame: Option<SectionRef>,
     got: Option<SectionRef>,
     eh_cfi: CfiIndex,
@@ -78,6 +81,7 @@ impl std::fmt::Debug for CodeModule {
             .field("name", &self.name)
             .field("eh_fdes", &self.eh_cfi.len())
             .field("debug_fdes", &self.debug_cfi.len())
+            .field("eh_frame_hdr_complete", &self.hdr_complete)
             .field("functions", &self.functions.len())
             .finish()
     }
@@ -156,6 +160,7 @@ impl CodeModule {
             text,
             eh_frame,
             eh_frame_hdr,
+            hdr_complete: false,
             debug_frame,
             got,
             eh_cfi: CfiIndex::default(),
@@ -166,12 +171,19 @@ impl CodeModule {
         };
         module.eh_cfi = module.cfi_index(false);
         module.debug_cfi = module.cfi_index(true);
+        module.hdr_complete = module.hdr_lists_every_fde();
         Ok(module)
     }
 
     /// Display name (usually the path).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether framehop may look addresses up through `.eh_frame_hdr` (its table lists every
+    /// FDE); otherwise it indexes `.eh_frame` itself.
+    pub fn eh_frame_hdr_complete(&self) -> bool {
+        self.hdr_complete
     }
 
     /// Hex GNU build id, when the file has one.
@@ -317,6 +329,33 @@ impl CodeModule {
             .map(|s| &self.bytes[s.file.clone()])
     }
 
+    /// Whether the `.eh_frame_hdr` search table has one entry per `.eh_frame` FDE, at the same
+    /// start addresses.
+    fn hdr_lists_every_fde(&self) -> bool {
+        let Some(h) = &self.eh_frame_hdr else {
+            return false;
+        };
+        let bases = self.cfi_bases(false);
+        let hdr = gimli::EhFrameHdr::new(&self.bytes[h.file.clone()], LittleEndian);
+        let Ok(parsed) = hdr.parse(&bases, 8) else {
+            return false;
+        };
+        let Some(table) = parsed.table() else {
+            return false;
+        };
+        let mut starts = Vec::with_capacity(self.eh_cfi.len());
+        let mut iter = table.iter(&bases);
+        loop {
+            match iter.next() {
+                Ok(Some((gimli::Pointer::Direct(start), _))) => starts.push(start),
+                Ok(None) => break,
+                _ => return false,
+            }
+        }
+        starts.sort_unstable();
+        starts == self.eh_cfi.starts()
+    }
+
     fn cfi_index(&self, debug: bool) -> CfiIndex {
         let bases = self.cfi_bases(debug);
         if debug {
@@ -367,6 +406,7 @@ impl CodeModule {
                 file: code.len()..code.len() + eh_frame.len(),
             }),
             eh_frame_hdr: None,
+            hdr_complete: false,
             debug_frame: None,
             got: None,
             eh_cfi: CfiIndex::default(),
@@ -436,7 +476,7 @@ impl framehop::ModuleSectionInfo<SectionBytes> for ModuleSections {
         let s = match name {
             b".text" => m.text.as_ref(),
             b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref(),
-            b".eh_frame_hdr" if !self.debug_frame => m.eh_frame_hdr.as_ref(),
+            b".eh_frame_hdr" if !self.debug_frame && m.hdr_complete => m.eh_frame_hdr.as_ref(),
             b".got" => m.got.as_ref(),
             _ => None,
         };
@@ -448,7 +488,7 @@ impl framehop::ModuleSectionInfo<SectionBytes> for ModuleSections {
         let s = match name {
             b".text" => m.text.as_ref(),
             b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref(),
-            b".eh_frame_hdr" if !self.debug_frame => m.eh_frame_hdr.as_ref(),
+            b".eh_frame_hdr" if !self.debug_frame && m.hdr_complete => m.eh_frame_hdr.as_ref(),
             b".debug_frame" if self.debug_frame => m.debug_frame.as_ref(),
             _ => None,
         };
@@ -485,6 +525,7 @@ mod tests {
             text: None,
             eh_frame: None,
             eh_frame_hdr: None,
+            hdr_complete: false,
             debug_frame: None,
             got: None,
             eh_cfi: CfiIndex::default(),
@@ -495,5 +536,18 @@ mod tests {
         };
         assert_eq!(module.svma_of_file_offset(0x249000), Some(0x24a000));
         assert_eq!(module.svma_of_file_offset(0x1000), Some(0x1000));
+    }
+
+    #[test]
+    fn this_binary_has_a_complete_eh_frame_hdr_and_few_full_register_rows() {
+        let bytes = std::fs::read("/proc/self/exe").expect("own executable");
+        let m = CodeModule::parse("self", bytes.into()).expect("parses");
+        assert!(m.fde_counts().0 > 1000, "{m:?}");
+        assert!(m.eh_frame_hdr_complete(), "{m:?}");
+        // Hand-written assembly and stack realignment aside, compiled code needs only rsp/rbp.
+        assert!(
+            m.full_register_ranges().len() * 100 < m.fde_counts().0,
+            "{m:?}"
+        );
     }
 }
