@@ -114,14 +114,15 @@ impl TruncateReason {
     }
 }
 
-/// Whether a function is where new threads begin (`clone3`/`clone`): a sample whose leaf is in
-/// one and cannot be unwound is a new thread's first instructions after the system call (its
-/// stack holds nothing above; the function's CFI describes the parent), so the stack ends at
-/// its root there instead of being marked truncated.
+/// Whether a function is where threads begin (`clone3`/`clone`, and the program's `_start`): a
+/// sample whose leaf is in one and cannot be unwound is a new thread's first instructions after
+/// the system call (its stack holds nothing above; the function's CFI describes the parent), so
+/// the stack ends at its root there instead of being marked truncated. In code without CFI, a
+/// zero frame pointer or return address in one of them is the outermost frame.
 pub fn is_thread_entry(symbol: &str) -> bool {
     matches!(
         symbol,
-        "__clone3" | "__GI___clone3" | "clone3" | "__clone" | "__GI___clone" | "clone"
+        "__clone3" | "__GI___clone3" | "clone3" | "__clone" | "__GI___clone" | "clone" | "_start"
     )
 }
 
@@ -143,8 +144,9 @@ pub enum ReadFailure {
 /// How an unwound stack ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StackEnd {
-    /// The unwinder reached the thread's root: CFI marks the return address undefined, or the
-    /// frame-pointer chain or return address ends in zero.
+    /// The unwinder reached the thread's root: CFI marks the return address undefined, the leaf
+    /// is a thread entry, or (code without CFI) the frame-pointer chain or return address ends
+    /// in zero in a thread entry or in code whose function start is unknown.
     Root,
     /// The stack ends early, for this reason.
     Truncated(TruncateReason),
