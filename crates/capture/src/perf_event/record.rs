@@ -236,3 +236,57 @@ fn parse(data: &[u8], kernel: bool) -> Option<Record<'_>> {
         _ => Record::Other,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unwind::regs::{RBP, RBX, RIP, RSP};
+
+    /// A sample record as the kernel writes it for our sample type (no callchain): every
+    /// requested register in perf bit order, then the stack copy and its dynamic size.
+    fn sample_bytes(regs: &[u64], stack: &[u8]) -> Vec<u8> {
+        let mut body = Vec::new();
+        let mut put = |v: u64| body.extend_from_slice(&v.to_le_bytes());
+        put(0x1234); // ip
+        put(u64::from(7u32) | (u64::from(8u32) << 32)); // pid, tid
+        put(99); // time
+        put(1); // cpu, res
+        put(1_000_000); // period
+        put(u64::from(b::PERF_SAMPLE_REGS_ABI_64));
+        for &r in regs {
+            put(r);
+        }
+        put(stack.len() as u64);
+        body.extend_from_slice(stack);
+        body.extend_from_slice(&(stack.len() as u64).to_le_bytes());
+        let mut rec = Vec::new();
+        rec.extend_from_slice(&b::PERF_RECORD_SAMPLE.to_le_bytes());
+        rec.extend_from_slice(&(b::PERF_RECORD_MISC_USER as u16).to_le_bytes());
+        rec.extend_from_slice(&((8 + body.len()) as u16).to_le_bytes());
+        rec.extend_from_slice(&body);
+        rec
+    }
+
+    #[test]
+    fn every_general_purpose_register_is_parsed() {
+        // perf order: AX BX CX DX SI DI BP SP IP R8..R15.
+        let regs: Vec<u64> = (0..17).map(|i| 0x100 + i).collect();
+        let stack = [0xaau8; 16];
+        let bytes = sample_bytes(&regs, &stack);
+        let Record::Sample(s) = parse_record(&bytes, false) else {
+            panic!("not parsed as a sample");
+        };
+        let r = s.user_regs.expect("registers");
+        assert_eq!(r.get(RBX), Some(0x101));
+        assert_eq!(r.get(RBP), Some(0x106));
+        assert_eq!(r.get(RSP), Some(0x107));
+        assert_eq!(r.get(RIP), Some(0x108));
+        assert_eq!(r.get(15), Some(0x110));
+        assert_eq!((s.pid, s.tid, s.stack), (7, 8, &stack[..]));
+        // A record cut inside the registers is not a sample.
+        assert!(matches!(
+            parse_record(&sample_bytes(&regs[..10], &[]), false),
+            Record::Other
+        ));
+    }
+}
