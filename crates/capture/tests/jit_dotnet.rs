@@ -235,9 +235,10 @@ fn perf_map_of(dotnet: &Path, exe: &Path, env: &[(&str, &str)], seconds: u64) ->
     (map, corelib.path.clone())
 }
 
-/// The non-generic CoreLib methods of a perf map, by whether the runtime compiled them at
-/// tier 1 (`[OptimizedTier1]`) or otherwise.
-fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
+/// The CoreLib methods of a perf map, by whether the runtime compiled them at tier 1
+/// (`[OptimizedTier1]`) or otherwise; `generic` keeps instantiations of generic types and
+/// methods (which the metadata alone does not spell).
+fn corelib_methods(map: &str, generic: bool) -> (HashSet<String>, HashSet<String>) {
     let (mut other, mut tier1) = (HashSet::new(), HashSet::new());
     for (i, line) in map.lines().enumerate() {
         let Ok(entry) = rootline_capture::jit::perfmap::parse_line(line, i as u64 + 1) else {
@@ -248,9 +249,8 @@ fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
             continue;
         }
         let (owner, method) = name.name.split_once("::").unwrap();
-        // Instantiations of generic types and methods are spelled with their type arguments;
-        // the runtime's own stubs (`dynamicClass::IL_STUB_PInvoke`) have no metadata.
-        if owner.contains('[') || method.contains("!!") || owner == "dynamicClass" {
+        // The runtime's own stubs (`dynamicClass::IL_STUB_PInvoke`) have no metadata.
+        if owner == "dynamicClass" || !generic && (owner.contains('[') || method.contains("!!")) {
             continue;
         }
         if entry.raw.ends_with("[OptimizedTier1]") {
@@ -268,8 +268,8 @@ fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
 /// CoreLib method it runs and names it in its perf map: each non-generic one must be spelled
 /// exactly as the image's metadata spells it.
 ///
-/// With tiered compilation on, a method that starts in precompiled code is later compiled at
-/// tier 1 only (`[OptimizedTier1]`, no `[QuickJitted]` before it): such methods must be among
+/// With tiered compilation on, a method (or instantiation) that starts in precompiled code is
+/// later compiled at tier 1 only (`[OptimizedTier1]`, no `[QuickJitted]` before it): such methods must be among
 /// those the image gives code for — except methods the runtime compiled before it opened its
 /// perf map (start-up code), which are listed.
 #[test]
@@ -287,7 +287,7 @@ fn coreclr_precompiled_names_match_the_runtimes_own() {
     let (map, corelib) = perf_map_of(&dotnet, &exe, &[("COMPlus_ReadyToRun", "0")], 1);
     let bytes = std::fs::read(&corelib).unwrap();
     let defined: HashSet<String> = method_names(&bytes).unwrap().into_iter().collect();
-    let (other, tier1) = corelib_methods(&map);
+    let (other, tier1) = corelib_methods(&map, false);
     let compiled: Vec<&String> = other.union(&tier1).collect();
     let misspelled: Vec<&&String> = compiled.iter().filter(|n| !defined.contains(**n)).collect();
     let nested = compiled
@@ -302,9 +302,6 @@ fn coreclr_precompiled_names_match_the_runtimes_own() {
     );
     assert!(compiled.len() >= 300, "{} methods", compiled.len());
     assert!(misspelled.is_empty());
-
-    // Let the hot methods reach tier 1.
-    let (map, _) = perf_map_of(&dotnet, &exe, &[], 3);
     let image = R2rImage::parse(&bytes).unwrap();
     assert_eq!(image.assembly, "System.Private.CoreLib");
     let with_code: HashSet<&str> = image
@@ -312,7 +309,27 @@ fn coreclr_precompiled_names_match_the_runtimes_own() {
         .iter()
         .flat_map(|m| m.name.split(" | "))
         .collect();
-    let (other, tier1) = corelib_methods(&map);
+    // Instantiations the image has code for are spelled as the runtime spells them (those it
+    // compiled may include instantiations the image has no code for).
+    let (other, tier1) = corelib_methods(&map, true);
+    let instantiations: Vec<&String> = other
+        .union(&tier1)
+        .filter(|n| n.split_once("::").is_some_and(|(o, _)| o.contains('[')))
+        .collect();
+    let spelled: Vec<&&String> = instantiations
+        .iter()
+        .filter(|n| with_code.contains(n.as_str()))
+        .collect();
+    println!(
+        "instantiations the runtime compiled: {}, of them named by the image: {spelled:#?}",
+        instantiations.len()
+    );
+    assert!(spelled.len() >= 5, "{} instantiations", spelled.len());
+    assert!(spelled.len() * 4 >= instantiations.len() * 3);
+
+    // Let the hot methods reach tier 1.
+    let (map, _) = perf_map_of(&dotnet, &exe, &[], 3);
+    let (other, tier1) = corelib_methods(&map, true);
     let from_image: Vec<&String> = tier1.iter().filter(|n| !other.contains(*n)).collect();
     let (matched, early): (Vec<&String>, Vec<&String>) = from_image
         .iter()

@@ -429,14 +429,15 @@ impl<'a> Metadata<'a> {
         })
     }
 
-    fn type_ref_name(&self, rid: u32, depth: u32) -> Option<String> {
+    fn type_ref_name(&self, rid: u32, style: Style, depth: u32) -> Option<String> {
         let scope = self.cell(TYPE_REF, rid, 0)?;
         let name = self.string(self.cell(TYPE_REF, rid, 1)?)?;
         let ns = self.string(self.cell(TYPE_REF, rid, 2)?)?;
         let (tag, row) = (scope & 3, scope >> 2);
         if tag == 3 && depth < 16 {
             // Nested in another TypeRef.
-            return Some(format!("{}/{name}", self.type_ref_name(row, depth + 1)?));
+            let outer = self.type_ref_name(row, style, depth + 1)?;
+            return Some(format!("{outer}{}{name}", style.nested()));
         }
         let full = if ns.is_empty() {
             name.to_string()
@@ -444,6 +445,7 @@ impl<'a> Metadata<'a> {
             format!("{ns}.{name}")
         };
         if tag == 2
+            && style == Style::Il
             && let Some(asm) = self.cell(ASSEMBLY_REF, row, 6).and_then(|i| self.string(i))
         {
             return Some(format!("[{asm}]{full}"));
@@ -454,16 +456,21 @@ impl<'a> Metadata<'a> {
     /// The name of method `rid` as CoreCLR writes it in perf maps, without the return type:
     /// `Namespace.Type::Method(params)`.
     pub fn method_name(&self, rid: u32, owners: &[u32], enclosing: &[u32]) -> Option<String> {
-        let name = self.string(self.cell(METHOD_DEF, rid, 3)?)?;
-        let owner = *owners.get(rid as usize - 1)?;
+        let owner = *owners.get((rid as usize).checked_sub(1)?)?;
         let ty = if owner == 0 {
             String::new()
         } else {
             self.type_def_name(owner, enclosing, '+', 0)?
         };
+        Some(format!("{ty}::{}", self.method_tail(rid, enclosing)?))
+    }
+
+    /// `Method(params)` of method `rid`: its name and formal parameter list.
+    pub fn method_tail(&self, rid: u32, enclosing: &[u32]) -> Option<String> {
+        let name = self.string(self.cell(METHOD_DEF, rid, 3)?)?;
         let sig = self.blob(self.cell(METHOD_DEF, rid, 4)?)?;
         let params = self.method_params(sig, enclosing)?;
-        Some(format!("{ty}::{name}({params})"))
+        Some(format!("{name}({params})"))
     }
 
     /// The parameter list of a MethodDefSig.
@@ -475,28 +482,37 @@ impl<'a> Metadata<'a> {
         }
         let count = r.compressed()?;
         let mut out = String::new();
-        self.sig_type(&mut r, &mut String::new(), enclosing, 0)?; // Return type.
+        self.sig_type(&mut r, &mut String::new(), enclosing, Style::Il, 0)?; // Return type.
         for i in 0..count {
             if i > 0 {
                 out.push(',');
             }
-            self.sig_type(&mut r, &mut out, enclosing, 0)?;
+            self.sig_type(&mut r, &mut out, enclosing, Style::Il, 0)?;
         }
         Some(out)
     }
 
-    /// Appends one type of a signature to `out`.
-    fn sig_type(
+    /// Appends one type of a signature to `out`, spelled in `style`. Also reads the
+    /// ReadyToRun extensions: `System.__Canon` (0x3E); a type of another module (0x3F) has no
+    /// name here.
+    pub(crate) fn sig_type(
         &self,
         r: &mut SigReader<'_>,
         out: &mut String,
         enclosing: &[u32],
+        style: Style,
         depth: u32,
     ) -> Option<()> {
         if depth > 32 {
             return None;
         }
         let et = r.byte()?;
+        if style == Style::Reflection
+            && let Some(name) = reflection_primitive(et)
+        {
+            out.push_str(name);
+            return Some(());
+        }
         let simple = match et {
             0x01 => Some("void"),
             0x02 => Some("bool"),
@@ -516,6 +532,7 @@ impl<'a> Metadata<'a> {
             0x18 => Some("native int"),
             0x19 => Some("native uint"),
             0x1C => Some("object"),
+            0x3E => Some("System.__Canon"),
             _ => None,
         };
         if let Some(s) = simple {
@@ -525,14 +542,16 @@ impl<'a> Metadata<'a> {
         match et {
             // PTR, BYREF
             0x0F | 0x10 => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
+                self.sig_type(r, out, enclosing, style, depth + 1)?;
                 out.push(if et == 0x0F { '*' } else { '&' });
             }
             // VALUETYPE, CLASS
             0x11 | 0x12 => {
-                out.push_str(if et == 0x11 { "valuetype " } else { "class " });
+                if style == Style::Il {
+                    out.push_str(if et == 0x11 { "valuetype " } else { "class " });
+                }
                 let coded = r.compressed()?;
-                out.push_str(&self.type_def_or_ref(coded, enclosing, depth)?);
+                out.push_str(&self.type_def_or_ref(coded, enclosing, style, depth)?);
             }
             // VAR, MVAR
             0x13 | 0x1E => {
@@ -542,7 +561,7 @@ impl<'a> Metadata<'a> {
             }
             // ARRAY: type rank numsizes sizes… numlobounds lobounds…
             0x14 => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
+                self.sig_type(r, out, enclosing, style, depth + 1)?;
                 let rank = r.compressed()?;
                 for _ in 0..r.compressed()? {
                     r.compressed()?;
@@ -558,16 +577,22 @@ impl<'a> Metadata<'a> {
             }
             // GENERICINST (CLASS|VALUETYPE) type count args…
             0x15 => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
-                out.push('<');
+                // The generic type itself, without its `class`/`valuetype` keyword in
+                // reflection style.
+                self.sig_type(r, out, enclosing, style, depth + 1)?;
+                let (open, close) = match style {
+                    Style::Il => ('<', '>'),
+                    Style::Reflection => ('[', ']'),
+                };
+                out.push(open);
                 let n = r.compressed()?;
                 for i in 0..n {
                     if i > 0 {
                         out.push(',');
                     }
-                    self.sig_type(r, out, enclosing, depth + 1)?;
+                    self.sig_type(r, out, enclosing, style, depth + 1)?;
                 }
-                out.push('>');
+                out.push(close);
             }
             // FNPTR: a method signature.
             0x1B => {
@@ -577,7 +602,7 @@ impl<'a> Metadata<'a> {
                 }
                 let n = r.compressed()?;
                 let mut ret = String::new();
-                self.sig_type(r, &mut ret, enclosing, depth + 1)?;
+                self.sig_type(r, &mut ret, enclosing, style, depth + 1)?;
                 out.push_str("method ");
                 out.push_str(&ret);
                 out.push_str(" *(");
@@ -585,42 +610,44 @@ impl<'a> Metadata<'a> {
                     if i > 0 {
                         out.push(',');
                     }
-                    self.sig_type(r, out, enclosing, depth + 1)?;
+                    self.sig_type(r, out, enclosing, style, depth + 1)?;
                 }
                 out.push(')');
             }
             // SZARRAY
             0x1D => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
+                self.sig_type(r, out, enclosing, style, depth + 1)?;
                 out.push_str("[]");
             }
             // CMOD_REQD, CMOD_OPT: a type token, then the modified type.
             0x1F | 0x20 => {
                 r.compressed()?;
-                self.sig_type(r, out, enclosing, depth + 1)?;
+                self.sig_type(r, out, enclosing, style, depth + 1)?;
             }
             // PINNED, SENTINEL: a prefix.
-            0x45 | 0x41 => self.sig_type(r, out, enclosing, depth + 1)?,
+            0x45 | 0x41 => self.sig_type(r, out, enclosing, style, depth + 1)?,
             _ => return None,
         }
         Some(())
     }
 
     /// A TypeDefOrRefOrSpec coded index in a signature, named.
-    fn type_def_or_ref(&self, coded: u32, enclosing: &[u32], depth: u32) -> Option<String> {
+    fn type_def_or_ref(
+        &self,
+        coded: u32,
+        enclosing: &[u32],
+        style: Style,
+        depth: u32,
+    ) -> Option<String> {
         let row = coded >> 2;
         match coded & 3 {
-            0 => self.type_def_name(row, enclosing, '/', 0),
-            1 => self.type_ref_name(row, 0),
+            0 => self.type_def_name(row, enclosing, style.nested(), 0),
+            1 => self.type_ref_name(row, style, 0),
             2 => {
                 let sig = self.blob(self.cell(TYPE_SPEC, row, 0)?)?;
                 let mut s = String::new();
-                self.sig_type(
-                    &mut SigReader { b: sig, at: 0 },
-                    &mut s,
-                    enclosing,
-                    depth + 1,
-                )?;
+                let mut r = SigReader::new(sig);
+                self.sig_type(&mut r, &mut s, enclosing, style, depth + 1)?;
                 Some(s)
             }
             _ => None,
@@ -628,21 +655,79 @@ impl<'a> Metadata<'a> {
     }
 }
 
+/// How types are spelled: as in IL signatures (`int32`, `class System.String`,
+/// `valuetype System.Span`1<char>`, nested `Outer/Inner`), which CoreCLR's perf maps use for
+/// parameters, or as reflection names (`System.Int32`,
+/// `System.Collections.Generic.List`1[System.__Canon]`, nested `Outer+Inner`), which they use
+/// for the instantiated type a method belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Style {
+    /// IL signature spelling.
+    Il,
+    /// Reflection spelling.
+    Reflection,
+}
+
+impl Style {
+    fn nested(self) -> char {
+        match self {
+            Style::Il => '/',
+            Style::Reflection => '+',
+        }
+    }
+}
+
+/// The reflection name of a primitive element type.
+fn reflection_primitive(et: u8) -> Option<&'static str> {
+    Some(match et {
+        0x01 => "System.Void",
+        0x02 => "System.Boolean",
+        0x03 => "System.Char",
+        0x04 => "System.SByte",
+        0x05 => "System.Byte",
+        0x06 => "System.Int16",
+        0x07 => "System.UInt16",
+        0x08 => "System.Int32",
+        0x09 => "System.UInt32",
+        0x0A => "System.Int64",
+        0x0B => "System.UInt64",
+        0x0C => "System.Single",
+        0x0D => "System.Double",
+        0x0E => "System.String",
+        0x16 => "System.TypedReference",
+        0x18 => "System.IntPtr",
+        0x19 => "System.UIntPtr",
+        0x1C => "System.Object",
+        0x3E => "System.__Canon",
+        _ => return None,
+    })
+}
+
 /// Reads a signature blob.
-struct SigReader<'a> {
+pub(crate) struct SigReader<'a> {
     b: &'a [u8],
     at: usize,
 }
 
-impl SigReader<'_> {
-    fn byte(&mut self) -> Option<u8> {
+impl<'a> SigReader<'a> {
+    /// A reader at the start of `b`.
+    pub(crate) fn new(b: &'a [u8]) -> SigReader<'a> {
+        SigReader { b, at: 0 }
+    }
+
+    /// Bytes read so far.
+    pub(crate) fn position(&self) -> usize {
+        self.at
+    }
+
+    pub(crate) fn byte(&mut self) -> Option<u8> {
         let v = *self.b.get(self.at)?;
         self.at += 1;
         Some(v)
     }
 
     /// A compressed unsigned integer (Partition II §23.2).
-    fn compressed(&mut self) -> Option<u32> {
+    pub(crate) fn compressed(&mut self) -> Option<u32> {
         let b0 = u32::from(self.byte()?);
         if b0 & 0x80 == 0 {
             Some(b0)

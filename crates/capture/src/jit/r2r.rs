@@ -5,9 +5,11 @@
 //! The PE's CLI header points to the ReadyToRun header (`RTR`), whose sections give the code of
 //! each method: `RuntimeFunctions` (102) lists code ranges as RVAs, and `MethodDefEntryPoints`
 //! (103), a NativeFormat sparse array indexed by MethodDef row, gives the runtime function where
-//! each method's code starts. The ECMA-335 metadata of the same image ([`super::ecma`]) names
-//! the method. Code ranges no MethodDef entry points at (generic instantiations, funclets, cold
-//! parts) stay unnamed rather than being guessed.
+//! each method's code starts; `InstanceMethodEntryPoints` (109), a NativeFormat hashtable of
+//! method signatures, does the same for generic instantiations (`List`1[System.__Canon]::Add`).
+//! The ECMA-335 metadata of the same image ([`super::ecma`]) names the method. Code ranges no
+//! entry point leads to (funclets, cold parts) and instantiations involving other modules'
+//! types stay unnamed rather than being guessed.
 //!
 //! The PE headers are read here (the few fields needed) rather than through the `object`
 //! crate's PE support: enabling that feature would make every PE file in a process parse as an
@@ -15,13 +17,14 @@
 
 use rootline_profile::FrameKind;
 
-use super::ecma::Metadata;
+use super::ecma::{Metadata, SigReader, Style};
 use super::names::JitName;
 
 /// `'RTR'`.
 const R2R_SIGNATURE: u32 = 0x0052_5452;
 const SECTION_RUNTIME_FUNCTIONS: u32 = 102;
 const SECTION_METHODDEF_ENTRY_POINTS: u32 = 103;
+const SECTION_INSTANCE_METHOD_ENTRY_POINTS: u32 = 109;
 
 /// Why an image could not be read as ReadyToRun.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,12 +101,14 @@ impl R2rImage {
         let count = u32_at(native_rva + 12)?;
         let mut runtime_functions = None;
         let mut entry_points = None;
+        let mut instance_entry_points = None;
         for i in 0..count.min(256) {
             let s = native_rva + 16 + i * 12;
             let (ty, rva, len) = (u32_at(s)?, u32_at(s + 4)?, u32_at(s + 8)?);
             match ty {
                 SECTION_RUNTIME_FUNCTIONS => runtime_functions = Some((rva, len)),
                 SECTION_METHODDEF_ENTRY_POINTS => entry_points = Some(rva),
+                SECTION_INSTANCE_METHOD_ENTRY_POINTS => instance_entry_points = Some(rva),
                 _ => {}
             }
         }
@@ -131,12 +136,22 @@ impl R2rImage {
             .clone()
             .ok_or(R2rError::NotReadyToRun("no Assembly row"))?;
         let mut methods = Vec::new();
+        let reader = NativeReader { at: &at };
+        let owners = md.method_owners();
+        let enclosing = md.enclosing_types();
+        let code_of = |offset: u32, id: u32| -> Result<(u32, u32), R2rError> {
+            let index = if id & 1 != 0 { id >> 2 } else { id >> 1 };
+            let Some(&(start, end)) = functions.get(index as usize) else {
+                return Err(malformed(offset, "entry point past RuntimeFunctions"));
+            };
+            if start >= end || end > size {
+                return Err(malformed(offset, "entry point with an empty code range"));
+            }
+            Ok((start, end))
+        };
         if let Some(ep_rva) = entry_points {
-            let reader = NativeReader { at: &at };
             let array = NativeArray::new(&reader, ep_rva)
                 .ok_or(malformed(ep_rva, "MethodDefEntryPoints header"))?;
-            let owners = md.method_owners();
-            let enclosing = md.enclosing_types();
             for rid in 1..=md.method_count() {
                 let Some(offset) = array.get(&reader, rid - 1) else {
                     continue;
@@ -144,23 +159,36 @@ impl R2rImage {
                 let Some((_, id)) = reader.unsigned(offset) else {
                     continue;
                 };
-                let index = if id & 1 != 0 { id >> 2 } else { id >> 1 };
-                let Some(&(start, end)) = functions.get(index as usize) else {
-                    return Err(malformed(offset, "entry point past RuntimeFunctions"));
-                };
-                if start >= end || end > size {
-                    return Err(malformed(offset, "entry point with an empty code range"));
-                }
+                let (start, end) = code_of(offset, id)?;
                 if let Some(name) = md.method_name(rid, &owners, &enclosing) {
                     methods.push(R2rMethod { start, end, name });
                 }
+            }
+        }
+        if let Some(rva) = instance_entry_points {
+            let table = NativeHashtable::new(&reader, rva)
+                .ok_or(malformed(rva, "InstanceMethodEntryPoints header"))?;
+            for entry in table.entries(&reader) {
+                let Some(blob) = at(entry) else {
+                    return Err(malformed(entry, "instance entry point outside the image"));
+                };
+                let mut sig = SigReader::new(blob);
+                let Some(name) = instance_method_name(&md, &mut sig, &owners, &enclosing) else {
+                    continue;
+                };
+                let after = entry + sig.position() as u32;
+                let Some((_, id)) = reader.unsigned(after) else {
+                    return Err(malformed(after, "instance entry point without its code"));
+                };
+                let (start, end) = code_of(after, id)?;
+                methods.push(R2rMethod { start, end, name });
             }
         }
         // Methods whose code is the same (folded P/Invoke stubs): one range, named by all.
         methods.sort_by(|a, b| (a.start, &a.name).cmp(&(b.start, &b.name)));
         methods.dedup_by(|later, first| {
             let same = later.start == first.start && later.end == first.end;
-            if same {
+            if same && !first.name.split(" | ").any(|n| n == later.name) {
                 first.name.push_str(" | ");
                 first.name.push_str(&later.name);
             }
@@ -192,6 +220,54 @@ impl R2rImage {
             pushed_returns: false,
             precompiled: true,
         }
+    }
+}
+
+/// ReadyToRun method signature flags (`ENCODE_METHOD_SIG_*`).
+const SIG_METHOD_INSTANTIATION: u32 = 0x04;
+const SIG_SLOT_INSTEAD_OF_TOKEN: u32 = 0x08;
+const SIG_MEMBER_REF_TOKEN: u32 = 0x10;
+const SIG_CONSTRAINED: u32 = 0x20;
+const SIG_OWNER_TYPE: u32 = 0x40;
+const SIG_UPDATE_CONTEXT: u32 = 0x80;
+
+/// Reads a ReadyToRun method signature (flags, owner type, MethodDef token, method
+/// instantiation, constraint) and names the method as CoreCLR's perf map does:
+/// `Owner`1[Args]::Method(formal params)`. None when the method is not named by this module's
+/// metadata (a MemberRef, a slot, another module's context or types).
+fn instance_method_name(
+    md: &Metadata<'_>,
+    sig: &mut SigReader<'_>,
+    owners: &[u32],
+    enclosing: &[u32],
+) -> Option<String> {
+    let flags = sig.compressed()?;
+    if flags & SIG_UPDATE_CONTEXT != 0 {
+        return None;
+    }
+    let owner = if flags & SIG_OWNER_TYPE != 0 {
+        let mut s = String::new();
+        md.sig_type(sig, &mut s, enclosing, Style::Reflection, 0)?;
+        Some(s)
+    } else {
+        None
+    };
+    if flags & (SIG_SLOT_INSTEAD_OF_TOKEN | SIG_MEMBER_REF_TOKEN) != 0 {
+        return None;
+    }
+    let rid = sig.compressed()?;
+    if flags & SIG_METHOD_INSTANTIATION != 0 {
+        for _ in 0..sig.compressed()? {
+            md.sig_type(sig, &mut String::new(), enclosing, Style::Reflection, 0)?;
+        }
+    }
+    if flags & SIG_CONSTRAINED != 0 {
+        md.sig_type(sig, &mut String::new(), enclosing, Style::Reflection, 0)?;
+    }
+    let tail = md.method_tail(rid, enclosing)?;
+    match owner {
+        Some(owner) => Some(format!("{owner}::{tail}")),
+        None => md.method_name(rid, owners, enclosing),
     }
 }
 
@@ -346,6 +422,38 @@ impl NativeReader<'_> {
     }
 }
 
+impl NativeReader<'_> {
+    /// A variable-length signed integer: returns the offset after it and its value.
+    fn signed(&self, rva: u32) -> Option<(u32, i32)> {
+        let b0 = u32::from(*self.bytes(rva, 1)?.first()?);
+        let read = |n: usize| self.bytes(rva, n);
+        let sx = |b: u8| i32::from(b as i8);
+        if b0 & 1 == 0 {
+            Some((rva + 1, i32::from(b0 as u8 as i8) >> 1))
+        } else if b0 & 2 == 0 {
+            let b = read(2)?;
+            Some((rva + 2, (b0 >> 2) as i32 | sx(b[1]) << 6))
+        } else if b0 & 4 == 0 {
+            let b = read(3)?;
+            Some((
+                rva + 3,
+                (b0 >> 3 | u32::from(b[1]) << 5) as i32 | sx(b[2]) << 13,
+            ))
+        } else if b0 & 8 == 0 {
+            let b = read(4)?;
+            Some((
+                rva + 4,
+                (b0 >> 4 | u32::from(b[1]) << 4 | u32::from(b[2]) << 12) as i32 | sx(b[3]) << 20,
+            ))
+        } else if b0 & 16 == 0 {
+            let b = read(5)?;
+            Some((rva + 5, i32::from_le_bytes([b[1], b[2], b[3], b[4]])))
+        } else {
+            None
+        }
+    }
+}
+
 /// A NativeFormat sparse array: blocks of 16 entries, each a small binary tree.
 struct NativeArray {
     base: u32,
@@ -407,6 +515,76 @@ impl NativeArray {
     }
 }
 
+/// A NativeFormat hashtable: buckets of (low hash byte, relative offset) entries.
+struct NativeHashtable {
+    base: u32,
+    bucket_mask: u32,
+    entry_index_size: u32,
+}
+
+impl NativeHashtable {
+    fn new(r: &NativeReader<'_>, rva: u32) -> Option<NativeHashtable> {
+        let header = u32::from(*r.bytes(rva, 1)?.first()?);
+        let shift = header >> 2;
+        if shift > 31 || header & 3 > 2 {
+            return None;
+        }
+        Some(NativeHashtable {
+            base: rva + 1,
+            bucket_mask: (1u32 << shift) - 1,
+            entry_index_size: header & 3,
+        })
+    }
+
+    /// Start and end offsets of bucket `i`'s entries.
+    fn bucket(&self, r: &NativeReader<'_>, i: u32) -> Option<(u32, u32)> {
+        let (start, end) = match self.entry_index_size {
+            0 => {
+                let b = r.bytes(self.base.checked_add(i)?, 2)?;
+                (u32::from(b[0]), u32::from(b[1]))
+            }
+            1 => {
+                let b = r.bytes(self.base.checked_add(i.checked_mul(2)?)?, 4)?;
+                (
+                    u32::from(u16::from_le_bytes([b[0], b[1]])),
+                    u32::from(u16::from_le_bytes([b[2], b[3]])),
+                )
+            }
+            _ => {
+                let b = r.bytes(self.base.checked_add(i.checked_mul(4)?)?, 8)?;
+                (
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                    u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+                )
+            }
+        };
+        Some((self.base.checked_add(start)?, self.base.checked_add(end)?))
+    }
+
+    /// The offset of every entry, bucket by bucket; stops at the first malformed bucket.
+    fn entries(&self, r: &NativeReader<'_>) -> Vec<u32> {
+        let mut out = Vec::new();
+        for i in 0..=self.bucket_mask {
+            let Some((mut at, end)) = self.bucket(r, i) else {
+                break;
+            };
+            while at < end {
+                // Skip the low byte of the hash code; then a signed offset relative to itself.
+                let pos = at + 1;
+                let Some((next, delta)) = r.signed(pos) else {
+                    return out;
+                };
+                match pos.checked_add_signed(delta) {
+                    Some(entry) => out.push(entry),
+                    None => return out,
+                }
+                at = next;
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,6 +607,31 @@ mod tests {
         assert_eq!(NativeReader { at: &f }.unsigned(0), None);
         let f = |rva: u32| [0x01u8].get(rva as usize..);
         assert_eq!(NativeReader { at: &f }.unsigned(0), None, "truncated");
+    }
+
+    #[test]
+    fn native_signed_integers_and_hashtable_entries() {
+        let cases: [(&[u8], u32, i32); 4] = [
+            (&[0xFC], 1, -2),
+            (&[0x06], 1, 3),
+            (&[0x01 | (3 << 2), 0xFF], 2, -61),
+            (&[0x0F, 0xFE, 0xFF, 0xFF, 0xFF], 5, -2),
+        ];
+        for (bytes, len, want) in cases {
+            let f = |rva: u32| bytes.get(rva as usize..);
+            let r = NativeReader { at: &f };
+            assert_eq!(r.signed(0), Some((len, want)), "{bytes:x?}");
+        }
+        // One bucket (entries from byte 3 to 7), two entries: -2 from byte 4, +3 from byte 6.
+        let table = [0x00u8, 0x02, 0x06, 0xAA, 0xFC, 0xBB, 0x06];
+        let f = |rva: u32| table.get(rva as usize..);
+        let r = NativeReader { at: &f };
+        let t = NativeHashtable::new(&r, 0).unwrap();
+        assert_eq!(t.entries(&r), vec![2, 9]);
+        // A header with an index size of 3 is refused.
+        let bad = [0x03u8];
+        let f = |rva: u32| bad.get(rva as usize..);
+        assert!(NativeHashtable::new(&NativeReader { at: &f }, 0).is_none());
     }
 
     #[test]
