@@ -304,6 +304,9 @@ fn coreclr_precompiled_names_match_the_runtimes_own() {
     assert!(misspelled.is_empty());
     let image = R2rImage::parse(&bytes).unwrap();
     assert_eq!(image.assembly, "System.Private.CoreLib");
+    // Every entry point parsed: every piece of precompiled code named (funclets after their
+    // method, as the runtime attributes them).
+    assert_eq!(image.methods.len() as u32, image.runtime_functions);
     let with_code: HashSet<&str> = image
         .methods
         .iter()

@@ -15,6 +15,8 @@
 //! crate's PE support: enabling that feature would make every PE file in a process parse as an
 //! unwinding module.
 
+use std::collections::BTreeMap;
+
 use rootline_profile::FrameKind;
 
 use super::ecma::{Metadata, SigReader, Style};
@@ -57,6 +59,9 @@ pub struct R2rMethod {
     pub end: u32,
     /// `Namespace.Type::Method(params)`.
     pub name: String,
+    /// Code of the method outside its main body (an exception handler funclet): not entered
+    /// like a function of its own, its frame pointer being the method's.
+    pub funclet: bool,
 }
 
 /// The precompiled methods of one ReadyToRun image.
@@ -139,7 +144,11 @@ impl R2rImage {
         let reader = NativeReader { at: &at };
         let owners = md.method_owners();
         let enclosing = md.enclosing_types();
-        let code_of = |offset: u32, id: u32| -> Result<(u32, u32), R2rError> {
+        // For each runtime function: the name of the method entered there, None for an entry
+        // point whose method is not named here, absent for code that is not an entry point.
+        let mut entries: BTreeMap<u32, Option<String>> = BTreeMap::new();
+        let mut unparsed = 0u32;
+        let code_of = |offset: u32, id: u32| -> Result<u32, R2rError> {
             let index = if id & 1 != 0 { id >> 2 } else { id >> 1 };
             let Some(&(start, end)) = functions.get(index as usize) else {
                 return Err(malformed(offset, "entry point past RuntimeFunctions"));
@@ -147,7 +156,7 @@ impl R2rImage {
             if start >= end || end > size {
                 return Err(malformed(offset, "entry point with an empty code range"));
             }
-            Ok((start, end))
+            Ok(index)
         };
         if let Some(ep_rva) = entry_points {
             let array = NativeArray::new(&reader, ep_rva)
@@ -159,10 +168,9 @@ impl R2rImage {
                 let Some((_, id)) = reader.unsigned(offset) else {
                     continue;
                 };
-                let (start, end) = code_of(offset, id)?;
-                if let Some(name) = md.method_name(rid, &owners, &enclosing) {
-                    methods.push(R2rMethod { start, end, name });
-                }
+                let index = code_of(offset, id)?;
+                let name = md.method_name(rid, &owners, &enclosing);
+                add_entry(&mut entries, index, name);
             }
         }
         if let Some(rva) = instance_entry_points {
@@ -174,26 +182,51 @@ impl R2rImage {
                 };
                 let mut sig = SigReader::new(blob);
                 let Some(name) = instance_method_name(&md, &mut sig, &owners, &enclosing) else {
+                    // Where its code starts is unknown, so no code can be told apart from it.
+                    unparsed += 1;
                     continue;
                 };
                 let after = entry + sig.position() as u32;
                 let Some((_, id)) = reader.unsigned(after) else {
                     return Err(malformed(after, "instance entry point without its code"));
                 };
-                let (start, end) = code_of(after, id)?;
-                methods.push(R2rMethod { start, end, name });
+                let index = code_of(after, id)?;
+                add_entry(&mut entries, index, Some(name));
             }
         }
-        // Methods whose code is the same (folded P/Invoke stubs): one range, named by all.
-        methods.sort_by(|a, b| (a.start, &a.name).cmp(&(b.start, &b.name)));
-        methods.dedup_by(|later, first| {
-            let same = later.start == first.start && later.end == first.end;
-            if same && !first.name.split(" | ").any(|n| n == later.name) {
-                first.name.push_str(" | ");
-                first.name.push_str(&later.name);
+        // A runtime function no entry point leads to belongs to the closest entry before it
+        // (how the runtime itself finds a funclet's method) — but only when every entry point
+        // is known, so that none can lie in between.
+        let mut owner: Option<&String> = None;
+        for (index, &(start, end)) in functions.iter().enumerate() {
+            match entries.get(&(index as u32)) {
+                Some(name) => {
+                    owner = name.as_ref();
+                    if let Some(name) = name {
+                        let name = name.clone();
+                        methods.push(R2rMethod {
+                            start,
+                            end,
+                            name,
+                            funclet: false,
+                        });
+                    }
+                }
+                None if unparsed == 0 && start < end && end <= size => {
+                    if let Some(name) = owner {
+                        let name = name.clone();
+                        methods.push(R2rMethod {
+                            start,
+                            end,
+                            name,
+                            funclet: true,
+                        });
+                    }
+                }
+                None => {}
             }
-            same
-        });
+        }
+        methods.sort_by_key(|m| m.start);
         Ok(R2rImage {
             assembly,
             size,
@@ -216,9 +249,27 @@ impl R2rImage {
             module: Some(self.assembly.clone()),
             file: None,
             kind: FrameKind::Managed,
-            single_function: true,
+            single_function: !method.funclet,
             pushed_returns: false,
             precompiled: true,
+        }
+    }
+}
+
+/// Records the method entered at runtime function `index`; several methods entered at the same
+/// code (folded stubs) are named together, `A | B`.
+fn add_entry(entries: &mut BTreeMap<u32, Option<String>>, index: u32, name: Option<String>) {
+    match (entries.get_mut(&index), name) {
+        (Some(Some(first)), Some(name)) => {
+            if !first.split(" | ").any(|n| n == name) {
+                first.push_str(" | ");
+                first.push_str(&name);
+            }
+        }
+        (Some(slot), None) => *slot = None,
+        (Some(slot @ None), Some(_)) => *slot = None,
+        (None, name) => {
+            entries.insert(index, name);
         }
     }
 }
