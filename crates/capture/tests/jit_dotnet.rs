@@ -5,66 +5,18 @@
 
 mod jit;
 
-use std::path::{Path, PathBuf};
+use std::collections::HashSet;
+use std::path::Path;
 use std::process::Command;
 
-use jit::{Graph, Rate, Running, Setup, is_native_root, record_and_check, require, sources, which};
-use std::collections::HashSet;
+use jit::{Graph, Rate, Running, Setup, dotnet, is_native_root, record_and_check, require, which};
 
 use rootline_capture::jit::parse_name;
 use rootline_capture::jit::perfinfo::PerfInfo;
 use rootline_capture::jit::r2r::{R2rImage, method_names};
-use rootline_profile::FrameKind;
 
 const DEEP: usize = 150;
 const SHALLOW: usize = 30;
-
-/// The `dotnet` host: `$ROOTLINE_DOTNET`, else the one the `dotnetcore2` wheel ships.
-fn dotnet() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ROOTLINE_DOTNET") {
-        return Some(PathBuf::from(p));
-    }
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import dotnetcore2,os;print(os.path.dirname(dotnetcore2.__file__))",
-        ])
-        .output()
-        .ok()?;
-    let host = Path::new(String::from_utf8(out.stdout).ok()?.trim()).join("bin/dotnet");
-    (out.status.success() && host.exists()).then_some(host)
-}
-
-/// Compiles `tests/jit/NAME.cs` with `mcs` into `dir`; writes a runtimeconfig for the host's
-/// framework.
-fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>, name: &str) -> PathBuf {
-    let exe = dir.join(format!("{name}.exe"));
-    let status = Command::new(mcs)
-        .arg("-optimize+")
-        .arg(format!("-out:{}", exe.display()))
-        .arg(sources().join(format!("{name}.cs")))
-        .status()
-        .expect("run mcs");
-    assert!(status.success(), "mcs failed");
-    if let Some(dotnet) = dotnet {
-        let fw = dotnet
-            .parent()
-            .unwrap()
-            .join("shared/Microsoft.NETCore.App");
-        let mut versions: Vec<String> = std::fs::read_dir(&fw)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        versions.sort();
-        let config = format!(
-            r#"{{"runtimeOptions":{{"tfm":"netcoreapp3.1","framework":{{"name":"Microsoft.NETCore.App","version":"{}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
-            versions.pop().expect("a framework version")
-        );
-        std::fs::write(dir.join(format!("{name}.runtimeconfig.json")), config).unwrap();
-    }
-    exe
-}
 
 fn coreclr_short(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -106,14 +58,14 @@ const MONO_RECURSION: [(&str, usize); 2] = [("Main", MONO_DEEP + 1), ("Shallow",
 #[test]
 fn coreclr_frames_are_named_whole_and_true() {
     let test = "coreclr_frames_are_named_whole_and_true";
-    let Some(dotnet) = require(test, "the .NET runtime (pip install dotnetcore2)", dotnet()) else {
+    let Some(dotnet) = dotnet::host(test) else {
         return;
     };
-    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+    let Some(mcs) = dotnet::mcs(test) else {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), Some(&dotnet), "Calls");
+    let exe = dotnet::build(&mcs, setup.path(), Some(&dotnet), "Calls");
     let mut cmd = Command::new(&dotnet);
     cmd.arg(&exe)
         .args([
@@ -157,11 +109,11 @@ fn mono_frames_are_named_whole_and_true() {
     let Some(mono) = require(test, "mono (apt-get install mono-runtime)", which("mono")) else {
         return;
     };
-    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+    let Some(mcs) = dotnet::mcs(test) else {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), None, "Calls");
+    let exe = dotnet::build(&mcs, setup.path(), None, "Calls");
     let mut cmd = Command::new(&mono);
     cmd.arg("--jitmap").arg(&exe).args([
         MONO_DEEP.to_string(),
@@ -186,14 +138,6 @@ fn mono_frames_are_named_whole_and_true() {
     v.assert_whole_and_true();
 }
 
-fn precompiled_short(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "Precompiled::Main(string[])" => "Main",
-        "Precompiled::Work(int32)" => "Work",
-        _ => return None,
-    })
-}
-
 /// CoreCLR's own libraries run from their precompiled (ReadyToRun) code, which no perf map
 /// names: the runtime lists the images it loads in `perfinfo-PID.map`, and each frame in one is
 /// named from the image's ReadyToRun method entry points and metadata, with the image as its
@@ -201,14 +145,14 @@ fn precompiled_short(name: &str) -> Option<&'static str> {
 #[test]
 fn coreclr_precompiled_frames_are_named_from_the_image() {
     let test = "coreclr_precompiled_frames_are_named_from_the_image";
-    let Some(dotnet) = require(test, "the .NET runtime (pip install dotnetcore2)", dotnet()) else {
+    let Some(dotnet) = dotnet::host(test) else {
         return;
     };
-    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+    let Some(mcs) = dotnet::mcs(test) else {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
+    let exe = dotnet::build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
     let mut cmd = Command::new(&dotnet);
     cmd.arg(&exe)
         .arg("60")
@@ -253,92 +197,19 @@ fn coreclr_precompiled_frames_are_named_from_the_image() {
     );
     assert_eq!(rest.split_whitespace().nth(1), Some("00000000"));
 
-    let graph = Graph {
-        short: &precompiled_short,
-        entries: &["Main"],
-        edges: &[("Main", "Work")],
-        recursion: None,
-        is_root: &is_native_root,
-    };
     let rate = Rate {
         hz: 10_000,
         seconds: 5.0,
         stack_kib: 32,
     };
+    let graph = dotnet::precompiled_graph();
     let (recording, v) = record_and_check("coreclr precompiled", pid, rate, &graph, 10_000);
     v.assert_whole_and_true();
-
-    // Every frame in CoreLib's image: named, managed, with the image as its mapping.
-    let p = &recording.profile;
-    let mut frames = Vec::new();
-    let (mut in_image, mut named, mut samples_in_image) = (0u64, 0u64, 0u64);
-    let mut callees: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut unnamed: std::collections::BTreeMap<String, u64> = Default::default();
-    let samples = p.samples();
-    for i in 0..samples.len() {
-        p.stack_frames_root_first(samples.stacks[i], &mut frames);
-        let mut any = false;
-        for (j, &f) in frames.iter().enumerate() {
-            let frame = p.frame(f);
-            let Some(m) = frame.mapping else { continue };
-            let mapping = p.mapping(m);
-            if p.string(mapping.path) != corelib.path {
-                continue;
-            }
-            any = true;
-            in_image += 1;
-            let name = p.frame_name(f);
-            assert!(mapping.start <= frame.address && frame.address < mapping.end);
-            if name.contains("+0x") {
-                *unnamed.entry(name.to_string()).or_default() += 1;
-            } else {
-                named += 1;
-                assert_eq!(frame.kind, FrameKind::Managed, "{name}");
-            }
-            if j > 0 && p.frame_name(frames[j - 1]) == "Precompiled::Work(int32)" {
-                *callees.entry(name.to_string()).or_default() += 1;
-            }
-        }
-        samples_in_image += u64::from(any);
-    }
-    println!(
-        "CoreLib frames: {in_image} in {samples_in_image} samples, {named} named ({:.2}%)",
-        100.0 * named as f64 / in_image.max(1) as f64
-    );
-    println!("CoreLib methods called by Work: {callees:#?}");
-    println!("unnamed CoreLib frames: {unnamed:#?}");
     // Nearly every sample is in the program: a stack that lost Main and Work would not count.
     assert!(v.program_samples * 100 >= v.samples * 95, "program samples");
-    assert!(
-        samples_in_image >= 5000,
-        "{samples_in_image} samples in CoreLib"
-    );
-    assert_eq!(named, in_image, "every CoreLib frame named");
-    // What Work calls (some calls inlined into it, so their callees show instead).
-    let allowed = [
-        "System.Int32::ToString()",
-        "System.Number::FormatInt32(int32,valuetype System.ReadOnlySpan`1<char>,class System.IFormatProvider)",
-        "System.Number::Int32ToDecStr(int32)",
-        "System.Text.StringBuilder::Append(string)",
-        "System.Text.StringBuilder::get_Length()",
-        "System.Text.StringBuilder::ToString()",
-        "System.Text.StringBuilder::Clear()",
-        "System.Text.StringBuilder::set_Length(int32)",
-        "System.String::IndexOf(char)",
-        "System.SpanHelpers::IndexOf(char&,char,int32)",
-    ];
-    let wrong: Vec<_> = callees
-        .keys()
-        .filter(|c| !allowed.contains(&c.as_str()))
-        .collect();
-    assert!(wrong.is_empty(), "Work does not call {wrong:?}");
-    assert!(
-        callees
-            .keys()
-            .any(|c| c.contains("::FormatInt32(") || c.contains("Int32::ToString("))
-            && callees.contains_key("System.Text.StringBuilder::Append(string)"),
-        "the hot calls are seen"
-    );
+    let corelib_frames = dotnet::CoreLibFrames::collect(&recording.profile, &corelib.path);
+    corelib_frames.print();
+    corelib_frames.assert_named_and_true(5000);
 }
 
 /// Runs `exe` with perf maps on and `env`, waits `seconds` after `ready`, and returns the
@@ -364,9 +235,10 @@ fn perf_map_of(dotnet: &Path, exe: &Path, env: &[(&str, &str)], seconds: u64) ->
     (map, corelib.path.clone())
 }
 
-/// The non-generic CoreLib methods of a perf map, by whether the runtime compiled them at
-/// tier 1 (`[OptimizedTier1]`) or otherwise.
-fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
+/// The CoreLib methods of a perf map, by whether the runtime compiled them at tier 1
+/// (`[OptimizedTier1]`) or otherwise; `generic` keeps instantiations of generic types and
+/// methods (which the metadata alone does not spell).
+fn corelib_methods(map: &str, generic: bool) -> (HashSet<String>, HashSet<String>) {
     let (mut other, mut tier1) = (HashSet::new(), HashSet::new());
     for (i, line) in map.lines().enumerate() {
         let Ok(entry) = rootline_capture::jit::perfmap::parse_line(line, i as u64 + 1) else {
@@ -377,9 +249,8 @@ fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
             continue;
         }
         let (owner, method) = name.name.split_once("::").unwrap();
-        // Instantiations of generic types and methods are spelled with their type arguments;
-        // the runtime's own stubs (`dynamicClass::IL_STUB_PInvoke`) have no metadata.
-        if owner.contains('[') || method.contains("!!") || owner == "dynamicClass" {
+        // The runtime's own stubs (`dynamicClass::IL_STUB_PInvoke`) have no metadata.
+        if owner == "dynamicClass" || !generic && (owner.contains('[') || method.contains("!!")) {
             continue;
         }
         if entry.raw.ends_with("[OptimizedTier1]") {
@@ -397,26 +268,26 @@ fn corelib_methods(map: &str) -> (HashSet<String>, HashSet<String>) {
 /// CoreLib method it runs and names it in its perf map: each non-generic one must be spelled
 /// exactly as the image's metadata spells it.
 ///
-/// With tiered compilation on, a method that starts in precompiled code is later compiled at
-/// tier 1 only (`[OptimizedTier1]`, no `[QuickJitted]` before it): such methods must be among
+/// With tiered compilation on, a method (or instantiation) that starts in precompiled code is
+/// later compiled at tier 1 only (`[OptimizedTier1]`, no `[QuickJitted]` before it): such methods must be among
 /// those the image gives code for — except methods the runtime compiled before it opened its
 /// perf map (start-up code), which are listed.
 #[test]
 fn coreclr_precompiled_names_match_the_runtimes_own() {
     let test = "coreclr_precompiled_names_match_the_runtimes_own";
-    let Some(dotnet) = require(test, "the .NET runtime (pip install dotnetcore2)", dotnet()) else {
+    let Some(dotnet) = dotnet::host(test) else {
         return;
     };
-    let Some(mcs) = require(test, "mcs (apt-get install mono-mcs)", which("mcs")) else {
+    let Some(mcs) = dotnet::mcs(test) else {
         return;
     };
     let setup = Setup::new();
-    let exe = build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
+    let exe = dotnet::build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
 
     let (map, corelib) = perf_map_of(&dotnet, &exe, &[("COMPlus_ReadyToRun", "0")], 1);
     let bytes = std::fs::read(&corelib).unwrap();
     let defined: HashSet<String> = method_names(&bytes).unwrap().into_iter().collect();
-    let (other, tier1) = corelib_methods(&map);
+    let (other, tier1) = corelib_methods(&map, false);
     let compiled: Vec<&String> = other.union(&tier1).collect();
     let misspelled: Vec<&&String> = compiled.iter().filter(|n| !defined.contains(**n)).collect();
     let nested = compiled
@@ -431,17 +302,37 @@ fn coreclr_precompiled_names_match_the_runtimes_own() {
     );
     assert!(compiled.len() >= 300, "{} methods", compiled.len());
     assert!(misspelled.is_empty());
-
-    // Let the hot methods reach tier 1.
-    let (map, _) = perf_map_of(&dotnet, &exe, &[], 3);
     let image = R2rImage::parse(&bytes).unwrap();
     assert_eq!(image.assembly, "System.Private.CoreLib");
+    // Every entry point parsed: every piece of precompiled code named (funclets after their
+    // method, as the runtime attributes them).
+    assert_eq!(image.methods.len() as u32, image.runtime_functions);
     let with_code: HashSet<&str> = image
         .methods
         .iter()
         .flat_map(|m| m.name.split(" | "))
         .collect();
-    let (other, tier1) = corelib_methods(&map);
+    // Instantiations the image has code for are spelled as the runtime spells them (those it
+    // compiled may include instantiations the image has no code for).
+    let (other, tier1) = corelib_methods(&map, true);
+    let instantiations: Vec<&String> = other
+        .union(&tier1)
+        .filter(|n| n.split_once("::").is_some_and(|(o, _)| o.contains('[')))
+        .collect();
+    let spelled: Vec<&&String> = instantiations
+        .iter()
+        .filter(|n| with_code.contains(n.as_str()))
+        .collect();
+    println!(
+        "instantiations the runtime compiled: {}, of them named by the image: {spelled:#?}",
+        instantiations.len()
+    );
+    assert!(spelled.len() >= 5, "{} instantiations", spelled.len());
+    assert!(spelled.len() * 4 >= instantiations.len() * 3);
+
+    // Let the hot methods reach tier 1.
+    let (map, _) = perf_map_of(&dotnet, &exe, &[], 3);
+    let (other, tier1) = corelib_methods(&map, true);
     let from_image: Vec<&String> = tier1.iter().filter(|n| !other.contains(*n)).collect();
     let (matched, early): (Vec<&String>, Vec<&String>) = from_image
         .iter()

@@ -1,13 +1,17 @@
 //! A JIT process in its own mount and PID namespace (as in a container): it is pid 1 there and
 //! writes `/tmp/perf-1.map` into a private `/tmp` that the host cannot see at that path. Its JIT
-//! frames must still be named, through `/proc/PID/root` and the in-namespace pid (`NSpid`).
+//! frames must still be named, through `/proc/PID/root` and the in-namespace pid (`NSpid`); so
+//! must a .NET process's precompiled frames, through its `perfinfo-1.map` and the images it
+//! lists.
 
 mod jit;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use jit::{Rate, Running, Setup, node, record_and_check, require, which};
+use jit::{Rate, Running, Setup, dotnet, node, record_and_check, require, which};
+use rootline_capture::jit::perfinfo::PerfInfo;
 
 const DEEP: usize = 10;
 
@@ -28,23 +32,24 @@ fn child_of(pid: u32) -> u32 {
     }
 }
 
-#[test]
-fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
-    let test = "jit_frames_are_named_inside_a_pid_and_mount_namespace";
-    let Some(node) = node::node(test) else {
-        return;
-    };
-    let Some(unshare) = require(test, "unshare (util-linux)", which("unshare")) else {
-        return;
-    };
-    let setup = Setup::new();
+/// Starts `program args…` as pid 1 of a new PID and mount namespace with its own `/tmp` (a
+/// private tmpfs, as in a container), from `dir`, with `env` added. Returns the running `unshare` and the
+/// target's pid as seen from here, after checking that the target is pid 1 in there.
+fn start_in_namespace(
+    unshare: &Path,
+    dir: &Path,
+    program: &Path,
+    args: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+) -> (Running, u32) {
     let mut cmd = Command::new(unshare);
-    cmd.current_dir(setup.path())
+    cmd.current_dir(dir)
+        .envs(env.iter().copied())
         .args(["--fork", "--pid", "--mount-proc", "--mount", "sh", "-c"])
         .arg("mount -t tmpfs rootline-private-tmp /tmp && exec \"$@\"")
         .arg("sh")
-        .arg(node)
-        .args(node::args(&["--perf-basic-prof"], DEEP, 60));
+        .arg(program)
+        .args(args);
     let target = Running::start(cmd);
     let pid = child_of(target.pid());
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -56,6 +61,21 @@ fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
         .collect::<Vec<_>>();
     assert_eq!(nspid.len(), 2, "the target is in a child PID namespace");
     assert_eq!(nspid[1], "1");
+    (target, pid)
+}
+
+#[test]
+fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
+    let test = "jit_frames_are_named_inside_a_pid_and_mount_namespace";
+    let Some(node) = node::node(test) else {
+        return;
+    };
+    let Some(unshare) = require(test, "unshare (util-linux)", which("unshare")) else {
+        return;
+    };
+    let setup = Setup::new();
+    let args = node::args(&["--perf-basic-prof"], DEEP, 60);
+    let (_target, pid) = start_in_namespace(&unshare, setup.path(), &node, &args, &[]);
     // The map exists only inside the target's mount namespace.
     assert!(
         std::fs::metadata(format!("/proc/{pid}/root/tmp/perf-1.map")).is_ok(),
@@ -70,4 +90,60 @@ fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
     };
     let (_, v) = record_and_check("node in a namespace", pid, rate, &node::graph(DEEP), 1000);
     v.assert_whole_and_true();
+}
+
+/// CoreCLR in a namespace: its perfinfo file (`perfinfo-1.map`) is in its own `/tmp`, and the
+/// images it lists are found through its root; CoreLib's precompiled frames are still named.
+#[test]
+fn precompiled_frames_are_named_inside_a_pid_and_mount_namespace() {
+    let test = "precompiled_frames_are_named_inside_a_pid_and_mount_namespace";
+    let Some(dotnet) = dotnet::host(test) else {
+        return;
+    };
+    let Some(mcs) = dotnet::mcs(test) else {
+        return;
+    };
+    let Some(unshare) = require(test, "unshare (util-linux)", which("unshare")) else {
+        return;
+    };
+    let _setup = Setup::new();
+    // Outside /tmp, which the target's private /tmp hides.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let exe = dotnet::build(&mcs, dir.path(), Some(&dotnet), "Precompiled");
+    let args = [exe.into_os_string(), "60".into()];
+    let (_target, pid) = start_in_namespace(
+        &unshare,
+        dir.path(),
+        &dotnet,
+        &args,
+        &[
+            ("COMPlus_PerfMapEnabled", "1"),
+            ("COMPlus_TieredCompilation", "0"),
+            ("DOTNET_CLI_TELEMETRY_OPTOUT", "1"),
+        ],
+    );
+    let inside = format!("/proc/{pid}/root/tmp/perfinfo-1.map");
+    assert!(std::fs::metadata(format!("/tmp/perfinfo-{pid}.map")).is_err());
+    let mut info =
+        PerfInfo::new(std::fs::File::open(&inside).expect("perfinfo in the target's /tmp"));
+    info.read_more().unwrap();
+    let corelib = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/System.Private.CoreLib.dll"))
+        .expect("CoreLib's image load")
+        .path
+        .clone();
+
+    let rate = Rate {
+        hz: 5_000,
+        seconds: 4.0,
+        stack_kib: 32,
+    };
+    let graph = dotnet::precompiled_graph();
+    let (recording, v) = record_and_check("coreclr in a namespace", pid, rate, &graph, 2000);
+    v.assert_whole_and_true();
+    let frames = dotnet::CoreLibFrames::collect(&recording.profile, &corelib);
+    frames.print();
+    frames.assert_named_and_true(1000);
 }

@@ -10,8 +10,12 @@
 //! through `/proc/PID/root` (its mount namespace: a container's own `/tmp`) under its PID in its
 //! own PID namespace (`NSpid`) — and reads it only if it is a regular file (not a symlink) owned
 //! by the target's user or root; reads it incrementally when an address misses ([`perfmap`]);
-//! parses each runtime's name style ([`names`]); reads JIT code from `/proc/PID/mem`, caching
-//! each function's bytes; and decides the frame state in JIT code ([`frame_state`]).
+//! parses each runtime's name style ([`names`]); reads the jitdump file the process maps
+//! ([`jitdump`]); for .NET, reads the image loads of `perfinfo-NSPID.map` ([`perfinfo`], found
+//! and checked like the perf map) and names the precompiled code of each ReadyToRun image from
+//! the image itself ([`r2r`], [`ecma`]; each image read once for all processes); reads JIT
+//! code from `/proc/PID/mem`, caching each function's bytes; and decides the frame state in JIT
+//! code ([`frame_state`]).
 
 pub mod ecma;
 pub mod frame_state;
@@ -21,12 +25,12 @@ pub mod perfinfo;
 pub mod perfmap;
 pub mod r2r;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use names::{JitName, parse_name};
@@ -138,7 +142,11 @@ pub struct JitProcess {
     info: Option<perfinfo::PerfInfo<File>>,
     /// Image loads of `info` already handled.
     images_done: usize,
-    /// Methods of the process's ReadyToRun images, at their load addresses.
+    /// The process's ReadyToRun images by load address: `(end, image)`.
+    images: BTreeMap<u64, (u64, Arc<r2r::R2rImage>)>,
+    /// Images read so far, shared with every other process.
+    image_cache: ImageCache,
+    /// The precompiled methods looked up so far, at their load addresses.
     precompiled: SymbolTable,
     /// Images whose precompiled code could not be named, and why.
     pub image_errors: Vec<String>,
@@ -152,13 +160,15 @@ pub struct JitProcess {
 }
 
 impl JitProcess {
-    fn new(pid: u32) -> JitProcess {
+    fn new(pid: u32, image_cache: ImageCache) -> JitProcess {
         JitProcess {
             pid,
             map: None,
             dump: None,
             info: None,
             images_done: 0,
+            images: BTreeMap::new(),
+            image_cache,
             precompiled: SymbolTable::default(),
             image_errors: Vec::new(),
             last_open_try: None,
@@ -178,13 +188,34 @@ impl JitProcess {
             .or_else(|| self.precompiled.lookup(addr))
     }
 
-    /// The symbol at `addr` from the perf map or the jitdump file, re-reading them (at most every
-    /// 10 ms) when it misses.
+    /// The symbol at `addr` from the perf map, the jitdump file or a precompiled image,
+    /// re-reading them (at most every 10 ms) when it misses.
     pub fn symbol(&mut self, addr: u64) -> Option<&JitSymbol> {
-        if self.lookup(addr).is_none() {
+        if self.lookup(addr).is_none() && !self.precompiled_method(addr) {
             self.refresh();
+            self.precompiled_method(addr);
         }
         self.lookup(addr)
+    }
+
+    /// Adds the precompiled method at `addr` to the symbols, if an image has one there.
+    fn precompiled_method(&mut self, addr: u64) -> bool {
+        let Some((&base, (end, image))) = self.images.range(..=addr).next_back() else {
+            return false;
+        };
+        if addr >= *end {
+            return false;
+        }
+        let Some(m) = image.method_at((addr - base) as u32) else {
+            return false;
+        };
+        let symbol = JitSymbol {
+            start: base + u64::from(m.start),
+            end: base + u64::from(m.end),
+            name: image.jit_name(m),
+        };
+        self.precompiled.insert(symbol);
+        true
     }
 
     /// Reads what the runtime appended to its perf map and jitdump file, opening them first
@@ -241,22 +272,14 @@ impl JitProcess {
         }
     }
 
-    /// Names the precompiled methods of a ReadyToRun image the runtime loaded, reading the
-    /// image through the target's root (its mount namespace).
+    /// Adds a ReadyToRun image the runtime loaded, reading it (once for all processes) through
+    /// the target's root (its mount namespace).
     fn load_image(&mut self, image: &perfinfo::ImageLoad) {
         let path = format!("/proc/{}/root{}", self.pid, image.path);
-        let parsed = std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| r2r::R2rImage::parse(&bytes).map_err(|e| e.to_string()));
-        match parsed {
+        match self.image_cache.get(&path) {
             Ok(r2r) => {
-                for m in &r2r.methods {
-                    self.precompiled.insert(JitSymbol {
-                        start: image.base + u64::from(m.start),
-                        end: image.base + u64::from(m.end),
-                        name: r2r.jit_name(m),
-                    });
-                }
+                let end = image.base.saturating_add(u64::from(r2r.size));
+                self.images.insert(image.base, (end, r2r));
             }
             Err(e) => {
                 if self.image_errors.len() < 16 {
@@ -285,7 +308,11 @@ impl JitProcess {
     pub fn symbol_count(&self) -> usize {
         self.map.as_ref().map_or(0, |m| m.symbols.len())
             + self.dump.as_ref().map_or(0, |d| d.symbols.len())
-            + self.precompiled.len()
+            + self
+                .images
+                .values()
+                .map(|(_, i)| i.methods.len())
+                .sum::<usize>()
     }
 
     /// Reads process memory at `addr` (code), from the cache of the enclosing symbol's bytes
@@ -330,10 +357,37 @@ impl JitProcess {
     }
 }
 
+/// ReadyToRun images already read, shared by every process that maps them (the same
+/// CoreLib serves every .NET process of a host), by file identity.
+#[derive(Debug, Default, Clone)]
+pub struct ImageCache {
+    images: Arc<Mutex<HashMap<FileIdentity, Arc<r2r::R2rImage>>>>,
+}
+
+/// A file's device, inode, modification time and size.
+type FileIdentity = (u64, u64, i64, u64);
+
+impl ImageCache {
+    /// The image at `path`, read and parsed on first use.
+    pub fn get(&self, path: &str) -> Result<Arc<r2r::R2rImage>, String> {
+        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+        let key = (meta.dev(), meta.ino(), meta.mtime(), meta.size());
+        let mut images = self.images.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = images.get(&key) {
+            return Ok(i.clone());
+        }
+        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+        let image = Arc::new(r2r::R2rImage::parse(&bytes).map_err(|e| e.to_string())?);
+        images.insert(key, image.clone());
+        Ok(image)
+    }
+}
+
 /// JIT state of every process seen.
 #[derive(Debug, Default)]
 pub struct JitMaps {
     procs: HashMap<u32, JitProcess>,
+    images: ImageCache,
 }
 
 impl JitMaps {
@@ -346,7 +400,7 @@ impl JitMaps {
     pub fn process(&mut self, pid: u32) -> &mut JitProcess {
         self.procs
             .entry(pid)
-            .or_insert_with(|| JitProcess::new(pid))
+            .or_insert_with(|| JitProcess::new(pid, self.images.clone()))
     }
 
     /// The process exec'd: its old JIT state no longer applies.

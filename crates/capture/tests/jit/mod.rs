@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod dotnet;
 pub mod node;
 
 use std::collections::{BTreeMap, HashSet};

@@ -6,7 +6,11 @@
 //! here (precompiled code) and the same method named by the runtime (JIT code) read alike:
 //! `System.Text.StringBuilder::Append(char*,int32)`, parameters as in IL (`valuetype
 //! System.Span`1<char>`, `class [System.Runtime]System.IO.Stream`, `!0`, `!!0`, `int32&`,
-//! nested types as `Outer/Inner`).
+//! nested types as `Outer/Inner`). Signatures are read and spelled in [`signature`].
+
+mod signature;
+
+pub(crate) use signature::{SigReader, Style};
 
 /// A metadata problem, with the byte offset (from the start of the metadata) where it was found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -370,9 +374,10 @@ impl<'a> Metadata<'a> {
 
     fn blob(&self, index: u32) -> Option<&'a [u8]> {
         let b = self.blobs.get(index as usize..)?;
-        let mut r = SigReader { b, at: 0 };
+        let mut r = SigReader::new(b);
         let len = r.compressed()? as usize;
-        b.get(r.at..r.at.checked_add(len)?)
+        let at = r.position();
+        b.get(at..at.checked_add(len)?)
     }
 
     /// Number of methods (MethodDef rows).
@@ -429,14 +434,15 @@ impl<'a> Metadata<'a> {
         })
     }
 
-    fn type_ref_name(&self, rid: u32, depth: u32) -> Option<String> {
+    fn type_ref_name(&self, rid: u32, style: Style, depth: u32) -> Option<String> {
         let scope = self.cell(TYPE_REF, rid, 0)?;
         let name = self.string(self.cell(TYPE_REF, rid, 1)?)?;
         let ns = self.string(self.cell(TYPE_REF, rid, 2)?)?;
         let (tag, row) = (scope & 3, scope >> 2);
         if tag == 3 && depth < 16 {
             // Nested in another TypeRef.
-            return Some(format!("{}/{name}", self.type_ref_name(row, depth + 1)?));
+            let outer = self.type_ref_name(row, style, depth + 1)?;
+            return Some(format!("{outer}{}{name}", style.nested()));
         }
         let full = if ns.is_empty() {
             name.to_string()
@@ -444,6 +450,7 @@ impl<'a> Metadata<'a> {
             format!("{ns}.{name}")
         };
         if tag == 2
+            && style == Style::Il
             && let Some(asm) = self.cell(ASSEMBLY_REF, row, 6).and_then(|i| self.string(i))
         {
             return Some(format!("[{asm}]{full}"));
@@ -454,224 +461,27 @@ impl<'a> Metadata<'a> {
     /// The name of method `rid` as CoreCLR writes it in perf maps, without the return type:
     /// `Namespace.Type::Method(params)`.
     pub fn method_name(&self, rid: u32, owners: &[u32], enclosing: &[u32]) -> Option<String> {
-        let name = self.string(self.cell(METHOD_DEF, rid, 3)?)?;
-        let owner = *owners.get(rid as usize - 1)?;
+        let owner = *owners.get((rid as usize).checked_sub(1)?)?;
         let ty = if owner == 0 {
             String::new()
         } else {
             self.type_def_name(owner, enclosing, '+', 0)?
         };
+        Some(format!("{ty}::{}", self.method_tail(rid, enclosing)?))
+    }
+
+    /// `Method(params)` of method `rid`: its name and formal parameter list.
+    pub fn method_tail(&self, rid: u32, enclosing: &[u32]) -> Option<String> {
+        let name = self.string(self.cell(METHOD_DEF, rid, 3)?)?;
         let sig = self.blob(self.cell(METHOD_DEF, rid, 4)?)?;
         let params = self.method_params(sig, enclosing)?;
-        Some(format!("{ty}::{name}({params})"))
-    }
-
-    /// The parameter list of a MethodDefSig.
-    fn method_params(&self, sig: &[u8], enclosing: &[u32]) -> Option<String> {
-        let mut r = SigReader { b: sig, at: 0 };
-        let conv = r.byte()?;
-        if conv & 0x10 != 0 {
-            r.compressed()?; // Generic parameter count.
-        }
-        let count = r.compressed()?;
-        let mut out = String::new();
-        self.sig_type(&mut r, &mut String::new(), enclosing, 0)?; // Return type.
-        for i in 0..count {
-            if i > 0 {
-                out.push(',');
-            }
-            self.sig_type(&mut r, &mut out, enclosing, 0)?;
-        }
-        Some(out)
-    }
-
-    /// Appends one type of a signature to `out`.
-    fn sig_type(
-        &self,
-        r: &mut SigReader<'_>,
-        out: &mut String,
-        enclosing: &[u32],
-        depth: u32,
-    ) -> Option<()> {
-        if depth > 32 {
-            return None;
-        }
-        let et = r.byte()?;
-        let simple = match et {
-            0x01 => Some("void"),
-            0x02 => Some("bool"),
-            0x03 => Some("char"),
-            0x04 => Some("int8"),
-            0x05 => Some("uint8"),
-            0x06 => Some("int16"),
-            0x07 => Some("uint16"),
-            0x08 => Some("int32"),
-            0x09 => Some("uint32"),
-            0x0A => Some("int64"),
-            0x0B => Some("uint64"),
-            0x0C => Some("float32"),
-            0x0D => Some("float64"),
-            0x0E => Some("string"),
-            0x16 => Some("typedbyref"),
-            0x18 => Some("native int"),
-            0x19 => Some("native uint"),
-            0x1C => Some("object"),
-            _ => None,
-        };
-        if let Some(s) = simple {
-            out.push_str(s);
-            return Some(());
-        }
-        match et {
-            // PTR, BYREF
-            0x0F | 0x10 => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
-                out.push(if et == 0x0F { '*' } else { '&' });
-            }
-            // VALUETYPE, CLASS
-            0x11 | 0x12 => {
-                out.push_str(if et == 0x11 { "valuetype " } else { "class " });
-                let coded = r.compressed()?;
-                out.push_str(&self.type_def_or_ref(coded, enclosing, depth)?);
-            }
-            // VAR, MVAR
-            0x13 | 0x1E => {
-                let n = r.compressed()?;
-                out.push_str(if et == 0x13 { "!" } else { "!!" });
-                out.push_str(&n.to_string());
-            }
-            // ARRAY: type rank numsizes sizes… numlobounds lobounds…
-            0x14 => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
-                let rank = r.compressed()?;
-                for _ in 0..r.compressed()? {
-                    r.compressed()?;
-                }
-                for _ in 0..r.compressed()? {
-                    r.compressed()?;
-                }
-                out.push('[');
-                for _ in 1..rank.min(32) {
-                    out.push(',');
-                }
-                out.push(']');
-            }
-            // GENERICINST (CLASS|VALUETYPE) type count args…
-            0x15 => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
-                out.push('<');
-                let n = r.compressed()?;
-                for i in 0..n {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    self.sig_type(r, out, enclosing, depth + 1)?;
-                }
-                out.push('>');
-            }
-            // FNPTR: a method signature.
-            0x1B => {
-                let conv = r.byte()?;
-                if conv & 0x10 != 0 {
-                    r.compressed()?;
-                }
-                let n = r.compressed()?;
-                let mut ret = String::new();
-                self.sig_type(r, &mut ret, enclosing, depth + 1)?;
-                out.push_str("method ");
-                out.push_str(&ret);
-                out.push_str(" *(");
-                for i in 0..n {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    self.sig_type(r, out, enclosing, depth + 1)?;
-                }
-                out.push(')');
-            }
-            // SZARRAY
-            0x1D => {
-                self.sig_type(r, out, enclosing, depth + 1)?;
-                out.push_str("[]");
-            }
-            // CMOD_REQD, CMOD_OPT: a type token, then the modified type.
-            0x1F | 0x20 => {
-                r.compressed()?;
-                self.sig_type(r, out, enclosing, depth + 1)?;
-            }
-            // PINNED, SENTINEL: a prefix.
-            0x45 | 0x41 => self.sig_type(r, out, enclosing, depth + 1)?,
-            _ => return None,
-        }
-        Some(())
-    }
-
-    /// A TypeDefOrRefOrSpec coded index in a signature, named.
-    fn type_def_or_ref(&self, coded: u32, enclosing: &[u32], depth: u32) -> Option<String> {
-        let row = coded >> 2;
-        match coded & 3 {
-            0 => self.type_def_name(row, enclosing, '/', 0),
-            1 => self.type_ref_name(row, 0),
-            2 => {
-                let sig = self.blob(self.cell(TYPE_SPEC, row, 0)?)?;
-                let mut s = String::new();
-                self.sig_type(
-                    &mut SigReader { b: sig, at: 0 },
-                    &mut s,
-                    enclosing,
-                    depth + 1,
-                )?;
-                Some(s)
-            }
-            _ => None,
-        }
-    }
-}
-
-/// Reads a signature blob.
-struct SigReader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl SigReader<'_> {
-    fn byte(&mut self) -> Option<u8> {
-        let v = *self.b.get(self.at)?;
-        self.at += 1;
-        Some(v)
-    }
-
-    /// A compressed unsigned integer (Partition II §23.2).
-    fn compressed(&mut self) -> Option<u32> {
-        let b0 = u32::from(self.byte()?);
-        if b0 & 0x80 == 0 {
-            Some(b0)
-        } else if b0 & 0xC0 == 0x80 {
-            Some((b0 & 0x3F) << 8 | u32::from(self.byte()?))
-        } else if b0 & 0xE0 == 0xC0 {
-            let (b1, b2, b3) = (self.byte()?, self.byte()?, self.byte()?);
-            Some((b0 & 0x1F) << 24 | u32::from(b1) << 16 | u32::from(b2) << 8 | u32::from(b3))
-        } else {
-            None
-        }
+        Some(format!("{name}({params})"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn compressed_integers() {
-        let read = |b: &[u8]| SigReader { b, at: 0 }.compressed();
-        assert_eq!(read(&[0x03]), Some(3));
-        assert_eq!(read(&[0x80, 0x80]), Some(0x80));
-        assert_eq!(read(&[0xBF, 0xFF]), Some(0x3FFF));
-        assert_eq!(read(&[0xC0, 0x00, 0x40, 0x00]), Some(0x4000));
-        assert_eq!(read(&[0xDF, 0xFF, 0xFF, 0xFF]), Some(0x1FFF_FFFF));
-        assert_eq!(read(&[0xE0]), None);
-        assert_eq!(read(&[0x80]), None);
-    }
 
     #[test]
     fn garbage_is_an_error_with_a_position() {
