@@ -31,11 +31,14 @@ pub(crate) fn frame(
     let mut at_ip_buf = [0u8; 16];
     let mut prev_buf = [0u8; 2];
     type Analysis<'c> = (&'c [u8], [Option<u8>; 2], Option<(&'c [u8], usize)>);
-    let mut thread_entry = false;
+    // A zero frame pointer or return address may end the stack in a thread entry, or where no
+    // symbol says which function this is.
+    let mut may_end = false;
     let (at_ip, prev, function): Analysis<'_> = match &region.module {
         Some(m) => {
             let svma = region.svma(lookup);
-            thread_entry = m.symbol_name(svma).is_some_and(policy::is_thread_entry);
+            may_end = m.symbol_name(svma).is_some_and(policy::is_thread_entry)
+                || m.function_start(svma).is_none();
             let at_ip = m.code(svma, 16).unwrap_or(&[]);
             let byte = |a: u64| m.code(a, 1).and_then(|b| b.first().copied());
             let prev = [byte(svma.wrapping_sub(2)), byte(svma.wrapping_sub(1))];
@@ -86,10 +89,7 @@ pub(crate) fn frame(
         }
     });
     let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;
-    Ok(Frame {
-        rule,
-        may_end: thread_entry || (function.is_none() && region.module.is_some()),
-    })
+    Ok(Frame { rule, may_end })
 }
 
 /// Executes a no-CFI rule on `regs` (rip, rsp, rbp; every other register becomes unknown,

@@ -30,7 +30,9 @@ const FP_CFI: u64 = 0x1400;
 const NAMELESS: u64 = 0x1500;
 /// `clone3`, without CFI.
 const CLONE3: u64 = 0x1600;
-const TEXT_END: u64 = 0x1700;
+/// `big_fp`: 8 KiB, `push rbp; mov rsp,rbp`, no CFI.
+const BIG_FP: u64 = 0x1700;
+const TEXT_END: u64 = 0x3700;
 
 /// Stack pointer of every sample.
 const SP: u64 = 0x7000_0000;
@@ -92,6 +94,7 @@ fn space() -> AddressSpace {
     put(TRAMP_RA - 5, &[0xe8, 0, 0, 0, 0]);
     put(FP_NOCFI, &[0x55, 0x48, 0x89, 0xe5]);
     put(FP_CFI, &[0x55, 0x48, 0x89, 0xe5]);
+    put(BIG_FP, &[0x55, 0x48, 0x89, 0xe5]);
     let module = CodeModule::synthetic(
         TEXT,
         &code,
@@ -104,6 +107,7 @@ fn space() -> AddressSpace {
             (FP_NOCFI, FP_NOCFI + 0x100, "fp_nocfi"),
             (FP_CFI, FP_CFI + 0x100, "fp_cfi"),
             (CLONE3, CLONE3 + 0x100, "clone3"),
+            (BIG_FP, BIG_FP + 0x2000, "big_fp"),
         ],
     );
     let mut space = AddressSpace::new();
@@ -236,6 +240,9 @@ fn a_zero_frame_pointer_ends_the_stack_only_where_the_function_is_unknown() {
     let mut s = space();
     // fp_nocfi keeps a frame pointer: rbp = 0 in its body is a broken chain.
     let (end, _) = unwind(&mut s, &regs(FP_NOCFI + 0x20, 0, None), &[0; 4]);
+    assert_eq!(end, StackEnd::Truncated(TruncateReason::BadFramePointer));
+    // Far into a large function that keeps a frame pointer: still a broken chain.
+    let (end, _) = unwind(&mut s, &regs(BIG_FP + 0x1800, 0, None), &[0; 4]);
     assert_eq!(end, StackEnd::Truncated(TruncateReason::BadFramePointer));
     // Code whose start is unknown: rbp = 0 is the ABI's outermost-frame mark.
     let (end, out) = unwind(&mut s, &regs(NAMELESS + 0x20, 0, None), &[0; 4]);
