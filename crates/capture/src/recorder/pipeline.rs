@@ -125,6 +125,8 @@ pub struct Pipeline {
     exec_times: HashMap<u32, u64>,
     addrs: Vec<u64>,
     sps: Vec<u64>,
+    /// Frames of the last unwind to symbolize as instructions, not return addresses.
+    instruction_frames: Vec<usize>,
     live: Option<LiveMemory>,
 }
 
@@ -152,6 +154,7 @@ impl Pipeline {
             exec_times: HashMap::new(),
             addrs: Vec::new(),
             sps: Vec::new(),
+            instruction_frames: Vec::new(),
             live: None,
         }
     }
@@ -223,7 +226,7 @@ impl Pipeline {
                 let addrs = std::mem::take(&mut self.addrs);
                 let copy_end = sp.saturating_add(s.stack.len() as u64);
                 for (i, &addr) in addrs.iter().enumerate().rev() {
-                    let is_return = i > 0;
+                    let is_return = i > 0 && !self.instruction_frames.contains(&i);
                     let kind = self.user_kind(s.pid, addr, is_return);
                     // A return address was read just below its caller's stack pointer.
                     let live = is_return && self.sps.get(i).is_some_and(|&csp| csp > copy_end);
@@ -296,6 +299,9 @@ impl Pipeline {
                 .space
                 .unwind_with_sps(regs, &mut mem, &mut self.addrs, Some(&mut self.sps));
         self.stats.full_register_unwinds += state.space.full_register_unwinds() - before;
+        self.instruction_frames.clear();
+        self.instruction_frames
+            .extend_from_slice(state.space.instruction_frames());
         if let Some(live) = &self.live {
             self.stats.live = live.stats();
             if live.used() > 0 && !live.thread_alive() {

@@ -28,6 +28,7 @@ struct Fde {
 pub struct CfiIndex {
     fdes: Vec<Fde>,
     full: Vec<(u64, u64)>,
+    signal: Vec<(u64, u64)>,
 }
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
@@ -58,6 +59,13 @@ impl CfiIndex {
                 end,
                 offset: fde.offset(),
             });
+            if fde.is_signal_trampoline() {
+                // The caller of a signal trampoline is an interrupted instruction, which framehop
+                // would treat as a return address.
+                index.signal.push((start, end));
+                index.full.push((start, end));
+                continue;
+            }
             let Ok(mut rows) = fde.rows(section, bases, &mut ctx) else {
                 index.full.push((start, end));
                 continue;
@@ -89,7 +97,15 @@ impl CfiIndex {
             reach = reach.max(f.end);
         }
         index.full.sort_unstable();
+        index.signal.sort_unstable();
         index
+    }
+
+    /// Whether `svma` lies in a signal trampoline (an FDE whose CIE has the `S` augmentation,
+    /// e.g. glibc's `__restore_rt`): its caller frame was interrupted, not calling.
+    pub fn is_signal_trampoline(&self, svma: u64) -> bool {
+        let i = self.signal.partition_point(|r| r.0 <= svma);
+        self.signal[..i].iter().rev().take(4).any(|r| svma < r.1)
     }
 
     /// The FDE start addresses, sorted.

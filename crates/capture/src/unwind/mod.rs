@@ -177,6 +177,9 @@ pub struct AddressSpace {
     /// marks the return address undefined.
     roots: HashMap<u64, bool>,
     full_register_unwinds: u64,
+    /// Indices into the last unwind's output of frames whose address is an instruction, not a
+    /// return address (see [`AddressSpace::instruction_frames`]).
+    instruction_frames: Vec<usize>,
 }
 
 impl Default for AddressSpace {
@@ -190,6 +193,7 @@ impl Default for AddressSpace {
             evaluator: full::Evaluator::default(),
             roots: HashMap::new(),
             full_register_unwinds: 0,
+            instruction_frames: Vec::new(),
         }
     }
 }
@@ -280,6 +284,13 @@ impl AddressSpace {
         self.full_register_unwinds
     }
 
+    /// Indices `i > 0` of the last unwind's output whose address is to be symbolized as it is,
+    /// not as a return address (whose call lies just before it): the instruction a signal
+    /// interrupted, and the signal trampoline a handler returns into.
+    pub fn instruction_frames(&self) -> &[usize] {
+        &self.instruction_frames
+    }
+
     /// Unwinds one sample from its instruction, stack and frame pointers only (any other
     /// register a frame's CFI needs is unknown). `out` receives the instruction pointer followed
     /// by each return address, leaf first; the result says whether the stack reached its root.
@@ -327,14 +338,24 @@ impl AddressSpace {
     ) -> Option<StackEnd> {
         out.clear();
         out.push(regs.ip());
+        self.instruction_frames.clear();
         if let Some(sps) = sps.as_mut() {
             sps.clear();
             sps.push(regs.sp());
         }
+        // `first`: the frame's pc is the instruction that was executing (the sampled one, or one
+        // a signal interrupted), not a return address.
         let mut first = true;
         loop {
             let pc = regs.ip();
-            let lookup = if first { pc } else { pc.wrapping_sub(1) };
+            let mut lookup = if first { pc } else { pc.wrapping_sub(1) };
+            let mut in_signal_trampoline = self.in_signal_trampoline(lookup);
+            if first && !in_signal_trampoline && self.in_signal_trampoline(pc.wrapping_sub(1)) {
+                // Sampled inside `rt_sigreturn`: the pc follows the trampoline's last instruction
+                // (the system call), past the end of its FDE.
+                lookup = pc.wrapping_sub(1);
+                in_signal_trampoline = true;
+            }
             let old_sp = regs.sp();
             let step = match self.step(full, first, lookup, &mut regs, mem) {
                 Ok(step) => step,
@@ -353,14 +374,26 @@ impl AddressSpace {
             if regs.sp() <= old_sp {
                 return Some(StackEnd::Truncated(TruncateReason::SpNotIncreasing));
             }
-            if let Err(reason) = self.check_return_address(ra, mem) {
+            // A signal trampoline's caller is the interrupted instruction, which need not follow
+            // a call; it must still lie in executable code.
+            let checked = if in_signal_trampoline {
+                self.region(ra)
+                    .map(|_| ())
+                    .ok_or(TruncateReason::UnmappedAddress)
+            } else {
+                self.check_return_address(ra, mem)
+            };
+            if let Err(reason) = checked {
                 return Some(StackEnd::Truncated(reason));
+            }
+            if in_signal_trampoline || self.in_signal_trampoline(ra.wrapping_sub(1)) {
+                self.instruction_frames.push(out.len());
             }
             out.push(ra);
             if let Some(sps) = sps.as_mut() {
                 sps.push(regs.sp());
             }
-            first = false;
+            first = in_signal_trampoline;
         }
     }
 
@@ -442,6 +475,17 @@ impl AddressSpace {
         }
     }
 
+    /// Whether the CFI covering `lookup` is a signal trampoline's (see
+    /// [`cfi::CfiIndex::is_signal_trampoline`]).
+    fn in_signal_trampoline(&self, lookup: u64) -> bool {
+        self.region(lookup).is_some_and(|r| {
+            r.module.as_ref().is_some_and(|m| {
+                let svma = r.svma(lookup);
+                m.cfi(false).is_signal_trampoline(svma) || m.cfi(true).is_signal_trampoline(svma)
+            })
+        })
+    }
+
     /// Whether `pc` lies in a function that starts threads (see [`policy::is_thread_entry`]).
     fn at_thread_entry(&self, pc: u64) -> bool {
         self.region(pc).is_some_and(|r| {
@@ -458,6 +502,11 @@ impl AddressSpace {
             .region(ra.wrapping_sub(1))
             .ok_or(TruncateReason::NotAfterCall)?;
         if region.module.is_none() && mem.jit_pushed_return(ra) {
+            return Ok(());
+        }
+        // A signal handler returns into the signal trampoline, which the kernel pushed as its
+        // return address (the trampoline's FDE starts a byte early so `ra - 1` finds it).
+        if self.in_signal_trampoline(ra.wrapping_sub(1)) {
             return Ok(());
         }
         let mut buf = [0u8; 8];
