@@ -349,12 +349,13 @@ impl AddressSpace {
         loop {
             let pc = regs.ip();
             let mut lookup = if first { pc } else { pc.wrapping_sub(1) };
-            let mut in_signal_trampoline = self.in_signal_trampoline(lookup);
-            if first && !in_signal_trampoline && self.in_signal_trampoline(pc.wrapping_sub(1)) {
+            if out.len() == 1
+                && !self.in_signal_trampoline(pc)
+                && self.in_signal_trampoline(pc.wrapping_sub(1))
+            {
                 // Sampled inside `rt_sigreturn`: the pc follows the trampoline's last instruction
                 // (the system call), past the end of its FDE.
                 lookup = pc.wrapping_sub(1);
-                in_signal_trampoline = true;
             }
             let old_sp = regs.sp();
             let step = match self.step(full, first, lookup, &mut regs, mem) {
@@ -368,7 +369,7 @@ impl AddressSpace {
                 }
                 Err(Stop::Truncated(reason)) => return Some(StackEnd::Truncated(reason)),
             };
-            let Some(ra) = step else {
+            let Some((ra, in_signal_trampoline)) = step else {
                 return Some(StackEnd::Root);
             };
             if regs.sp() <= old_sp {
@@ -378,16 +379,15 @@ impl AddressSpace {
             // a call; it must still lie in executable code.
             let checked = if in_signal_trampoline {
                 self.region(ra)
-                    .map(|_| ())
+                    .map(|_| true)
                     .ok_or(TruncateReason::UnmappedAddress)
             } else {
                 self.check_return_address(ra, mem)
             };
-            if let Err(reason) = checked {
-                return Some(StackEnd::Truncated(reason));
-            }
-            if in_signal_trampoline || self.in_signal_trampoline(ra.wrapping_sub(1)) {
-                self.instruction_frames.push(out.len());
+            match checked {
+                Ok(true) => self.instruction_frames.push(out.len()),
+                Ok(false) => {}
+                Err(reason) => return Some(StackEnd::Truncated(reason)),
             }
             out.push(ra);
             if let Some(sps) = sps.as_mut() {
@@ -397,7 +397,8 @@ impl AddressSpace {
         }
     }
 
-    /// One step: the caller's return address (None at the root), with `regs` moved to the caller.
+    /// One step: the caller's return address (None at the root), with `regs` moved to the
+    /// caller, and whether the frame was a signal trampoline (so the caller was interrupted).
     fn step(
         &mut self,
         full: bool,
@@ -405,7 +406,7 @@ impl AddressSpace {
         lookup: u64,
         regs: &mut Registers,
         mem: &mut dyn Memory,
-    ) -> Result<Option<u64>, Stop> {
+    ) -> Result<Option<(u64, bool)>, Stop> {
         let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
         let cfi = region.module.as_deref().and_then(|m| {
@@ -419,15 +420,17 @@ impl AddressSpace {
         });
         let Some((module, debug)) = cfi else {
             let frame = nocfi::frame(region, first, lookup, mem)?;
-            return Ok(nocfi::exec(frame, regs, mem)?);
+            return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| (ra, false)));
         };
         let at = full::RowAt {
             module,
             debug,
             svma,
         };
+        let signal = module.cfi(debug).is_signal_trampoline(svma);
         if full {
-            return Ok(self.evaluator.step(at, first, regs, mem)?);
+            let ra = self.evaluator.step(at, first, regs, mem)?;
+            return Ok(ra.map(|ra| (ra, signal)));
         }
         if module.cfi(debug).needs_full_registers(svma) {
             return Err(Stop::NeedsFullRegisters);
@@ -455,7 +458,7 @@ impl AddressSpace {
         match result {
             Ok(Some(ra)) => {
                 *regs = Registers::new(ra, fregs.sp(), fregs.bp());
-                Ok(Some(ra))
+                Ok(Some((ra, false)))
             }
             // framehop also ends a stack on a zero frame pointer or return address; only the
             // CFI's own "return address undefined" is a root.
@@ -478,12 +481,8 @@ impl AddressSpace {
     /// Whether the CFI covering `lookup` is a signal trampoline's (see
     /// [`cfi::CfiIndex::is_signal_trampoline`]).
     fn in_signal_trampoline(&self, lookup: u64) -> bool {
-        self.region(lookup).is_some_and(|r| {
-            r.module.as_ref().is_some_and(|m| {
-                let svma = r.svma(lookup);
-                m.cfi(false).is_signal_trampoline(svma) || m.cfi(true).is_signal_trampoline(svma)
-            })
-        })
+        self.region(lookup)
+            .is_some_and(|r| signal_trampoline_at(r, lookup))
     }
 
     /// Whether `pc` lies in a function that starts threads (see [`policy::is_thread_entry`]).
@@ -497,28 +496,38 @@ impl AddressSpace {
     }
 
     /// Validates a recovered return address: inside an executable region, right after a call.
-    fn check_return_address(&self, ra: u64, mem: &mut dyn Memory) -> Result<(), TruncateReason> {
+    /// `Ok(true)`: the address is a signal trampoline's entry (where a handler returns), to be
+    /// symbolized as an instruction.
+    fn check_return_address(&self, ra: u64, mem: &mut dyn Memory) -> Result<bool, TruncateReason> {
         let region = self
             .region(ra.wrapping_sub(1))
             .ok_or(TruncateReason::NotAfterCall)?;
         if region.module.is_none() && mem.jit_pushed_return(ra) {
-            return Ok(());
+            return Ok(false);
         }
         // A signal handler returns into the signal trampoline, which the kernel pushed as its
         // return address (the trampoline's FDE starts a byte early so `ra - 1` finds it).
-        if self.in_signal_trampoline(ra.wrapping_sub(1)) {
-            return Ok(());
+        if signal_trampoline_at(region, ra.wrapping_sub(1)) {
+            return Ok(true);
         }
         let mut buf = [0u8; 8];
         let before = code_before(region, ra, &mut buf, mem);
         match before {
-            Some(bytes) if instr::is_after_call(bytes) => Ok(()),
+            Some(bytes) if instr::is_after_call(bytes) => Ok(false),
             Some(_) => Err(TruncateReason::NotAfterCall),
             // Code we cannot see (anonymous memory without a reader): the executable mapping is
             // all that can be checked.
-            None => Ok(()),
+            None => Ok(false),
         }
     }
+}
+
+/// Whether `addr` (in `region`) lies in a signal trampoline's FDE.
+fn signal_trampoline_at(region: &Region, addr: u64) -> bool {
+    region.module.as_ref().is_some_and(|m| {
+        let svma = region.svma(addr);
+        m.cfi(false).is_signal_trampoline(svma) || m.cfi(true).is_signal_trampoline(svma)
+    })
 }
 
 /// Up to 8 code bytes ending at `addr`.
