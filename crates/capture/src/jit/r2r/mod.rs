@@ -6,7 +6,7 @@
 //! each method: `RuntimeFunctions` (102) lists code ranges as RVAs, and `MethodDefEntryPoints`
 //! (103), a NativeFormat sparse array indexed by MethodDef row, gives the runtime function where
 //! each method's code starts; `InstanceMethodEntryPoints` (109), a NativeFormat hashtable of
-//! method signatures, does the same for generic instantiations (`List`1[System.__Canon]::Add`).
+//! method signatures, does the same for generic instantiations (``List`1[System.__Canon]::Add``).
 //! The ECMA-335 metadata of the same image ([`super::ecma`]) names the method. Code ranges no
 //! entry point leads to (funclets, cold parts) and instantiations involving other modules'
 //! types stay unnamed rather than being guessed.
@@ -288,7 +288,7 @@ const SIG_UPDATE_CONTEXT: u32 = 0x80;
 
 /// Reads a ReadyToRun method signature (flags, owner type, MethodDef token, method
 /// instantiation, constraint) and names the method as CoreCLR's perf map does:
-/// `Owner`1[Args]::Method(formal params)`. None when the method is not named by this module's
+/// ``Owner`1[Args]::Method(formal params)``. None when the method is not named by this module's
 /// metadata (a MemberRef, a slot, another module's context or types).
 fn instance_method_name(
     md: &Metadata<'_>,
