@@ -209,9 +209,15 @@ impl JitProcess {
         let Some(m) = image.method_at((addr - base) as u32) else {
             return false;
         };
+        let (Some(start), Some(end)) = (
+            base.checked_add(u64::from(m.start)),
+            base.checked_add(u64::from(m.end)),
+        ) else {
+            return false;
+        };
         let symbol = JitSymbol {
-            start: base + u64::from(m.start),
-            end: base + u64::from(m.end),
+            start,
+            end,
             name: image.jit_name(m),
         };
         self.precompiled.insert(symbol);
