@@ -348,3 +348,78 @@ fn coreclr_precompiled_names_match_the_runtimes_own() {
     assert!(matched.len() >= 8, "{} methods", matched.len());
     assert!(early.len() <= matched.len() / 2);
 }
+
+/// A damaged image is an error (or fewer names), never a panic: CoreLib truncated at many
+/// lengths and with random bytes overwritten, in its headers and anywhere.
+#[test]
+fn damaged_images_are_errors_not_panics() {
+    let Some(dotnet) = dotnet::host("damaged_images_are_errors_not_panics") else {
+        return;
+    };
+    let fw = dotnet
+        .parent()
+        .unwrap()
+        .join("shared/Microsoft.NETCore.App");
+    let version = std::fs::read_dir(&fw)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .max()
+        .expect("a framework version");
+    let good = std::fs::read(version.join("System.Private.CoreLib.dll")).unwrap();
+    let whole = R2rImage::parse(&good).unwrap().methods.len();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut errors, mut fewer) = (0, 0);
+    let mut check = |bytes: &[u8]| {
+        match R2rImage::parse(bytes) {
+            Err(_) => errors += 1,
+            Ok(i) if i.methods.len() < whole => fewer += 1,
+            Ok(_) => {}
+        }
+        let _ = method_names(bytes);
+    };
+    let len = good.len();
+    for cut in [
+        0,
+        2,
+        0x40,
+        0x100,
+        0x200,
+        0x1000,
+        len / 8,
+        len / 4,
+        len / 2,
+        len - 1,
+    ] {
+        check(&good[..cut]);
+    }
+    // Where the metadata root and the ReadyToRun header are.
+    let find = |magic: &[u8]| {
+        good.windows(magic.len())
+            .position(|w| w == magic)
+            .expect("the structure is in the file")
+    };
+    let regions = [
+        (0, 0x2000),
+        (find(b"BSJB"), 0x1_0000),
+        (find(b"RTR\0"), 0x1000),
+        (0, len),
+    ];
+    for round in 0..32 {
+        let mut bytes = good.clone();
+        let (start, span) = regions[round % regions.len()];
+        for _ in 0..64 {
+            let at = (start + (next() as usize) % span).min(len - 1);
+            bytes[at] = next() as u8;
+        }
+        check(&bytes);
+    }
+    println!("damaged CoreLib: {errors} errors, {fewer} with fewer names, of 42");
+    assert!(errors >= 6, "the truncated headers are errors");
+}

@@ -209,9 +209,15 @@ impl JitProcess {
         let Some(m) = image.method_at((addr - base) as u32) else {
             return false;
         };
+        let (Some(start), Some(end)) = (
+            base.checked_add(u64::from(m.start)),
+            base.checked_add(u64::from(m.end)),
+        ) else {
+            return false;
+        };
         let symbol = JitSymbol {
-            start: base + u64::from(m.start),
-            end: base + u64::from(m.end),
+            start,
+            end,
             name: image.jit_name(m),
         };
         self.precompiled.insert(symbol);
@@ -272,11 +278,31 @@ impl JitProcess {
         }
     }
 
-    /// Adds a ReadyToRun image the runtime loaded, reading it (once for all processes) through
-    /// the target's root (its mount namespace).
+    /// Adds a ReadyToRun image the runtime loaded, once the process's mappings confirm it: the
+    /// image's file mapped from offset 0 at the perfinfo base (a perfinfo file left behind by an
+    /// earlier process with the same pid names other images). The image is read once for all
+    /// processes, through `/proc/PID/map_files` (the very file mapped) or else the target's
+    /// root (its mount namespace).
     fn load_image(&mut self, image: &perfinfo::ImageLoad) {
-        let path = format!("/proc/{}/root{}", self.pid, image.path);
-        match self.image_cache.get(&path) {
+        let pid = self.pid;
+        let maps = crate::process::read_maps(pid).unwrap_or_default();
+        let mapped = maps.iter().find(|m| m.start == image.base && m.offset == 0);
+        let result = match mapped {
+            None => Err(format!("not mapped at its perfinfo base {:#x}", image.base)),
+            Some(m) if m.path.trim_end_matches(" (deleted)") != image.path => {
+                Err(format!("{:#x} maps {}, not this image", image.base, m.path))
+            }
+            Some(m) => {
+                let via_map = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+                if std::fs::metadata(&via_map).is_ok() {
+                    self.image_cache.get(&via_map)
+                } else {
+                    self.image_cache
+                        .get(&format!("/proc/{pid}/root{}", image.path))
+                }
+            }
+        };
+        match result {
             Ok(r2r) => {
                 let end = image.base.saturating_add(u64::from(r2r.size));
                 self.images.insert(image.base, (end, r2r));
@@ -498,6 +524,41 @@ mod tests {
                 Err(MapRefused::WrongOwner { owner: 4242, .. })
             ));
         }
+    }
+
+    #[test]
+    fn perfinfo_images_are_used_only_where_the_process_maps_them() {
+        let me = std::process::id();
+        let maps = crate::process::read_maps(me).unwrap();
+        let exe = maps
+            .iter()
+            .find(|m| m.offset == 0 && m.path.starts_with('/'))
+            .expect("a file mapped from offset 0");
+        // Below mmap_min_addr: never mapped.
+        let unmapped = 0x1000u64;
+        assert!(!maps.iter().any(|m| m.start <= unmapped && unmapped < m.end));
+        let lines = format!(
+            "ImageLoad;/nowhere/Stale.dll;{{1}};{unmapped:016X};\n\
+             ImageLoad;/nowhere/Other.dll;{{2}};{:016X};\n\
+             ImageLoad;{};{{3}};{:016X};\n\
+             ImageLoad;/nowhere/IlOnly.dll;{{4}};0000000000000000;\n",
+            exe.start, exe.path, exe.start
+        );
+        let path = format!("/tmp/perfinfo-{}.map", namespace_pid(me));
+        std::fs::write(&path, lines).unwrap();
+        let mut maps = JitMaps::new();
+        let p = maps.process(me);
+        p.refresh();
+        let _ = std::fs::remove_file(&path);
+        let errors = p.image_errors.clone();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors[0].contains("not mapped at its perfinfo base"),
+            "{errors:?}"
+        );
+        assert!(errors[1].contains("not this image"), "{errors:?}");
+        assert!(errors[2].contains("not a 64-bit PE file"), "{errors:?}");
+        assert!(p.images.is_empty());
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //!
 //! Names are formatted the way CoreCLR writes them into its perf map, so that a method named
 //! here (precompiled code) and the same method named by the runtime (JIT code) read alike:
-//! `System.Text.StringBuilder::Append(char*,int32)`, parameters as in IL (`valuetype
-//! System.Span`1<char>`, `class [System.Runtime]System.IO.Stream`, `!0`, `!!0`, `int32&`,
-//! nested types as `Outer/Inner`). Signatures are read and spelled in [`signature`].
+//! `System.Text.StringBuilder::Append(char*,int32)`, parameters as in IL (``valuetype
+//! System.Span`1<char>``, `class [System.Runtime]System.IO.Stream`, `!0`, `!!0`, `int32&`,
+//! nested types as `Outer/Inner`). Signatures are read and spelled in `signature`.
 
 mod signature;
 

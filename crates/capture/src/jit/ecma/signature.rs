@@ -187,9 +187,9 @@ impl Metadata<'_> {
 }
 
 /// How types are spelled: as in IL signatures (`int32`, `class System.String`,
-/// `valuetype System.Span`1<char>`, nested `Outer/Inner`), which CoreCLR's perf maps use for
+/// ``valuetype System.Span`1<char>``, nested `Outer/Inner`), which CoreCLR's perf maps use for
 /// parameters, or as reflection names (`System.Int32`,
-/// `System.Collections.Generic.List`1[System.__Canon]`, nested `Outer+Inner`), which they use
+/// ``System.Collections.Generic.List`1[System.__Canon]``, nested `Outer+Inner`), which they use
 /// for the instantiated type a method belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Style {

@@ -6,7 +6,7 @@
 //! each method: `RuntimeFunctions` (102) lists code ranges as RVAs, and `MethodDefEntryPoints`
 //! (103), a NativeFormat sparse array indexed by MethodDef row, gives the runtime function where
 //! each method's code starts; `InstanceMethodEntryPoints` (109), a NativeFormat hashtable of
-//! method signatures, does the same for generic instantiations (`List`1[System.__Canon]::Add`).
+//! method signatures, does the same for generic instantiations (``List`1[System.__Canon]::Add``).
 //! The ECMA-335 metadata of the same image ([`super::ecma`]) names the method. Code ranges no
 //! entry point leads to (funclets, cold parts) and instantiations involving other modules'
 //! types stay unnamed rather than being guessed.
@@ -98,22 +98,27 @@ impl R2rImage {
         if cli_rva == 0 {
             return Err(R2rError::NotReadyToRun("no CLI header"));
         }
-        let md_rva = u32_at(cli_rva + 8)?;
-        let md_size = u32_at(cli_rva + 12)?;
-        let native_rva = u32_at(cli_rva + 64)?;
+        // An offset from a structure's RVA (file values may overflow).
+        let add = |rva: u32, n: u32| {
+            rva.checked_add(n)
+                .ok_or(malformed(rva, "structure runs past 4 GiB"))
+        };
+        let md_rva = u32_at(add(cli_rva, 8)?)?;
+        let md_size = u32_at(add(cli_rva, 12)?)?;
+        let native_rva = u32_at(add(cli_rva, 64)?)?;
         if native_rva == 0 {
             return Err(R2rError::NotReadyToRun("no ManagedNativeHeader"));
         }
         if u32_at(native_rva)? != R2R_SIGNATURE {
             return Err(R2rError::NotReadyToRun("ManagedNativeHeader is not RTR"));
         }
-        let count = u32_at(native_rva + 12)?;
+        let count = u32_at(add(native_rva, 12)?)?;
         let mut runtime_functions = None;
         let mut entry_points = None;
         let mut instance_entry_points = None;
         for i in 0..count.min(256) {
-            let s = native_rva + 16 + i * 12;
-            let (ty, rva, len) = (u32_at(s)?, u32_at(s + 4)?, u32_at(s + 8)?);
+            let s = add(native_rva, 16 + i * 12)?;
+            let (ty, rva, len) = (u32_at(s)?, u32_at(add(s, 4)?)?, u32_at(add(s, 8)?)?);
             match ty {
                 SECTION_RUNTIME_FUNCTIONS => runtime_functions = Some((rva, len)),
                 SECTION_METHODDEF_ENTRY_POINTS => entry_points = Some(rva),
@@ -190,7 +195,7 @@ impl R2rImage {
                     unparsed += 1;
                     continue;
                 };
-                let after = entry + sig.position() as u32;
+                let after = add(entry, sig.position() as u32)?;
                 let Some((_, id)) = reader.unsigned(after) else {
                     return Err(malformed(after, "instance entry point without its code"));
                 };
@@ -288,7 +293,7 @@ const SIG_UPDATE_CONTEXT: u32 = 0x80;
 
 /// Reads a ReadyToRun method signature (flags, owner type, MethodDef token, method
 /// instantiation, constraint) and names the method as CoreCLR's perf map does:
-/// `Owner`1[Args]::Method(formal params)`. None when the method is not named by this module's
+/// ``Owner`1[Args]::Method(formal params)``. None when the method is not named by this module's
 /// metadata (a MemberRef, a slot, another module's context or types).
 fn instance_method_name(
     md: &Metadata<'_>,
@@ -355,7 +360,13 @@ pub fn method_names(data: &[u8]) -> Result<Vec<String>, R2rError> {
     if cli == 0 {
         return Err(R2rError::NotReadyToRun("no CLI header"));
     }
-    let md = metadata_at(&pe, data, word(cli + 8)?, word(cli + 12)?)?;
+    let field = |n: u32| {
+        cli.checked_add(n).ok_or(R2rError::Malformed {
+            rva: cli,
+            reason: "structure runs past 4 GiB",
+        })
+    };
+    let md = metadata_at(&pe, data, word(field(8)?)?, word(field(12)?)?)?;
     let (owners, enclosing) = (md.method_owners(), md.enclosing_types());
     Ok((1..=md.method_count())
         .filter_map(|rid| md.method_name(rid, &owners, &enclosing))

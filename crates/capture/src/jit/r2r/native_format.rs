@@ -16,25 +16,28 @@ impl NativeReader<'_> {
         let b0 = u32::from(*self.bytes(rva, 1)?.first()?);
         let read = |n: usize| self.bytes(rva, n);
         if b0 & 1 == 0 {
-            Some((rva + 1, b0 >> 1))
+            Some((rva.checked_add(1)?, b0 >> 1))
         } else if b0 & 2 == 0 {
             let b = read(2)?;
-            Some((rva + 2, (b0 >> 2) | u32::from(b[1]) << 6))
+            Some((rva.checked_add(2)?, (b0 >> 2) | u32::from(b[1]) << 6))
         } else if b0 & 4 == 0 {
             let b = read(3)?;
             Some((
-                rva + 3,
+                rva.checked_add(3)?,
                 (b0 >> 3) | u32::from(b[1]) << 5 | u32::from(b[2]) << 13,
             ))
         } else if b0 & 8 == 0 {
             let b = read(4)?;
             Some((
-                rva + 4,
+                rva.checked_add(4)?,
                 (b0 >> 4) | u32::from(b[1]) << 4 | u32::from(b[2]) << 12 | u32::from(b[3]) << 20,
             ))
         } else if b0 & 16 == 0 {
             let b = read(5)?;
-            Some((rva + 5, u32::from_le_bytes([b[1], b[2], b[3], b[4]])))
+            Some((
+                rva.checked_add(5)?,
+                u32::from_le_bytes([b[1], b[2], b[3], b[4]]),
+            ))
         } else {
             None
         }
@@ -48,25 +51,28 @@ impl NativeReader<'_> {
         let read = |n: usize| self.bytes(rva, n);
         let sx = |b: u8| i32::from(b as i8);
         if b0 & 1 == 0 {
-            Some((rva + 1, i32::from(b0 as u8 as i8) >> 1))
+            Some((rva.checked_add(1)?, i32::from(b0 as u8 as i8) >> 1))
         } else if b0 & 2 == 0 {
             let b = read(2)?;
-            Some((rva + 2, (b0 >> 2) as i32 | sx(b[1]) << 6))
+            Some((rva.checked_add(2)?, (b0 >> 2) as i32 | sx(b[1]) << 6))
         } else if b0 & 4 == 0 {
             let b = read(3)?;
             Some((
-                rva + 3,
+                rva.checked_add(3)?,
                 (b0 >> 3 | u32::from(b[1]) << 5) as i32 | sx(b[2]) << 13,
             ))
         } else if b0 & 8 == 0 {
             let b = read(4)?;
             Some((
-                rva + 4,
+                rva.checked_add(4)?,
                 (b0 >> 4 | u32::from(b[1]) << 4 | u32::from(b[2]) << 12) as i32 | sx(b[3]) << 20,
             ))
         } else if b0 & 16 == 0 {
             let b = read(5)?;
-            Some((rva + 5, i32::from_le_bytes([b[1], b[2], b[3], b[4]])))
+            Some((
+                rva.checked_add(5)?,
+                i32::from_le_bytes([b[1], b[2], b[3], b[4]]),
+            ))
         } else {
             None
         }
@@ -99,13 +105,13 @@ impl NativeArray {
         }
         let block = index / BLOCK_SIZE;
         let rel = match self.entry_index_size {
-            0 => u32::from(r.bytes(self.base + block, 1)?[0]),
+            0 => u32::from(r.bytes(self.base.checked_add(block)?, 1)?[0]),
             1 => {
-                let b = r.bytes(self.base + 2 * block, 2)?;
+                let b = r.bytes(self.base.checked_add(2 * block)?, 2)?;
                 u32::from(u16::from_le_bytes([b[0], b[1]]))
             }
             _ => {
-                let b = r.bytes(self.base + 4 * block, 4)?;
+                let b = r.bytes(self.base.checked_add(4 * block)?, 4)?;
                 u32::from_le_bytes([b[0], b[1], b[2], b[3]])
             }
         };
@@ -149,7 +155,7 @@ impl NativeHashtable {
             return None;
         }
         Some(NativeHashtable {
-            base: rva + 1,
+            base: rva.checked_add(1)?,
             bucket_mask: (1u32 << shift) - 1,
             entry_index_size: header & 3,
         })
@@ -189,7 +195,9 @@ impl NativeHashtable {
             };
             while at < end {
                 // Skip the low byte of the hash code; then a signed offset relative to itself.
-                let pos = at + 1;
+                let Some(pos) = at.checked_add(1) else {
+                    return out;
+                };
                 let Some((next, delta)) = r.signed(pos) else {
                     return out;
                 };
