@@ -7,7 +7,9 @@
 # thread entry (clone3/_start) through exactly DEPTH `recurse` frames to `spin`; the fraction is
 # over samples taken in `spin`.
 #
-# Rows: rootline (live-memory continuation), perf --call-graph fp (capped by
+# Rows: rootline (live-memory continuation above a watched stack slot, outer parts of deep stacks
+# reused while the watch proves them unchanged; the first samples of a thread, queued before its
+# watch was armed, end [truncated: live-unproven]), perf --call-graph fp (capped by
 # kernel.perf_event_max_stack), perf --call-graph dwarf,65528 (64 KB of stack), samply if
 # installed. rootline's CPU per sample is its own user+sys time over its samples (symbolization
 # included); the last line compares depth 10,000 with the shallow run.

@@ -50,6 +50,10 @@ struct Shared {
     error: Mutex<Option<SourceError>>,
 }
 
+/// Per-sample budget of live stack reads in continuous mode (see
+/// [`RecordOptions::live_stack_budget`]).
+pub const AGENT_LIVE_STACK_BUDGET: usize = 8 * 1024 * 1024;
+
 /// rootline-capture as a [`SampleSource`]. See the module documentation.
 pub struct CaptureSource {
     rx: Receiver<Vec<OwnedSample>>,
@@ -65,6 +69,9 @@ impl CaptureSource {
         let mut options = RecordOptions::new(Target::System);
         options.frequency_hz = config.frequency_hz;
         options.flush_interval = FLUSH_EVERY;
+        // Continuous mode bounds each sample's live stack reads more tightly than `record`:
+        // 8 MiB still covers the default main-thread and pthread stack sizes whole.
+        options.live_stack_budget = AGENT_LIVE_STACK_BUDGET;
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_BATCHES);
         let shared = Arc::new(Shared::default());
         let thread = {

@@ -50,6 +50,10 @@ fn main() {
     if args.len() > 4 {
         opts.live_stack_budget = parse(4, "LIVE_BUDGET_BYTES") as usize;
     }
+    // USER_CALLCHAIN=0 turns the kernel callchain cross-check off (to measure its cost).
+    if std::env::var("USER_CALLCHAIN").is_ok_and(|v| v == "0") {
+        opts.user_callchain = false;
+    }
     let cpu0 = cpu_seconds();
     let stop = AtomicBool::new(false);
     let recording = match record(&opts, &stop, None) {
@@ -80,7 +84,7 @@ fn main() {
     }
     let samples = recording.stats.samples.max(1);
     println!(
-        "depth={depth} samples={} in_leaf={in_leaf} complete={:.4} cpu_us_per_sample={:.1} peak_rss_mib={:.1} lost={} truncated={:?} live_bytes_per_sample={}",
+        "depth={depth} samples={} in_leaf={in_leaf} complete={:.4} cpu_us_per_sample={:.1} peak_rss_mib={:.1} lost={} truncated={:?} live_bytes_per_sample={} callchain={:?} outer_cache={:?}",
         recording.stats.samples,
         complete as f64 / in_leaf.max(1) as f64,
         cpu * 1e6 / samples as f64,
@@ -88,5 +92,7 @@ fn main() {
         recording.stats.lost,
         recording.stats.truncated,
         recording.stats.live.bytes / samples,
+        recording.stats.callchain,
+        recording.stats.outer_cache,
     );
 }

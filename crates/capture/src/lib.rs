@@ -13,7 +13,10 @@
 //! sample to its thread root ([`unwind`]: framehop over `.eh_frame` and `.debug_frame`,
 //! instruction analysis and frame pointers for code without CFI, every step validated, and an
 //! explicit `[truncated: reason]` frame — decided in [`unwind::policy`] — where a stack cannot be
-//! read further), and symbolizes each distinct address once, on a builder thread
+//! read further; past the copied stack it continues from the live process's memory, but only
+//! above a stack slot a hardware write watchpoint has guarded since before the sample, and
+//! cross-checks those frames against the kernel's frame-pointer callchain), and symbolizes each
+//! distinct address once, on a builder thread
 //! ([`symbolize`]: ELF symbols, DWARF inlined frames and lines, demangling, kallsyms). JIT code
 //! (.NET, Mono, Node, the JVM) is named and unwound through the runtimes' perf maps and jitdump
 //! files ([`jit`]). The target is never stopped.

@@ -45,10 +45,10 @@ pub struct Args {
     #[arg(long, default_value_t = 16384, value_name = "BYTES")]
     pub stack_size: u32,
     /// Continue stacks deeper than the copy from the live process's memory (process_vm_readv),
-    /// reading at most this many bytes per sample; 0 (the default for now) ends such stacks with
-    /// an explicit [truncated: stack-copy-exhausted] frame. 33554432 (32 MiB) covers a
-    /// 10,000-deep recursion with 1 KiB of locals per frame.
-    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    /// reading at most this many bytes per sample (default 32 MiB: a 10,000-deep recursion with
+    /// 1 KiB of locals per frame); a stack needing more ends in [truncated: budget]. 0 never reads
+    /// live memory (such stacks end in [truncated: stack-copy-exhausted]).
+    #[arg(long, default_value_t = rootline_capture::recorder::DEFAULT_LIVE_STACK_BUDGET, value_name = "BYTES")]
     pub live_stack_budget: usize,
     /// Record these running processes (comma-separated PIDs), including threads they create later.
     #[arg(short, long, value_delimiter = ',', value_name = "PID")]
@@ -192,6 +192,24 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
     reasons.sort();
     for (reason, n) in reasons {
         let _ = writeln!(err, "  truncated: {n} × [truncated: {}]", reason.as_str());
+    }
+    let cc = &stats.callchain;
+    if cc.capped > 0 {
+        let hint = if cc.max_entries < rootline_capture::recorder::MAX_USER_CALLCHAIN {
+            format!(
+                "; `sysctl kernel.perf_event_max_stack={}` lets the kernel walk deeper",
+                rootline_capture::recorder::MAX_USER_CALLCHAIN
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            err,
+            "  note: {} samples had stacks deeper than the {} entries of the kernel's frame-pointer \
+             callchain (kernel.perf_event_max_stack), so only their innermost frames were \
+             cross-checked against it{hint}",
+            cc.capped, cc.max_entries
+        );
     }
     let column = report::default_column(&recording.profile);
     let _ = report::write_report(&recording.profile, column, 10, &mut err);

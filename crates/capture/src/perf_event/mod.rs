@@ -21,6 +21,9 @@ pub struct EventConfig {
     pub stack_bytes: u32,
     /// Also record the kernel callchain.
     pub kernel: bool,
+    /// Entries of the kernel's frame-pointer walk of the user stack to request with each sample
+    /// (`sample_max_stack`; at most `kernel.perf_event_max_stack`); 0 for none.
+    pub user_callchain: u16,
     /// Data pages of the ring buffer (a power of two).
     pub ring_pages: usize,
 }
@@ -90,7 +93,7 @@ const REGS_MASK: u64 = crate::unwind::regs::PERF_MASK;
 /// Callchain entries at or above this are context markers (`PERF_CONTEXT_*`), not addresses.
 const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
 
-fn sample_type(kernel: bool) -> u64 {
+fn sample_type(callchain: bool) -> u64 {
     let mut t = b::PERF_SAMPLE_IP
         | b::PERF_SAMPLE_TID
         | b::PERF_SAMPLE_TIME
@@ -98,10 +101,25 @@ fn sample_type(kernel: bool) -> u64 {
         | b::PERF_SAMPLE_PERIOD
         | b::PERF_SAMPLE_REGS_USER
         | b::PERF_SAMPLE_STACK_USER;
-    if kernel {
+    if callchain {
         t |= b::PERF_SAMPLE_CALLCHAIN;
     }
     t as u64
+}
+
+impl EventConfig {
+    /// Whether samples carry a callchain (kernel frames, the user frame-pointer walk, or both).
+    pub fn callchain(&self) -> bool {
+        self.kernel || self.user_callchain > 0
+    }
+}
+
+/// `kernel.perf_event_max_stack`: the most callchain entries a sample may request (None when
+/// unreadable).
+pub fn max_callchain_entries() -> Option<u16> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack").ok()?;
+    let n: u64 = text.trim().parse().ok()?;
+    Some(n.min(u64::from(u16::MAX)) as u16)
 }
 
 fn attr(
@@ -112,7 +130,7 @@ fn attr(
 ) -> b::perf_event_attr {
     let mut a = b::perf_event_attr {
         size: std::mem::size_of::<b::perf_event_attr>() as u32,
-        sample_type: sample_type(cfg.kernel),
+        sample_type: sample_type(cfg.callchain()),
         sample_regs_user: REGS_MASK,
         sample_stack_user: cfg.stack_bytes,
         clockid: libc::CLOCK_MONOTONIC,
@@ -136,7 +154,12 @@ fn attr(
     a.set_disabled(1);
     a.set_exclude_hv(1);
     a.set_exclude_kernel(u64::from(exclude_kernel));
-    a.set_exclude_callchain_user(1);
+    if cfg.user_callchain > 0 {
+        a.sample_max_stack = cfg.user_callchain;
+        a.set_exclude_callchain_kernel(u64::from(!cfg.kernel));
+    } else {
+        a.set_exclude_callchain_user(1);
+    }
     a.set_mmap(1);
     a.set_mmap2(1);
     a.set_comm(1);

@@ -76,6 +76,9 @@ pub struct Sample<'a> {
     pub kernel_mode: bool,
     /// Kernel callchain IPs (with context markers removed), leaf first.
     pub kernel_ips: Vec<u64>,
+    /// The kernel's frame-pointer walk of the user stack, taken with the sample (when requested):
+    /// the user IP, then each return address it found, leaf first.
+    pub user_ips: Vec<u64>,
     /// User registers, absent for kernel threads.
     pub user_regs: Option<Registers>,
     /// Copied user stack starting at the user SP.
@@ -123,13 +126,13 @@ pub fn side_band_time(data: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(data.get(end..end + 8)?.try_into().ok()?))
 }
 
-/// Parses one record (header included). `kernel` must match the event's configuration.
-/// Malformed records parse as [`Record::Other`].
-pub fn parse_record(data: &[u8], kernel: bool) -> Record<'_> {
-    parse(data, kernel).unwrap_or(Record::Other)
+/// Parses one record (header included). `callchain` (samples carry `PERF_SAMPLE_CALLCHAIN`)
+/// must match the event's configuration. Malformed records parse as [`Record::Other`].
+pub fn parse_record(data: &[u8], callchain: bool) -> Record<'_> {
+    parse(data, callchain).unwrap_or(Record::Other)
 }
 
-fn parse(data: &[u8], kernel: bool) -> Option<Record<'_>> {
+fn parse(data: &[u8], callchain: bool) -> Option<Record<'_>> {
     let kind = u32::from_le_bytes(data.get(0..4)?.try_into().ok()?);
     let misc = u16::from_le_bytes(data.get(4..6)?.try_into().ok()?) as u32;
     let mut c = Cursor { data, pos: 8 };
@@ -143,11 +146,17 @@ fn parse(data: &[u8], kernel: bool) -> Option<Record<'_>> {
             let _res = c.u32()?;
             let period = c.u64()?;
             let mut kernel_ips = Vec::new();
-            if kernel {
+            let mut user_ips = Vec::new();
+            if callchain {
                 let nr = c.u64()?;
+                let mut user = false;
                 for _ in 0..nr {
                     let ip = c.u64()?;
-                    if ip < PERF_CONTEXT_MAX {
+                    if ip >= PERF_CONTEXT_MAX {
+                        user = ip == b::PERF_CONTEXT_USER;
+                    } else if user {
+                        user_ips.push(ip);
+                    } else {
                         kernel_ips.push(ip);
                     }
                 }
@@ -178,6 +187,7 @@ fn parse(data: &[u8], kernel: bool) -> Option<Record<'_>> {
                 period,
                 kernel_mode: misc & 7 == b::PERF_RECORD_MISC_KERNEL,
                 kernel_ips,
+                user_ips,
                 user_regs,
                 stack,
             })

@@ -2,6 +2,7 @@
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
 mod builder;
+mod outer_cache;
 mod pipeline;
 
 use std::ffi::OsString;
@@ -12,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use rootline_profile::{Profile, SampleType};
 
-pub use pipeline::{Pipeline, Stats};
+pub use outer_cache::OuterCacheStats;
+pub use pipeline::{CallchainStats, Pipeline, Stats};
 
 use crate::perf_event::{
     EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Record, is_sample, parse_record,
@@ -48,17 +50,24 @@ pub struct RecordOptions {
     pub flush_interval: Duration,
     /// Bytes of live process memory that may be read per sample to continue a stack past its
     /// copy (0: never read live memory; the stack ends at the copy with an explicit truncation).
-    /// Off by default for now: the splice check still truncates some stacks of threads that are
-    /// being created, so callers opt in (`rootline record --live-stack-budget`).
+    /// Default [`DEFAULT_LIVE_STACK_BUDGET`].
     pub live_stack_budget: usize,
+    /// Ask the kernel for its frame-pointer walk of the user stack with each sample (up to
+    /// [`MAX_USER_CALLCHAIN`] entries, capped by `kernel.perf_event_max_stack`) and cross-check
+    /// frames read from live memory against it (see [`crate::unwind::callchain`]).
+    pub user_callchain: bool,
 }
 
-/// Suggested per-sample budget for live stack reads: room for a 10,000-deep recursion with 1 KiB
-/// of locals per frame, and more than the default 8 MiB main-thread stack limit.
+/// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
+pub const MAX_USER_CALLCHAIN: u16 = 512;
+
+/// Default per-sample budget for live stack reads: room for a 10,000-deep recursion with 1 KiB
+/// of locals per frame, and more than the default 8 MiB main-thread and thread stack sizes.
 pub const DEFAULT_LIVE_STACK_BUDGET: usize = 32 * 1024 * 1024;
 
 impl RecordOptions {
-    /// Defaults: 999 Hz, 16 KiB of stack, user frames, flush every second.
+    /// Defaults: 999 Hz, 16 KiB of stack copied, up to [`DEFAULT_LIVE_STACK_BUDGET`] read live,
+    /// user frames, flush every second.
     pub fn new(target: Target) -> RecordOptions {
         RecordOptions {
             target,
@@ -67,7 +76,8 @@ impl RecordOptions {
             stack_bytes: 16 * 1024,
             kernel: false,
             flush_interval: Duration::from_secs(1),
-            live_stack_budget: 0,
+            live_stack_budget: DEFAULT_LIVE_STACK_BUDGET,
+            user_callchain: true,
         }
     }
 }
@@ -145,7 +155,7 @@ fn online_cpus() -> Vec<u32> {
 
 /// Ring size: room for about a quarter second of samples at full rate from `cpus` CPUs.
 fn ring_pages(cfg: &EventConfig, cpus: usize) -> usize {
-    let per_sample = cfg.stack_bytes as usize + 256;
+    let per_sample = cfg.stack_bytes as usize + 256 + 8 * cfg.user_callchain as usize;
     let bytes = cfg.frequency_hz as usize * per_sample * cpus / 4;
     (bytes / 4096).clamp(64, 8192).next_power_of_two()
 }
@@ -278,6 +288,13 @@ pub fn record(
         frequency_hz: opts.frequency_hz.max(1),
         stack_bytes: (opts.stack_bytes.clamp(8, 60 * 1024) + 7) & !7,
         kernel: opts.kernel,
+        user_callchain: if opts.user_callchain {
+            crate::perf_event::max_callchain_entries()
+                .unwrap_or(127)
+                .min(MAX_USER_CALLCHAIN)
+        } else {
+            0
+        },
         ring_pages: 0,
     };
     let cpus = online_cpus();
@@ -352,7 +369,9 @@ pub fn record(
         "live_stack_budget".into(),
         opts.live_stack_budget.to_string(),
     );
+    extra.insert("user_callchain".into(), cfg.user_callchain.to_string());
     let live_stack_budget = opts.live_stack_budget;
+    let user_callchain = cfg.user_callchain;
     let period_nanos = match event_kind {
         EventKind::CpuClock => None,
         EventKind::Cycles => Some(1_000_000_000 / i64::from(cfg.frequency_hz)),
@@ -393,6 +412,7 @@ pub fn record(
             .spawn(move || {
                 let mut pipeline = Pipeline::new(kernel, period_nanos);
                 pipeline.set_live_stack_budget(live_stack_budget);
+                pipeline.set_user_callchain(user_callchain);
                 let mut last_flush = Instant::now();
                 loop {
                     let finishing = done.load(Ordering::Acquire);
@@ -473,7 +493,7 @@ pub fn record(
 /// exec on one CPU and the mmaps that follow on another must apply in order), so mappings are
 /// known before the samples that use them; then samples. Returns the number of records handled.
 fn drain_round(events: &mut [PerfEvent], pipeline: &mut Pipeline) -> usize {
-    let kernel = pipeline.kernel();
+    let kernel = pipeline.callchain();
     let mut heads = Vec::with_capacity(events.len());
     let mut count = 0;
     let mut side_band: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -534,6 +554,21 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
             "live.max_sample_bytes".into(),
             stats.live.max_sample_bytes.to_string(),
         );
+    }
+    let cc = &stats.callchain;
+    if cc.checked > 0 {
+        m.extra
+            .insert("callchain.checked".into(), cc.checked.to_string());
+        m.extra.insert(
+            "callchain.confirmed_frames".into(),
+            cc.confirmed_frames.to_string(),
+        );
+        m.extra
+            .insert("callchain.mismatches".into(), cc.mismatches.to_string());
+    }
+    if cc.capped > 0 {
+        m.extra
+            .insert("callchain.capped".into(), cc.capped.to_string());
     }
 }
 

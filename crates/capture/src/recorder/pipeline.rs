@@ -1,7 +1,10 @@
 //! The hot path: records in, raw stacks out.
 //!
 //! Per sample it unwinds to raw addresses and interns them — one raw frame per distinct address
-//! per mapping, one raw trie node per distinct (caller, frame) — then queues the sample.
+//! per mapping, one raw trie node per distinct (caller, frame) — then queues the sample. Frames
+//! past the copied stack are read live only with a proof from [`super::outer_cache`] (which also
+//! hands back the interned outer part of a deep stack that is proven unchanged), and are
+//! cross-checked against the kernel's callchain ([`crate::unwind::callchain`]).
 //! [`Pipeline::take_batch`] hands everything new to the [`super::builder::Builder`], which
 //! symbolizes distinct frames and builds the profile on its own thread.
 
@@ -12,7 +15,9 @@ use std::time::Instant;
 use crate::jit::{JitMaps, JitMemory, JitName};
 use crate::perf_event::{Record, Sample};
 use crate::process::{BinaryFile, Processes, thread_name};
-use crate::unwind::{LiveMemory, Registers, SampleStack, StackEnd, TruncateReason};
+use crate::unwind::{LiveMemory, Registers, SampleStack, StackEnd, TruncateReason, callchain};
+
+use super::outer_cache::{self, Observed, Outer, OuterCache, OuterCacheStats, Plan};
 
 /// Counts kept while recording.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,6 +34,25 @@ pub struct Stats {
     pub live: crate::unwind::live_memory::LiveStats,
     /// Samples unwound with every register tracked (CFI that needs more than rip/rsp/rbp).
     pub full_register_unwinds: u64,
+    /// Cross-checks of live frames against the kernel's frame-pointer callchain.
+    pub callchain: CallchainStats,
+    /// Reuse of the outer part of deep stacks.
+    pub outer_cache: OuterCacheStats,
+}
+
+/// Counts of the kernel callchain cross-check (see [`crate::unwind::callchain`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallchainStats {
+    /// The most entries a callchain may hold (`sample_max_stack`); 0 when not requested.
+    pub max_entries: u16,
+    /// Samples with frames from live memory that were cross-checked.
+    pub checked: u64,
+    /// Live-memory frames confirmed by the kernel's return address at the same stack slot.
+    pub confirmed_frames: u64,
+    /// Samples cut as `stack-changed` because a live frame disagreed with the kernel's.
+    pub mismatches: u64,
+    /// Samples whose callchain was cut at `max_entries` while the stack went deeper.
+    pub capped: u64,
 }
 
 impl Stats {
@@ -128,6 +152,14 @@ pub struct Pipeline {
     /// Frames of the last unwind to symbolize as instructions, not return addresses.
     instruction_frames: Vec<usize>,
     live: Option<LiveMemory>,
+    callchain: bool,
+    /// Each frame's complete unwinder state, for frames inside the copy (see [`Observed`]).
+    states: Vec<(Registers, bool)>,
+    outer: OuterCache,
+    /// Frame index at which the last unwind passed through its thread's cached state.
+    passed_at: Option<usize>,
+    /// Per process: bumped whenever its executable mappings change.
+    space_gen: HashMap<u32, u64>,
 }
 
 impl Pipeline {
@@ -156,7 +188,24 @@ impl Pipeline {
             sps: Vec::new(),
             instruction_frames: Vec::new(),
             live: None,
+            callchain: kernel,
+            states: Vec::new(),
+            outer: OuterCache::default(),
+            passed_at: None,
+            space_gen: HashMap::new(),
         }
+    }
+
+    /// Cross-checks frames read from live memory against the kernel's frame-pointer callchain of
+    /// each sample (requested with at most `max_entries` entries; 0: not requested).
+    pub fn set_user_callchain(&mut self, max_entries: u16) {
+        self.stats.callchain.max_entries = max_entries;
+        self.callchain = self.kernel || max_entries > 0;
+    }
+
+    /// Whether records of this event carry a callchain (kernel frames, user frames, or both).
+    pub fn callchain(&self) -> bool {
+        self.callchain
     }
 
     /// Continues unwinding past each sample's copied stack by reading the live process, at most
@@ -180,9 +229,11 @@ impl Pipeline {
                 pgoff,
                 file_key,
                 filename,
-            } => self
-                .processes
-                .mmap(pid, addr, len, pgoff, file_key, filename),
+            } => {
+                *self.space_gen.entry(pid).or_default() += 1;
+                self.processes
+                    .mmap(pid, addr, len, pgoff, file_key, filename)
+            }
             Record::Comm {
                 pid,
                 tid,
@@ -190,6 +241,7 @@ impl Pipeline {
                 exec,
             } => {
                 if exec {
+                    *self.space_gen.entry(pid).or_default() += 1;
                     self.processes.exec(pid);
                     self.jit.exec(pid);
                     self.exec_times.insert(pid, time);
@@ -200,7 +252,8 @@ impl Pipeline {
             }
             Record::Fork { pid, ppid, .. } => self.processes.fork(pid, ppid),
             Record::Lost(n) => self.stats.lost += n,
-            Record::Exit { .. } | Record::Sample(_) | Record::Other => {}
+            Record::Exit { pid, tid } => self.outer.forget((pid, tid)),
+            Record::Sample(_) | Record::Other => {}
         }
     }
 
@@ -216,24 +269,7 @@ impl Pipeline {
                     node = self.node(node, RawKind::KernelOnly, 0);
                 }
             }
-            Some(regs) => {
-                let sp = regs.sp();
-                let end = self.unwind(s.pid, s.tid, &regs, s.stack);
-                if let StackEnd::Truncated(reason) = end {
-                    *self.stats.truncated.entry(reason).or_default() += 1;
-                    node = self.node(node, RawKind::Truncated(reason), 0);
-                }
-                let addrs = std::mem::take(&mut self.addrs);
-                let copy_end = sp.saturating_add(s.stack.len() as u64);
-                for (i, &addr) in addrs.iter().enumerate().rev() {
-                    let is_return = i > 0 && !self.instruction_frames.contains(&i);
-                    let kind = self.user_kind(s.pid, addr, is_return);
-                    // A return address was read just below its caller's stack pointer.
-                    let live = is_return && self.sps.get(i).is_some_and(|&csp| csp > copy_end);
-                    node = self.node_live(node, kind, addr, live);
-                }
-                self.addrs = addrs;
-            }
+            Some(regs) => node = self.user_stack(s, regs),
         }
         for &ip in s.kernel_ips.iter().rev() {
             node = self.node(node, RawKind::Kernel, ip);
@@ -248,6 +284,107 @@ impl Pipeline {
         });
     }
 
+    /// Unwinds and interns a sample's user stack; returns its leaf node.
+    fn user_stack(&mut self, s: &Sample<'_>, regs: Registers) -> u32 {
+        let key = (s.pid, s.tid);
+        let sp = regs.sp();
+        let copy_end = sp.saturating_add(s.stack.len() as u64);
+        let space_gen = self.space_gen.get(&s.pid).copied().unwrap_or(0);
+        let plan = if self.live.is_some() {
+            self.outer.plan(key, s.time, copy_end, space_gen)
+        } else {
+            Plan::default()
+        };
+        let mut end = self.unwind(s.pid, s.tid, &regs, s.stack, &s.user_ips, plan);
+        let passed = self.passed_at;
+        let used_live = self.sps.last().is_some_and(|&s| s > copy_end);
+        if passed.is_some() && (used_live || end == StackEnd::Stopped) && !self.outer.confirm(key) {
+            // The watch fired: the stack above `B` changed at some point since it was armed,
+            // perhaps before the live reads. Keep only what the copy proves.
+            let keep = self.sps.iter().take_while(|&&s| s <= copy_end).count();
+            self.addrs.truncate(keep.max(1));
+            self.sps.truncate(keep.max(1));
+            end = StackEnd::Truncated(TruncateReason::StackChanged);
+        }
+        let needs_proof = self.live.is_some()
+            && end == StackEnd::Truncated(TruncateReason::StackCopyExhausted)
+            && !s.stack.is_empty();
+        if needs_proof {
+            end = StackEnd::Truncated(TruncateReason::LiveUnproven);
+            // Watch a frame well inside the copy, so that later samples can be proven.
+            let inside = |lim: u64| (1..self.sps.len()).rev().find(|&i| self.sps[i] <= lim);
+            let b = inside(copy_end.saturating_sub(outer_cache::SLACK_BYTES))
+                .or_else(|| inside(copy_end));
+            if let Some(b) = b.filter(|&b| b < self.states.len())
+                && self.outer.should_arm(key, s.time)
+            {
+                self.outer.arm(key, self.states[b], space_gen);
+            }
+        }
+        let addrs = std::mem::take(&mut self.addrs);
+        let mut node = NO_NODE;
+        let mut upto = addrs.len();
+        let mut depth = addrs.len();
+        match (end, plan.reuse) {
+            (StackEnd::Stopped, Some(outer)) => {
+                // The last frame is `B`, already in the cached node with all its callers.
+                node = outer.node;
+                upto -= 1;
+                depth = upto + outer.frames;
+                self.outer.hit(outer.frames);
+            }
+            (StackEnd::Truncated(reason), _) => {
+                *self.stats.truncated.entry(reason).or_default() += 1;
+                node = self.node(node, RawKind::Truncated(reason), 0);
+            }
+            _ => {}
+        }
+        let max = usize::from(self.stats.callchain.max_entries);
+        if max > 0 && s.user_ips.len() >= max && depth > s.user_ips.len() {
+            self.stats.callchain.capped += 1;
+        }
+        // A whole, proven stack read past the copy: keep its part from `B` on.
+        let keep_b = passed.filter(|_| end == StackEnd::Root && used_live);
+        let mut outer_in_files = true;
+        let mut node_at_b = None;
+        for i in (0..upto).rev() {
+            let addr = addrs[i];
+            let is_return = i > 0 && !self.instruction_frames.contains(&i);
+            let kind = self.user_kind(s.pid, addr, is_return);
+            if keep_b.is_some_and(|b| i >= b) {
+                // JIT code is named through maps that change without the stack changing.
+                outer_in_files &= matches!(kind, RawKind::User(m, _)
+                    if self.mappings[m as usize].binary.module.is_some());
+            }
+            // A return address was read just below its caller's stack pointer.
+            let live = is_return && self.sps.get(i).is_some_and(|&csp| csp > copy_end);
+            node = self.node_live(node, kind, addr, live);
+            if keep_b == Some(i) {
+                node_at_b = Some(node);
+            }
+        }
+        if let (Some(b), Some(node), true) = (keep_b, node_at_b, outer_in_files) {
+            // Valid for copies ending between the same two frames (same frames marked live).
+            let sps = &self.sps[b..upto];
+            let lo = sps.iter().rev().find(|&&s| s <= copy_end).copied();
+            let hi = sps.iter().find(|&&s| s > copy_end).copied();
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                let frames = upto - b;
+                self.outer.keep(
+                    key,
+                    Outer {
+                        lo,
+                        hi,
+                        node,
+                        frames,
+                    },
+                );
+            }
+        }
+        self.addrs = addrs;
+        node
+    }
+
     /// Whether the sample caught the thread inside `execve`: in kernel mode, after (or at) an exec
     /// seen in this recording, with user registers that still point into the old image.
     fn in_exec(&mut self, s: &Sample<'_>, ip: u64) -> bool {
@@ -259,8 +396,16 @@ impl Pipeline {
             && self.processes.get(s.pid).space.region(ip).is_none()
     }
 
-    fn unwind(&mut self, pid: u32, tid: u32, regs: &Registers, stack: &[u8]) -> StackEnd {
-        let mut end = self.unwind_once(pid, tid, regs, stack);
+    fn unwind(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        regs: &Registers,
+        stack: &[u8],
+        chain: &[u64],
+        plan: Plan,
+    ) -> StackEnd {
+        let mut end = self.unwind_once(pid, tid, regs, stack, chain, plan);
         // A mapping the tracker has not seen yet (a record still in another ring, or created
         // before attach): re-read /proc/PID/maps, at most every 100 ms per process, and retry.
         if end == StackEnd::Truncated(TruncateReason::UnmappedAddress) {
@@ -272,14 +417,24 @@ impl Pipeline {
             if due {
                 self.refreshed.insert(pid, now);
                 self.processes.refresh(pid);
-                end = self.unwind_once(pid, tid, regs, stack);
+                *self.space_gen.entry(pid).or_default() += 1;
+                end = self.unwind_once(pid, tid, regs, stack, chain, Plan::default());
             }
         }
         end
     }
 
-    fn unwind_once(&mut self, pid: u32, tid: u32, regs: &Registers, stack: &[u8]) -> StackEnd {
+    fn unwind_once(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        regs: &Registers,
+        stack: &[u8],
+        chain: &[u64],
+        plan: Plan,
+    ) -> StackEnd {
         let sp = regs.sp();
+        let copy_end = sp.saturating_add(stack.len() as u64);
         let state = self.processes.get(pid);
         let live = self.live.as_mut().map(|live| {
             live.start(pid, tid, sp.saturating_add(stack.len() as u64), stack);
@@ -293,22 +448,48 @@ impl Pipeline {
             },
             jit: self.jit.process(pid),
         };
+        self.states.clear();
+        self.states.push((*regs, false));
+        let mut observed = Observed {
+            inner: &mut mem,
+            states: &mut self.states,
+            copy_end,
+            proof: plan.proof.map(|st| (st, plan.reuse.is_some())),
+            passed_at: None,
+        };
         let before = state.space.full_register_unwinds();
         let mut end =
             state
                 .space
-                .unwind_with_sps(regs, &mut mem, &mut self.addrs, Some(&mut self.sps));
+                .unwind_with_sps(regs, &mut observed, &mut self.addrs, Some(&mut self.sps));
         self.stats.full_register_unwinds += state.space.full_register_unwinds() - before;
         self.instruction_frames.clear();
         self.instruction_frames
             .extend_from_slice(state.space.instruction_frames());
+        self.passed_at = observed.passed_at;
+        // Frames past the copy came from live memory read after the sample: where the kernel's
+        // walk read the same slot at the sample's instant, the two must agree.
+        let bp = regs.bp();
+        if chain.len() > 1 && self.sps.last().is_some_and(|&s| s > copy_end) {
+            let c = callchain::cross_check(chain, bp, &self.addrs, &self.sps, copy_end, &mut mem);
+            let cc = &mut self.stats.callchain;
+            cc.checked += 1;
+            cc.confirmed_frames += c.joined_live as u64;
+            if let Some(i) = c.mismatch {
+                cc.mismatches += 1;
+                self.addrs.truncate(i);
+                self.sps.truncate(i);
+                self.passed_at = None;
+                end = StackEnd::Truncated(TruncateReason::StackChanged);
+            }
+        }
         if let Some(live) = &self.live {
             self.stats.live = live.stats();
             if live.used() > 0 && !live.thread_alive() {
                 // Keep only the frames the sample's own copy proves.
-                let copy_end = sp.saturating_add(stack.len() as u64);
                 let keep = self.sps.iter().take_while(|&&s| s <= copy_end).count();
                 self.addrs.truncate(keep.max(1));
+                self.passed_at = None;
                 end = StackEnd::Truncated(TruncateReason::ThreadExited);
             }
         }
@@ -406,7 +587,10 @@ impl Pipeline {
             nodes: self.nodes[n..].to_vec(),
             samples: std::mem::take(&mut self.pending),
             names: std::mem::take(&mut self.names),
-            stats: self.stats.clone(),
+            stats: Stats {
+                outer_cache: self.outer.stats,
+                ..self.stats.clone()
+            },
         }
     }
 }

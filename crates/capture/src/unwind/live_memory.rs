@@ -10,8 +10,17 @@
 //! - stops at a per-sample byte budget ([`ReadFailure::Budget`]);
 //! - checks the splice before serving the first read past the copy: the live bytes just below
 //!   the copy's end must equal the copy's, otherwise the thread has moved on since the sample and
-//!   nothing past the copy is trusted ([`ReadFailure::StackChanged`]);
+//!   nothing past the copy is trusted ([`ReadFailure::StackChanged`]); with no copy at all there is
+//!   nothing to splice to and nothing live is read ([`ReadFailure::BeyondCopy`], which the
+//!   unwinder reports as `stack-not-copied`);
 //! - tells a vanished thread ([`ReadFailure::ThreadExited`]) from unreadable memory.
+//!
+//! The splice check is a cheap sanity check, not a proof: a thread that returned past the copy
+//! and called down again the same way leaves identical bytes there above different outer frames.
+//! The proof that live memory still holds the sampled stack is the caller's: the recorder lets
+//! the unwinder read past the copy only after it has passed a frame whose return-address slot a
+//! hardware watchpoint has guarded since before the sample (see `recorder::outer_cache` and
+//! [`super::stack_watch`]).
 //!
 //! The frame-level checks (stack pointer strictly increasing, return addresses right after a
 //! call) stay in the unwinder and apply to live frames exactly as to copied ones.
@@ -136,6 +145,9 @@ impl LiveMemory {
             self.failure = Some(ReadFailure::Budget);
             return false;
         }
+        if self.used == 0 && self.segments.is_empty() {
+            self.stats.samples += 1;
+        }
         let len = self.batch.max(need).min(left) & !(PAGE as usize - 1);
         let len = len.max(need);
         self.batch = (self.batch * 2).min(MAX_BATCH);
@@ -177,8 +189,12 @@ impl LiveMemory {
     fn check_splice(&mut self) -> bool {
         self.splice_checked = true;
         if self.copy_tail.is_empty() {
-            // Nothing copied: no way to tell the live stack is the sampled one.
-            self.failure = Some(ReadFailure::StackChanged);
+            // The kernel copied nothing (the page at the stack pointer was not resident: typically
+            // a new thread's first instructions in `clone3`, whose fresh stack page is untouched).
+            // There is nothing to splice to, so nothing live can be proven to belong to this
+            // sample: the stack ends as it would without a live reader (`stack-not-copied`), not
+            // as a changed stack.
+            self.failure = Some(ReadFailure::BeyondCopy);
             return false;
         }
         let from = self.copy_end - self.copy_tail.len() as u64;
@@ -206,9 +222,6 @@ impl MemoryReader for LiveMemory {
         };
         if self.cached(addr, buf) {
             return true;
-        }
-        if self.used == 0 && self.segments.is_empty() {
-            self.stats.samples += 1;
         }
         let past_copy = addr >= self.copy_end;
         if past_copy && !self.splice_checked && !self.check_splice() {
@@ -297,6 +310,20 @@ mod tests {
         let mut word = [0u8; 8];
         assert!(!live.read(base + 4000, &mut word));
         assert_eq!(live.failure(), Some(ReadFailure::StackChanged));
+    }
+
+    #[test]
+    fn nothing_is_read_when_nothing_was_copied() {
+        let data = vec![7u8; 16 * 1024];
+        let base = data.as_ptr() as u64;
+        let (pid, tid) = me();
+        let mut live = LiveMemory::new(1 << 20);
+        live.start(pid, tid, base, &[]);
+        let mut word = [0u8; 8];
+        assert!(!live.read(base + 64, &mut word));
+        assert_eq!(live.failure(), Some(ReadFailure::BeyondCopy));
+        assert_eq!(live.used(), 0);
+        assert_eq!(live.stats().reads, 0);
     }
 
     #[test]

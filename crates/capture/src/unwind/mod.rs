@@ -8,6 +8,7 @@
 //! increasing, return address right after a call in an executable mapping); a failed step ends
 //! the stack with a [`TruncateReason`] from [`policy`].
 
+pub mod callchain;
 pub mod cfi;
 pub mod full;
 pub mod instr;
@@ -16,6 +17,7 @@ pub mod module;
 mod nocfi;
 pub mod policy;
 pub mod regs;
+pub mod stack_watch;
 #[cfg(test)]
 mod tests;
 
@@ -61,6 +63,15 @@ pub trait Memory {
     /// How many stack bytes the sample carries, when it carries a copy.
     fn copied_len(&self) -> Option<usize> {
         None
+    }
+    /// Called each time the unwinder has recovered a caller frame (index `index` of the
+    /// output, after it was added) with its complete state: the frame's registers and whether
+    /// the walk tracks every register (`full`). The rest of the stack depends only on that state
+    /// and the memory read from there on. False stops the unwind with [`StackEnd::Stopped`]
+    /// (the caller knows the rest). A walk that restarts from the leaf calls it again from
+    /// index 1.
+    fn on_frame(&mut self, _index: usize, _regs: &Registers, _full: bool) -> bool {
+        true
     }
 }
 
@@ -394,6 +405,9 @@ impl AddressSpace {
                 sps.push(regs.sp());
             }
             first = in_signal_trampoline;
+            if !mem.on_frame(out.len() - 1, &regs, full) {
+                return Some(StackEnd::Stopped);
+            }
         }
     }
 

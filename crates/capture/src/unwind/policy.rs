@@ -40,11 +40,15 @@ pub enum TruncateReason {
     /// The live stack no longer matches the sample's copy at the splice point: the thread moved
     /// on between the copy and the read, so frames beyond the copy cannot be trusted.
     StackChanged,
+    /// Frames past the copy would have to come from live memory, but nothing proves that memory
+    /// still holds the sampled stack: no write watchpoint on the thread's stack was in place
+    /// from before the sample (its first deep sample, or the first after its stack changed).
+    LiveUnproven,
 }
 
 impl TruncateReason {
     /// Every reason, for reporting.
-    pub const ALL: [TruncateReason; 14] = [
+    pub const ALL: [TruncateReason; 15] = [
         TruncateReason::StackCopyExhausted,
         TruncateReason::StackNotCopied,
         TruncateReason::UnreadableStack,
@@ -59,6 +63,7 @@ impl TruncateReason {
         TruncateReason::Budget,
         TruncateReason::ThreadExited,
         TruncateReason::StackChanged,
+        TruncateReason::LiveUnproven,
     ];
 
     /// The short name used in the frame (`[truncated: <name>]`) and in `truncated.<name>` counts.
@@ -78,6 +83,7 @@ impl TruncateReason {
             TruncateReason::Budget => "budget",
             TruncateReason::ThreadExited => "thread-exited",
             TruncateReason::StackChanged => "stack-changed",
+            TruncateReason::LiveUnproven => "live-unproven",
         }
     }
 
@@ -150,4 +156,7 @@ pub enum StackEnd {
     Root,
     /// The stack ends early, for this reason.
     Truncated(TruncateReason),
+    /// The memory's frame observer stopped the unwind at the last frame added
+    /// ([`super::Memory::on_frame`]): the caller knows the stack from there on.
+    Stopped,
 }
