@@ -209,7 +209,7 @@ fn coreclr_precompiled_frames_are_named_from_the_image() {
     assert!(v.program_samples * 100 >= v.samples * 95, "program samples");
     let corelib_frames = dotnet::CoreLibFrames::collect(&recording.profile, &corelib.path);
     corelib_frames.print();
-    corelib_frames.assert_named_and_true(5000);
+    corelib_frames.assert_named_and_true(2000);
 }
 
 /// Runs `exe` with perf maps on and `env`, waits `seconds` after `ready`, and returns the

@@ -145,5 +145,5 @@ fn precompiled_frames_are_named_inside_a_pid_and_mount_namespace() {
     v.assert_whole_and_true();
     let frames = dotnet::CoreLibFrames::collect(&recording.profile, &corelib);
     frames.print();
-    frames.assert_named_and_true(1000);
+    frames.assert_named_and_true(500);
 }

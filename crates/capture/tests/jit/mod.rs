@@ -81,8 +81,10 @@ pub struct Rate {
     pub stack_kib: u32,
 }
 
-/// Records `pid` at `rate`, checks every stack against `graph`, prints the counts under `what`
-/// and asserts that at least `min_program_samples` samples were in the program.
+/// Records `pid` at `rate` and checks every stack against `graph`, again (up to four
+/// recordings in all) until at least `min_program_samples` samples were in the program — on a
+/// busy machine the target gets less CPU and so fewer samples per second. Prints the counts
+/// under `what`, asserts the minimum, and returns the last recording with the verdict over all.
 pub fn record_and_check(
     what: &str,
     pid: u32,
@@ -90,15 +92,22 @@ pub fn record_and_check(
     graph: &Graph<'_>,
     min_program_samples: u64,
 ) -> (Recording, Verdict) {
-    let recording = record_pid(pid, rate.hz, rate.seconds, rate.stack_kib);
-    let v = check(&recording.profile, graph);
-    v.print(what);
-    assert!(
-        v.program_samples >= min_program_samples,
-        "{what}: {} program samples, want at least {min_program_samples}",
-        v.program_samples
-    );
-    (recording, v)
+    let mut total = Verdict::default();
+    let mut recordings = 0;
+    loop {
+        let recording = record_pid(pid, rate.hz, rate.seconds, rate.stack_kib);
+        total.add(check(&recording.profile, graph));
+        recordings += 1;
+        if total.program_samples >= min_program_samples || recordings == 4 {
+            total.print(&format!("{what} ({recordings} recording(s))"));
+            assert!(
+                total.program_samples >= min_program_samples,
+                "{what}: {} program samples, want at least {min_program_samples}",
+                total.program_samples
+            );
+            return (recording, total);
+        }
+    }
 }
 
 /// A running target, killed when dropped.
@@ -225,6 +234,24 @@ impl Verdict {
         assert_eq!(self.not_rooted, 0, "stacks not reaching the thread root");
         assert_eq!(self.truncated, 0, "truncated stacks");
         assert_eq!(self.wrong_recursion, 0, "wrong recursion counts");
+    }
+
+    /// Adds the counts of another check.
+    pub fn add(&mut self, other: Verdict) {
+        self.samples += other.samples;
+        self.program_samples += other.program_samples;
+        self.unnamed += other.unnamed;
+        self.invented += other.invented;
+        self.impossible_edges += other.impossible_edges;
+        self.not_reaching_entry += other.not_reaching_entry;
+        self.not_rooted += other.not_rooted;
+        self.truncated += other.truncated;
+        self.wrong_recursion += other.wrong_recursion;
+        self.exact_recursion += other.exact_recursion;
+        for (k, n) in other.kinds {
+            *self.kinds.entry(k).or_default() += n;
+        }
+        self.examples.extend(other.examples);
     }
 
     /// Prints the counts.
