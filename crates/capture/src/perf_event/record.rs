@@ -162,14 +162,20 @@ fn parse(data: &[u8], callchain: bool) -> Option<Record<'_>> {
                 }
             }
             let abi = c.u64()?;
-            let user_regs = if abi == b::PERF_SAMPLE_REGS_ABI_64 as u64 {
+            // With any ABI but "none" the kernel writes one value per requested register; only
+            // 64-bit processes' are unwound.
+            let user_regs = if abi == u64::from(b::PERF_SAMPLE_REGS_ABI_NONE) {
+                None
+            } else {
                 let mut values = [0u64; regs::COUNT];
                 for v in &mut values {
                     *v = c.u64()?;
                 }
-                Registers::from_perf(&values)
-            } else {
-                None
+                if abi == u64::from(b::PERF_SAMPLE_REGS_ABI_64) {
+                    Registers::from_perf(&values)
+                } else {
+                    None
+                }
             };
             let size = c.u64()? as usize;
             let raw = c.bytes(size)?;
@@ -293,6 +299,16 @@ mod tests {
         assert_eq!(r.get(RIP), Some(0x108));
         assert_eq!(r.get(15), Some(0x110));
         assert_eq!((s.pid, s.tid, s.stack), (7, 8, &stack[..]));
+        // A 32-bit process's registers are skipped, not read as the stack size.
+        let mut compat = bytes.clone();
+        let abi_at = 8 + 5 * 8;
+        compat[abi_at..abi_at + 8]
+            .copy_from_slice(&u64::from(b::PERF_SAMPLE_REGS_ABI_32).to_le_bytes());
+        let Record::Sample(s) = parse_record(&compat, false) else {
+            panic!("not parsed as a sample");
+        };
+        assert!(s.user_regs.is_none());
+        assert_eq!(s.stack, &stack[..]);
         // A record cut inside the registers is not a sample.
         assert!(matches!(
             parse_record(&sample_bytes(&regs[..10], &[]), false),
