@@ -281,3 +281,84 @@ impl Memory for Observed<'_, '_> {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn me() -> (u32, u32) {
+        // SAFETY: gettid has no preconditions.
+        (std::process::id(), unsafe { libc::gettid() } as u32)
+    }
+
+    #[test]
+    fn a_proof_covers_only_later_samples_whose_copy_holds_b_until_the_slot_is_written() {
+        // `B`'s return-address slot is this word; `B`'s stack pointer is just above it.
+        let slot = Box::new([AtomicU64::new(1), AtomicU64::new(2)]);
+        let sp_b = &slot[1] as *const AtomicU64 as u64;
+        let key = me();
+        let state = (Registers::new(0x40_1000, sp_b, sp_b + 64), false);
+        let mut cache = OuterCache::default();
+        cache.arm(key, state, 7);
+        assert_eq!(cache.stats.armed, 1, "breakpoint events work here");
+        let armed_at = cache.entries[&key].watch.armed_at();
+
+        // Taken before the watch was in place: nothing proves it.
+        let early = cache.plan(key, armed_at - 1, sp_b + 4096, 7);
+        assert!(early.proof.is_none());
+        assert!(
+            !cache.should_arm(key, armed_at - 1),
+            "no re-arming for queued samples"
+        );
+        // A later sample whose copy ends below `B`: its live reads would start below `B`.
+        assert!(cache.plan(key, armed_at + 1, sp_b - 8, 7).proof.is_none());
+        // A later sample whose copy holds `B`'s slot: proven, not yet cached.
+        let plan = cache.plan(key, armed_at + 1, sp_b + 4096, 7);
+        assert_eq!(plan.proof, Some(state));
+        assert!(plan.reuse.is_none());
+        assert!(cache.confirm(key));
+        let outer = Outer {
+            lo: sp_b + 4000,
+            hi: sp_b + 5000,
+            node: 42,
+            frames: 9_000,
+        };
+        cache.keep(key, outer);
+        assert_eq!(
+            cache.plan(key, armed_at + 2, sp_b + 4096, 7).reuse,
+            Some(outer)
+        );
+        // A copy ending elsewhere would mark other frames as live: proven but not reused.
+        let other = cache.plan(key, armed_at + 2, sp_b + 6000, 7);
+        assert!(other.proof.is_some() && other.reuse.is_none());
+        // Changed mappings drop the entry.
+        assert!(
+            cache
+                .plan(key, armed_at + 3, sp_b + 4096, 8)
+                .proof
+                .is_none()
+        );
+        assert_eq!(cache.stats.invalidated, 1);
+
+        // A write to the slot (even of the same value) drops it too.
+        cache.arm(key, state, 7);
+        let armed_at = cache.entries[&key].watch.armed_at();
+        assert!(
+            cache
+                .plan(key, armed_at + 1, sp_b + 4096, 7)
+                .proof
+                .is_some()
+        );
+        slot[0].store(1, Ordering::SeqCst);
+        assert!(
+            cache
+                .plan(key, armed_at + 2, sp_b + 4096, 7)
+                .proof
+                .is_none()
+        );
+        assert!(!cache.confirm(key));
+        assert_eq!(cache.stats.invalidated, 2);
+        assert!(cache.should_arm(key, armed_at + 2));
+    }
+}
