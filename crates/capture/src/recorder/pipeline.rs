@@ -158,6 +158,8 @@ pub struct Pipeline {
     outer: OuterCache,
     /// Frame index at which the last unwind passed through its thread's cached state.
     passed_at: Option<usize>,
+    /// The cached outer part the last unwind stopped for.
+    reused: Option<Outer>,
     /// Per process: bumped whenever its executable mappings change.
     space_gen: HashMap<u32, u64>,
 }
@@ -192,6 +194,7 @@ impl Pipeline {
             states: Vec::new(),
             outer: OuterCache::default(),
             passed_at: None,
+            reused: None,
             space_gen: HashMap::new(),
         }
     }
@@ -325,7 +328,7 @@ impl Pipeline {
         let mut node = NO_NODE;
         let mut upto = addrs.len();
         let mut depth = addrs.len();
-        match (end, plan.reuse) {
+        match (end, self.reused) {
             (StackEnd::Stopped, Some(outer)) => {
                 // The last frame is `B`, already in the cached node with all its callers.
                 node = outer.node;
@@ -368,11 +371,12 @@ impl Pipeline {
             let sps = &self.sps[b..upto];
             let lo = sps.iter().rev().find(|&&s| s <= copy_end).copied();
             let hi = sps.iter().find(|&&s| s > copy_end).copied();
-            if let (Some(lo), Some(hi)) = (lo, hi) {
+            if let (Some(lo), Some(hi), Some(&state)) = (lo, hi, self.states.get(b)) {
                 let frames = upto - b;
                 self.outer.keep(
                     key,
                     Outer {
+                        state,
                         lo,
                         hi,
                         node,
@@ -454,8 +458,9 @@ impl Pipeline {
             inner: &mut mem,
             states: &mut self.states,
             copy_end,
-            proof: plan.proof.map(|st| (st, plan.reuse.is_some())),
+            proof: plan.proof.map(|sp_b| (sp_b, plan.reuse)),
             passed_at: None,
+            reused: None,
         };
         let before = state.space.full_register_unwinds();
         let mut end =
@@ -467,6 +472,7 @@ impl Pipeline {
         self.instruction_frames
             .extend_from_slice(state.space.instruction_frames());
         self.passed_at = observed.passed_at;
+        self.reused = observed.reused;
         // Frames past the copy came from live memory read after the sample: where the kernel's
         // walk read the same slot at the sample's instant, the two must agree.
         let bp = regs.bp();
