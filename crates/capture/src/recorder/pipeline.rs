@@ -299,15 +299,27 @@ impl Pipeline {
             Plan::default()
         };
         let mut end = self.unwind(s.pid, s.tid, &regs, s.stack, &s.user_ips, plan);
-        let passed = self.passed_at;
+        let mut passed = self.passed_at;
         let used_live = self.sps.last().is_some_and(|&s| s > copy_end);
-        if passed.is_some() && (used_live || end == StackEnd::Stopped) && !self.outer.confirm(key) {
+        let beyond_copy = used_live || end == StackEnd::Stopped;
+        let copy_only = |p: &mut Pipeline, reason| {
+            // Keep only what the copy proves.
+            let keep = p.sps.iter().take_while(|&&s| s <= copy_end).count();
+            p.addrs.truncate(keep.max(1));
+            p.sps.truncate(keep.max(1));
+            p.reused = None;
+            StackEnd::Truncated(reason)
+        };
+        if passed.is_some_and(|b| self.instruction_frames.contains(&b)) && beyond_copy {
+            // `B`'s stack pointer reached as a signal-interrupted instruction, not through a
+            // call that wrote the watched slot: the proof does not apply.
+            passed = None;
+            end = copy_only(self, TruncateReason::LiveUnproven);
+        } else if passed.is_some() && beyond_copy && !self.outer.confirm(key) {
             // The watch fired: the stack above `B` changed at some point since it was armed,
-            // perhaps before the live reads. Keep only what the copy proves.
-            let keep = self.sps.iter().take_while(|&&s| s <= copy_end).count();
-            self.addrs.truncate(keep.max(1));
-            self.sps.truncate(keep.max(1));
-            end = StackEnd::Truncated(TruncateReason::StackChanged);
+            // perhaps before the live reads.
+            passed = None;
+            end = copy_only(self, TruncateReason::StackChanged);
         }
         let needs_proof = self.live.is_some()
             && end == StackEnd::Truncated(TruncateReason::StackCopyExhausted)
