@@ -399,3 +399,47 @@ fn outer_frames_are_proven_when_the_outer_stack_changes() {
         assert!(c.invalidated > 0, "{name}: phase changes invalidated it");
     }
 }
+
+/// A shallow stack longer than the copy (a 24 KiB frame over a busy loop): the frames just
+/// inside the copy are re-entered all the time, but the watch sits on the long-lived frame and
+/// the proof holds whatever the leaf's registers, so nearly every stack is whole; the rest (the
+/// samples queued before the first watch) end explicitly.
+#[test]
+fn a_busy_loop_under_a_large_frame_is_whole() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = build_source(
+        "bigframe.c",
+        "bigframe",
+        &["-O2", "-fno-omit-frame-pointer", "-DKIB=24"],
+    );
+    let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "4".into()]));
+    opts.frequency_hz = 4_000;
+    let stop = AtomicBool::new(false);
+    let recording = record(&opts, &stop, None).expect("recording works");
+    let p = &recording.profile;
+    let mut frames = Vec::new();
+    let (mut in_work, mut whole, mut truncated) = (0u64, 0u64, 0u64);
+    for i in 0..p.samples().len() {
+        p.stack_frames_root_first(p.samples().stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| p.frame_name(f)).collect();
+        if !names.contains(&"work") {
+            continue;
+        }
+        in_work += 1;
+        if names[0].starts_with("[truncated") {
+            truncated += 1;
+        } else if names.starts_with(&["_start"]) && names.get(3..5) == Some(&["main", "big"]) {
+            whole += 1;
+        }
+    }
+    println!(
+        "bigframe: in_work={in_work} whole={whole} truncated={truncated} {:?} {:?}",
+        recording.stats.truncated, recording.stats.outer_cache
+    );
+    assert!(in_work >= 1_000, "only {in_work} samples in work");
+    assert_eq!(whole + truncated, in_work, "every stack whole or marked");
+    assert!(
+        truncated * 20 <= in_work,
+        "{truncated} of {in_work} stacks truncated"
+    );
+}

@@ -9,11 +9,14 @@
 //! 1. A sample that needs live memory and has no proof ends `[truncated: live-unproven]` at its
 //!    copy, and arms a watchpoint at a frame `B` well inside its copy ([`Phase::Armed`]).
 //! 2. A later sample, taken after arming, whose copy holds `B`'s slot and whose unwind passes
-//!    through exactly `B`'s state may read live memory past `B`; if the watch is still untouched
-//!    after those reads, its frames are proven (else they are cut as `stack-changed`).
-//! 3. The trie node of `B` and everything above it, from such a proven sample, is kept
-//!    ([`Phase::Ready`]); later proven samples stop at `B` and reuse it, so a sample of a
-//!    10,000-deep recursion costs about what its changed inner part costs.
+//!    through a caller frame at `B`'s stack pointer may read live memory past it (that frame was
+//!    entered by a call writing the watched slot, so it is the same activation as at arming);
+//!    if the watch is still untouched after those reads, its frames are proven (else they are
+//!    cut as `stack-changed`).
+//! 3. The trie node of `B` and everything above it, from such a proven sample, is kept with
+//!    the unwinder's complete state at `B` ([`Phase::Ready`]); later proven samples that reach
+//!    `B` in exactly that state stop there and reuse it, so a sample of a 10,000-deep recursion
+//!    costs about what its changed inner part costs.
 //!
 //! Anything else (mappings changed, thread exited, watch fired) drops the entry; the next
 //! sample that needs live memory arms a new one. Each arming costs the target at most one
@@ -54,6 +57,8 @@ pub struct OuterCacheStats {
 /// are marked as read from live memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Outer {
+    /// The unwinder's complete state at `B` when this part was unwound.
+    pub state: State,
     pub lo: u64,
     pub hi: u64,
     /// The trie node of `B` with everything above it.
@@ -63,7 +68,7 @@ pub(crate) struct Outer {
 }
 
 /// Most [`Outer`] variants kept per thread.
-const MAX_VARIANTS: usize = 4;
+pub(crate) const MAX_VARIANTS: usize = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -97,10 +102,12 @@ pub(crate) struct OuterCache {
 /// What a sample may do, decided before unwinding.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Plan {
-    /// The state at `B`: live reads are allowed once the unwind has passed through it.
-    pub proof: Option<State>,
-    /// Stop at `B` and use this cached outer part.
-    pub reuse: Option<Outer>,
+    /// `B`'s stack pointer: live reads are allowed once the unwind has passed a caller frame
+    /// there.
+    pub proof: Option<u64>,
+    /// Cached outer parts valid for this sample's copy: stop at `B` and use the one whose state
+    /// the unwind reaches there.
+    pub reuse: [Option<Outer>; MAX_VARIANTS],
 }
 
 impl OuterCache {
@@ -121,15 +128,17 @@ impl OuterCache {
         if time <= e.watch.armed_at() || copy_end < e.state.0.sp() {
             return Plan::default();
         }
-        let reuse = match &e.phase {
-            Phase::Ready(outers) => outers
-                .iter()
-                .find(|o| (o.lo..o.hi).contains(&copy_end))
-                .copied(),
-            Phase::Armed => None,
-        };
+        let mut reuse = [None; MAX_VARIANTS];
+        if let Phase::Ready(outers) = &e.phase {
+            for (slot, o) in reuse
+                .iter_mut()
+                .zip(outers.iter().filter(|o| (o.lo..o.hi).contains(&copy_end)))
+            {
+                *slot = Some(*o);
+            }
+        }
         Plan {
-            proof: Some(e.state),
+            proof: Some(e.state.0.sp()),
             reuse,
         }
     }
@@ -233,10 +242,12 @@ pub(crate) struct Observed<'m, 'a> {
     pub states: &'m mut Vec<State>,
     /// End of the sample's copied stack.
     pub copy_end: u64,
-    /// The state at `B`, and whether to stop there.
-    pub proof: Option<(State, bool)>,
-    /// Index of the frame at which the unwind passed through `B`'s state.
+    /// `B`'s stack pointer, and the cached outer parts to stop for there.
+    pub proof: Option<(u64, [Option<Outer>; MAX_VARIANTS])>,
+    /// Index of the frame at which the unwind passed `B`.
     pub passed_at: Option<usize>,
+    /// The cached outer part the unwind stopped for.
+    pub reused: Option<Outer>,
 }
 
 impl Memory for Observed<'_, '_> {
@@ -266,18 +277,102 @@ impl Memory for Observed<'_, '_> {
             // A (re)started walk.
             self.states.truncate(1);
             self.passed_at = None;
+            self.reused = None;
         }
         let state = (*regs, full);
         if regs.sp() <= self.copy_end && self.states.len() == index {
             self.states.push(state);
         }
-        if let Some((b, stop)) = self.proof
-            && b == state
+        if let Some((sp_b, reuse)) = &self.proof
+            && regs.sp() == *sp_b
             && self.passed_at.is_none()
         {
             self.passed_at = Some(index);
-            return !stop;
+            self.reused = reuse.iter().flatten().find(|o| o.state == state).copied();
+            return self.reused.is_none();
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn me() -> (u32, u32) {
+        // SAFETY: gettid has no preconditions.
+        (std::process::id(), unsafe { libc::gettid() } as u32)
+    }
+
+    #[test]
+    fn a_proof_covers_only_later_samples_whose_copy_holds_b_until_the_slot_is_written() {
+        // `B`'s return-address slot is this word; `B`'s stack pointer is just above it.
+        let slot = Box::new([AtomicU64::new(1), AtomicU64::new(2)]);
+        let sp_b = &slot[1] as *const AtomicU64 as u64;
+        let key = me();
+        let state = (Registers::new(0x40_1000, sp_b, sp_b + 64), false);
+        let mut cache = OuterCache::default();
+        cache.arm(key, state, 7);
+        assert_eq!(cache.stats.armed, 1, "breakpoint events work here");
+        let armed_at = cache.entries[&key].watch.armed_at();
+
+        // Taken before the watch was in place: nothing proves it.
+        let early = cache.plan(key, armed_at - 1, sp_b + 4096, 7);
+        assert!(early.proof.is_none());
+        assert!(
+            !cache.should_arm(key, armed_at - 1),
+            "no re-arming for queued samples"
+        );
+        // A later sample whose copy ends below `B`: its live reads would start below `B`.
+        assert!(cache.plan(key, armed_at + 1, sp_b - 8, 7).proof.is_none());
+        // A later sample whose copy holds `B`'s slot: proven, not yet cached.
+        let plan = cache.plan(key, armed_at + 1, sp_b + 4096, 7);
+        assert_eq!(plan.proof, Some(sp_b));
+        assert!(plan.reuse.iter().all(Option::is_none));
+        assert!(cache.confirm(key));
+        let outer = Outer {
+            state,
+            lo: sp_b + 4000,
+            hi: sp_b + 5000,
+            node: 42,
+            frames: 9_000,
+        };
+        cache.keep(key, outer);
+        assert_eq!(
+            cache.plan(key, armed_at + 2, sp_b + 4096, 7).reuse[0],
+            Some(outer)
+        );
+        // A copy ending elsewhere would mark other frames as live: proven but not reused.
+        let other = cache.plan(key, armed_at + 2, sp_b + 6000, 7);
+        assert!(other.proof.is_some() && other.reuse.iter().all(Option::is_none));
+        // Changed mappings drop the entry.
+        assert!(
+            cache
+                .plan(key, armed_at + 3, sp_b + 4096, 8)
+                .proof
+                .is_none()
+        );
+        assert_eq!(cache.stats.invalidated, 1);
+
+        // A write to the slot (even of the same value) drops it too.
+        cache.arm(key, state, 7);
+        let armed_at = cache.entries[&key].watch.armed_at();
+        assert!(
+            cache
+                .plan(key, armed_at + 1, sp_b + 4096, 7)
+                .proof
+                .is_some()
+        );
+        slot[0].store(1, Ordering::SeqCst);
+        assert!(
+            cache
+                .plan(key, armed_at + 2, sp_b + 4096, 7)
+                .proof
+                .is_none()
+        );
+        assert!(!cache.confirm(key));
+        assert_eq!(cache.stats.invalidated, 2);
+        assert!(cache.should_arm(key, armed_at + 2));
     }
 }

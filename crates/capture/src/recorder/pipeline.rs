@@ -158,6 +158,8 @@ pub struct Pipeline {
     outer: OuterCache,
     /// Frame index at which the last unwind passed through its thread's cached state.
     passed_at: Option<usize>,
+    /// The cached outer part the last unwind stopped for.
+    reused: Option<Outer>,
     /// Per process: bumped whenever its executable mappings change.
     space_gen: HashMap<u32, u64>,
 }
@@ -192,6 +194,7 @@ impl Pipeline {
             states: Vec::new(),
             outer: OuterCache::default(),
             passed_at: None,
+            reused: None,
             space_gen: HashMap::new(),
         }
     }
@@ -296,15 +299,27 @@ impl Pipeline {
             Plan::default()
         };
         let mut end = self.unwind(s.pid, s.tid, &regs, s.stack, &s.user_ips, plan);
-        let passed = self.passed_at;
+        let mut passed = self.passed_at;
         let used_live = self.sps.last().is_some_and(|&s| s > copy_end);
-        if passed.is_some() && (used_live || end == StackEnd::Stopped) && !self.outer.confirm(key) {
+        let beyond_copy = used_live || end == StackEnd::Stopped;
+        let copy_only = |p: &mut Pipeline, reason| {
+            // Keep only what the copy proves.
+            let keep = p.sps.iter().take_while(|&&s| s <= copy_end).count();
+            p.addrs.truncate(keep.max(1));
+            p.sps.truncate(keep.max(1));
+            p.reused = None;
+            StackEnd::Truncated(reason)
+        };
+        if passed.is_some_and(|b| self.instruction_frames.contains(&b)) && beyond_copy {
+            // `B`'s stack pointer reached as a signal-interrupted instruction, not through a
+            // call that wrote the watched slot: the proof does not apply.
+            passed = None;
+            end = copy_only(self, TruncateReason::LiveUnproven);
+        } else if passed.is_some() && beyond_copy && !self.outer.confirm(key) {
             // The watch fired: the stack above `B` changed at some point since it was armed,
-            // perhaps before the live reads. Keep only what the copy proves.
-            let keep = self.sps.iter().take_while(|&&s| s <= copy_end).count();
-            self.addrs.truncate(keep.max(1));
-            self.sps.truncate(keep.max(1));
-            end = StackEnd::Truncated(TruncateReason::StackChanged);
+            // perhaps before the live reads.
+            passed = None;
+            end = copy_only(self, TruncateReason::StackChanged);
         }
         let needs_proof = self.live.is_some()
             && end == StackEnd::Truncated(TruncateReason::StackCopyExhausted)
@@ -325,7 +340,7 @@ impl Pipeline {
         let mut node = NO_NODE;
         let mut upto = addrs.len();
         let mut depth = addrs.len();
-        match (end, plan.reuse) {
+        match (end, self.reused) {
             (StackEnd::Stopped, Some(outer)) => {
                 // The last frame is `B`, already in the cached node with all its callers.
                 node = outer.node;
@@ -368,11 +383,12 @@ impl Pipeline {
             let sps = &self.sps[b..upto];
             let lo = sps.iter().rev().find(|&&s| s <= copy_end).copied();
             let hi = sps.iter().find(|&&s| s > copy_end).copied();
-            if let (Some(lo), Some(hi)) = (lo, hi) {
+            if let (Some(lo), Some(hi), Some(&state)) = (lo, hi, self.states.get(b)) {
                 let frames = upto - b;
                 self.outer.keep(
                     key,
                     Outer {
+                        state,
                         lo,
                         hi,
                         node,
@@ -454,8 +470,9 @@ impl Pipeline {
             inner: &mut mem,
             states: &mut self.states,
             copy_end,
-            proof: plan.proof.map(|st| (st, plan.reuse.is_some())),
+            proof: plan.proof.map(|sp_b| (sp_b, plan.reuse)),
             passed_at: None,
+            reused: None,
         };
         let before = state.space.full_register_unwinds();
         let mut end =
@@ -467,6 +484,7 @@ impl Pipeline {
         self.instruction_frames
             .extend_from_slice(state.space.instruction_frames());
         self.passed_at = observed.passed_at;
+        self.reused = observed.reused;
         // Frames past the copy came from live memory read after the sample: where the kernel's
         // walk read the same slot at the sample's instant, the two must agree.
         let bp = regs.bp();
