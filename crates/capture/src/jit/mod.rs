@@ -272,8 +272,11 @@ impl JitProcess {
         {
             let new = info.images[self.images_done..].to_vec();
             self.images_done = info.images.len();
+            let mut maps = None;
             for image in new.iter().filter(|i| i.base != 0) {
-                self.load_image(image);
+                let maps = maps
+                    .get_or_insert_with(|| crate::process::read_maps(self.pid).unwrap_or_default());
+                self.load_image(image, maps);
             }
         }
     }
@@ -282,10 +285,9 @@ impl JitProcess {
     /// image's file mapped from offset 0 at the perfinfo base (a perfinfo file left behind by an
     /// earlier process with the same pid names other images). The image is read once for all
     /// processes, through `/proc/PID/map_files` (the very file mapped) or else the target's
-    /// root (its mount namespace).
-    fn load_image(&mut self, image: &perfinfo::ImageLoad) {
+    /// root (its mount namespace). `maps`: the process's mappings, read once for the new loads.
+    fn load_image(&mut self, image: &perfinfo::ImageLoad, maps: &[crate::process::MapsEntry]) {
         let pid = self.pid;
-        let maps = crate::process::read_maps(pid).unwrap_or_default();
         let mapped = maps.iter().find(|m| m.start == image.base && m.offset == 0);
         let result = match mapped {
             None => Err(format!("not mapped at its perfinfo base {:#x}", image.base)),

@@ -104,8 +104,7 @@ impl CfiIndex {
     /// Whether `svma` lies in a signal trampoline (an FDE whose CIE has the `S` augmentation,
     /// e.g. glibc's `__restore_rt`): its caller frame was interrupted, not calling.
     pub fn is_signal_trampoline(&self, svma: u64) -> bool {
-        let i = self.signal.partition_point(|r| r.0 <= svma);
-        self.signal[..i].iter().rev().take(4).any(|r| svma < r.1)
+        in_ranges(&self.signal, svma)
     }
 
     /// The FDE start addresses, sorted.
@@ -143,14 +142,20 @@ impl CfiIndex {
     /// Whether the row at `svma` needs registers framehop does not track (or could not be
     /// parsed), so only the full-register evaluator may unwind it.
     pub fn needs_full_registers(&self, svma: u64) -> bool {
-        let i = self.full.partition_point(|r| r.0 <= svma);
-        self.full[..i].iter().rev().take(4).any(|r| svma < r.1)
+        in_ranges(&self.full, svma)
     }
 
     /// Address ranges that need full-register evaluation (merged where adjacent).
     pub fn full_register_ranges(&self) -> &[(u64, u64)] {
         &self.full
     }
+}
+
+/// Whether one of `ranges` (sorted by start) holds `svma`. Ranges may nest or overlap (rare);
+/// only the few that start at or before `svma` are checked.
+fn in_ranges(ranges: &[(u64, u64)], svma: u64) -> bool {
+    let i = ranges.partition_point(|r| r.0 <= svma);
+    ranges[..i].iter().rev().take(4).any(|r| svma < r.1)
 }
 
 /// Appends `start..end`, merging it into the previous range when they touch.

@@ -210,6 +210,9 @@ fn restore(
     }
 }
 
+/// The most operations one CFI expression may execute.
+const MAX_OPERATIONS: u32 = 1000;
+
 /// Evaluates a DWARF expression to an address, with `initial` pushed first (the CFA, for
 /// register rules), registers from `regs` and memory from the stack.
 fn evaluate(
@@ -227,8 +230,10 @@ fn evaluate(
     if let Some(v) = initial {
         eval.set_initial_value(v);
     }
+    // Expressions in CFI are short; bounds on the operations executed (a branch may loop) and
+    // on the registers and memory asked for keep a malformed expression from spinning.
+    eval.set_max_iterations(MAX_OPERATIONS);
     let mut state = eval.evaluate().map_err(|_| TruncateReason::CfiError)?;
-    // Expressions in CFI are short; a bound keeps a malformed loop from spinning.
     for _ in 0..64 {
         state = match state {
             EvaluationResult::Complete => {
@@ -269,4 +274,30 @@ fn evaluate(
         .map_err(|_| TruncateReason::CfiError)?;
     }
     Err(TruncateReason::CfiError)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoStack;
+
+    impl Memory for NoStack {
+        fn read_stack_u64(&mut self, _addr: u64) -> Result<u64, super::super::ReadFailure> {
+            Err(super::super::ReadFailure::Unreadable)
+        }
+    }
+
+    fn eval(bytes: &[u8]) -> Result<u64, TruncateReason> {
+        let expr = gimli::Expression(EndianSlice::new(bytes, LittleEndian));
+        evaluate(expr, Some(0x1000), &Registers::new(1, 2, 3), &mut NoStack)
+    }
+
+    #[test]
+    fn an_expression_that_branches_to_itself_is_an_error_not_a_hang() {
+        // DW_OP_lit8; DW_OP_plus: CFA + 8.
+        assert_eq!(eval(&[0x38, 0x22]), Ok(0x1008));
+        // DW_OP_skip -3: jumps back to itself forever.
+        assert_eq!(eval(&[0x2f, 0xfd, 0xff]), Err(TruncateReason::CfiError));
+    }
 }

@@ -441,8 +441,8 @@ impl AddressSpace {
             debug,
             svma,
         };
-        let signal = module.cfi(debug).is_signal_trampoline(svma);
         if full {
+            let signal = module.cfi(debug).is_signal_trampoline(svma);
             let ra = self.evaluator.step(at, first, regs, mem)?;
             return Ok(ra.map(|ra| (ra, signal)));
         }

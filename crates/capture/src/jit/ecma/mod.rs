@@ -185,6 +185,9 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     ))
 }
 
+/// The most columns a table has (Assembly, AssemblyRef).
+const MAX_COLUMNS: usize = 9;
+
 /// One table's place in the `#~` stream.
 #[derive(Debug, Clone, Copy, Default)]
 struct Table {
@@ -192,6 +195,8 @@ struct Table {
     /// Offset of the first row, from the start of the metadata.
     start: usize,
     row_size: usize,
+    /// Width in bytes (2 or 4) of each column of [`schema`], 0 past the last.
+    widths: [u8; MAX_COLUMNS],
 }
 
 /// Parsed metadata of one assembly, borrowing its bytes.
@@ -201,10 +206,6 @@ pub struct Metadata<'a> {
     strings: &'a [u8],
     blobs: &'a [u8],
     tables: [Table; TABLES],
-    /// Column widths in bytes by column kind.
-    str_size: usize,
-    guid_size: usize,
-    blob_size: usize,
     /// The assembly's name (the Assembly table), when it has one.
     pub assembly_name: Option<String>,
 }
@@ -273,25 +274,28 @@ impl<'a> Metadata<'a> {
                 .unwrap_or(0);
             if max < 1 << (16 - bits) { 2 } else { 4 }
         };
+        let width = |c: Col| match c {
+            Col::U16 => 2,
+            Col::U32 => 4,
+            Col::Str => str_size,
+            Col::Guid => guid_size,
+            Col::Blob => blob_size,
+            Col::Idx(t) => idx_size(t),
+            Col::Coded(bits, ts) => coded_size(bits, ts),
+        };
         let mut tables = [Table::default(); TABLES];
         let mut offset = ts + at;
         for (t, table) in tables.iter_mut().enumerate() {
-            let row_size: usize = schema(t)
-                .iter()
-                .map(|c| match *c {
-                    Col::U16 => 2,
-                    Col::U32 => 4,
-                    Col::Str => str_size,
-                    Col::Guid => guid_size,
-                    Col::Blob => blob_size,
-                    Col::Idx(t) => idx_size(t),
-                    Col::Coded(bits, ts) => coded_size(bits, ts),
-                })
-                .sum();
+            let mut widths = [0u8; MAX_COLUMNS];
+            for (w, &c) in widths.iter_mut().zip(schema(t)) {
+                *w = width(c);
+            }
+            let row_size = widths.iter().map(|&w| usize::from(w)).sum();
             *table = Table {
                 rows: rows[t],
                 start: offset,
                 row_size,
+                widths,
             };
             offset = (rows[t] as usize)
                 .checked_mul(row_size)
@@ -306,9 +310,6 @@ impl<'a> Metadata<'a> {
             strings,
             blobs,
             tables,
-            str_size,
-            guid_size,
-            blob_size,
             assembly_name: None,
         };
         md.assembly_name = (md.tables[ASSEMBLY].rows > 0)
@@ -329,41 +330,14 @@ impl<'a> Metadata<'a> {
         if rid == 0 || rid > t.rows {
             return None;
         }
-        let cols = schema(table);
-        let mut at = t.start + (rid as usize - 1) * t.row_size;
-        for (i, c) in cols.iter().enumerate() {
-            let size = match *c {
-                Col::U16 => 2,
-                Col::U32 => 4,
-                Col::Str => self.str_size,
-                Col::Guid => self.guid_size,
-                Col::Blob => self.blob_size,
-                Col::Idx(t) => {
-                    if self.rows(t) < 1 << 16 {
-                        2
-                    } else {
-                        4
-                    }
-                }
-                Col::Coded(bits, ts) => {
-                    let max = ts
-                        .iter()
-                        .map(|&t| if t == NONE { 0 } else { self.rows(t) })
-                        .max()
-                        .unwrap_or(0);
-                    if max < 1 << (16 - bits) { 2 } else { 4 }
-                }
-            };
-            if i == col {
-                return if size == 2 {
-                    u16_at(self.data, at).map(u32::from)
-                } else {
-                    u32_at(self.data, at)
-                };
-            }
-            at += size;
+        let width = *t.widths.get(col)?;
+        let before: usize = t.widths[..col].iter().map(|&w| usize::from(w)).sum();
+        let at = t.start + (rid as usize - 1) * t.row_size + before;
+        match width {
+            2 => u16_at(self.data, at).map(u32::from),
+            4 => u32_at(self.data, at),
+            _ => None,
         }
-        None
     }
 
     fn string(&self, index: u32) -> Option<&'a str> {
@@ -482,6 +456,12 @@ impl<'a> Metadata<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_table_fits_the_column_widths() {
+        let most = (0..TABLES).map(|t| schema(t).len()).max();
+        assert_eq!(most, Some(MAX_COLUMNS));
+    }
 
     #[test]
     fn garbage_is_an_error_with_a_position() {

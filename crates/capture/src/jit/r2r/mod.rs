@@ -87,38 +87,24 @@ impl R2rImage {
         let pe = Pe::parse(data)?;
         let at = |rva: u32| pe.at(data, rva);
         let malformed = |rva, reason| R2rError::Malformed { rva, reason };
-        let u32_at = |rva: u32| -> Result<u32, R2rError> {
-            at(rva)
-                .and_then(|b| b.get(..4))
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .ok_or(malformed(rva, "outside the image"))
-        };
+        let u32_at = |rva: u32| word(&pe, data, rva);
         let size = pe.size_of_image;
-        let cli_rva = pe.cli_header;
-        if cli_rva == 0 {
-            return Err(R2rError::NotReadyToRun("no CLI header"));
-        }
-        // An offset from a structure's RVA (file values may overflow).
-        let add = |rva: u32, n: u32| {
-            rva.checked_add(n)
-                .ok_or(malformed(rva, "structure runs past 4 GiB"))
-        };
-        let md_rva = u32_at(add(cli_rva, 8)?)?;
-        let md_size = u32_at(add(cli_rva, 12)?)?;
-        let native_rva = u32_at(add(cli_rva, 64)?)?;
+        let md_rva = cli_word(&pe, data, 8)?;
+        let md_size = cli_word(&pe, data, 12)?;
+        let native_rva = cli_word(&pe, data, 64)?;
         if native_rva == 0 {
             return Err(R2rError::NotReadyToRun("no ManagedNativeHeader"));
         }
         if u32_at(native_rva)? != R2R_SIGNATURE {
             return Err(R2rError::NotReadyToRun("ManagedNativeHeader is not RTR"));
         }
-        let count = u32_at(add(native_rva, 12)?)?;
+        let count = u32_at(offset(native_rva, 12)?)?;
         let mut runtime_functions = None;
         let mut entry_points = None;
         let mut instance_entry_points = None;
         for i in 0..count.min(256) {
-            let s = add(native_rva, 16 + i * 12)?;
-            let (ty, rva, len) = (u32_at(s)?, u32_at(add(s, 4)?)?, u32_at(add(s, 8)?)?);
+            let s = offset(native_rva, 16 + i * 12)?;
+            let (ty, rva, len) = (u32_at(s)?, u32_at(offset(s, 4)?)?, u32_at(offset(s, 8)?)?);
             match ty {
                 SECTION_RUNTIME_FUNCTIONS => runtime_functions = Some((rva, len)),
                 SECTION_METHODDEF_ENTRY_POINTS => entry_points = Some(rva),
@@ -195,7 +181,7 @@ impl R2rImage {
                     unparsed += 1;
                     continue;
                 };
-                let after = add(entry, sig.position() as u32)?;
+                let after = offset(entry, sig.position() as u32)?;
                 let Some((_, id)) = reader.unsigned(after) else {
                     return Err(malformed(after, "instance entry point without its code"));
                 };
@@ -331,6 +317,34 @@ fn instance_method_name(
     }
 }
 
+/// `n` bytes on from the structure at `rva` (file values may overflow).
+fn offset(rva: u32, n: u32) -> Result<u32, R2rError> {
+    rva.checked_add(n).ok_or(R2rError::Malformed {
+        rva,
+        reason: "structure runs past 4 GiB",
+    })
+}
+
+/// The little-endian word at `rva` of image `data`.
+fn word(pe: &Pe, data: &[u8], rva: u32) -> Result<u32, R2rError> {
+    pe.at(data, rva)
+        .and_then(|b| b.get(..4))
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or(R2rError::Malformed {
+            rva,
+            reason: "outside the image",
+        })
+}
+
+/// The word `n` bytes into the CLI header of image `data` (a PE file without one is not a .NET
+/// assembly).
+fn cli_word(pe: &Pe, data: &[u8], n: u32) -> Result<u32, R2rError> {
+    if pe.cli_header == 0 {
+        return Err(R2rError::NotReadyToRun("no CLI header"));
+    }
+    word(pe, data, offset(pe.cli_header, n)?)
+}
+
 /// The metadata of image `data` whose CLI header says it is at `rva`, `size` bytes long.
 fn metadata_at<'a>(pe: &Pe, data: &'a [u8], rva: u32, size: u32) -> Result<Metadata<'a>, R2rError> {
     let bytes = pe
@@ -347,26 +361,7 @@ fn metadata_at<'a>(pe: &Pe, data: &'a [u8], rva: u32, size: u32) -> Result<Metad
 /// [`R2rImage`] spells them; for IL-only assemblies too.
 pub fn method_names(data: &[u8]) -> Result<Vec<String>, R2rError> {
     let pe = Pe::parse(data)?;
-    let cli = pe.cli_header;
-    let word = |rva| {
-        pe.at(data, rva)
-            .and_then(|b| b.get(..4))
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .ok_or(R2rError::Malformed {
-                rva,
-                reason: "outside the image",
-            })
-    };
-    if cli == 0 {
-        return Err(R2rError::NotReadyToRun("no CLI header"));
-    }
-    let field = |n: u32| {
-        cli.checked_add(n).ok_or(R2rError::Malformed {
-            rva: cli,
-            reason: "structure runs past 4 GiB",
-        })
-    };
-    let md = metadata_at(&pe, data, word(field(8)?)?, word(field(12)?)?)?;
+    let md = metadata_at(&pe, data, cli_word(&pe, data, 8)?, cli_word(&pe, data, 12)?)?;
     let (owners, enclosing) = (md.method_owners(), md.enclosing_types());
     Ok((1..=md.method_count())
         .filter_map(|rid| md.method_name(rid, &owners, &enclosing))

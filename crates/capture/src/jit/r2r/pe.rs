@@ -6,8 +6,8 @@ use super::R2rError;
 
 /// The PE32+ headers: where each section's bytes are, the image size and the CLI header.
 pub(super) struct Pe {
-    /// `(rva, virtual size, file offset, file size)` of each section.
-    sections: Vec<(u32, u32, u32, u32)>,
+    /// `(rva, file offset, file size)` of each section.
+    sections: Vec<(u32, u32, u32)>,
     pub(super) size_of_image: u32,
     /// RVA of the CLI header (data directory 14), 0 if none.
     pub(super) cli_header: u32,
@@ -49,12 +49,7 @@ impl Pe {
         let sections = (0..usize::from(sections))
             .map(|i| {
                 let s = table + i * 40;
-                Some((
-                    u32_at(s + 12)?,
-                    u32_at(s + 8)?,
-                    u32_at(s + 20)?,
-                    u32_at(s + 16)?,
-                ))
+                Some((u32_at(s + 12)?, u32_at(s + 20)?, u32_at(s + 16)?))
             })
             .collect::<Option<Vec<_>>>()
             .ok_or(bad("truncated section table"))?;
@@ -67,9 +62,9 @@ impl Pe {
 
     /// The file's bytes from `rva` to the end of the section's data that holds it.
     pub(super) fn at<'a>(&self, data: &'a [u8], rva: u32) -> Option<&'a [u8]> {
-        self.sections.iter().find_map(|&(va, vsize, off, fsize)| {
+        self.sections.iter().find_map(|&(va, off, fsize)| {
             let rel = rva.checked_sub(va)?;
-            if rel >= vsize.max(fsize) || rel >= fsize {
+            if rel >= fsize {
                 return None;
             }
             let start = off.checked_add(rel)? as usize;
