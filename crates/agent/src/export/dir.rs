@@ -38,26 +38,25 @@ impl DirExporter {
     ) -> Result<DirExporter, ExportError> {
         fs::create_dir_all(directory)
             .map_err(|e| ExportError::Io(format!("cannot create {}: {e}", directory.display())))?;
-        // Half-written files of an agent that died mid-write: they count against no cap, so
-        // remove them now.
+        // Half-written files of an agent that died mid-write count against no cap: they are
+        // removed now. Complete files are kept, oldest first.
         let partial = format!("{extension}.partial");
+        let mut existing: Vec<(std::time::SystemTime, PathBuf, u64)> = Vec::new();
         for entry in fs::read_dir(directory)
             .map_err(|e| ExportError::Io(format!("cannot list {}: {e}", directory.display())))?
             .flatten()
         {
-            if entry.file_name().to_string_lossy().ends_with(&partial) {
+            let file_name = entry.file_name();
+            let file_name = file_name.to_string_lossy();
+            if file_name.ends_with(&partial) {
                 let _ = fs::remove_file(entry.path());
+            } else if file_name.ends_with(extension)
+                && let Ok(meta) = entry.metadata()
+                && let Ok(modified) = meta.modified()
+            {
+                existing.push((modified, entry.path(), meta.len()));
             }
         }
-        let mut existing: Vec<(std::time::SystemTime, PathBuf, u64)> = fs::read_dir(directory)
-            .map_err(|e| ExportError::Io(format!("cannot list {}: {e}", directory.display())))?
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(extension))
-            .filter_map(|e| {
-                let meta = e.metadata().ok()?;
-                Some((meta.modified().ok()?, e.path(), meta.len()))
-            })
-            .collect();
         existing.sort();
         let total = existing.iter().map(|(_, _, len)| len).sum();
         Ok(DirExporter {
