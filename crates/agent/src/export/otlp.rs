@@ -263,6 +263,13 @@ impl Exporter for OtlpExporter {
         _batch: &ExportBatch,
         process: &ProcessProfile,
     ) -> Result<(), ExportError> {
+        if let Some(reason) = &self.unavailable {
+            // The receiver already failed in this export: do not spend another timeout (or
+            // an encoding) on it.
+            return Err(ExportError::Transport(format!(
+                "not sent, the receiver failed earlier in this export: {reason}"
+            )));
+        }
         let resource = self.resource_for(process);
         let raw = self.encoder.encode(&process.profile, &resource)?;
         let body = if self.settings.gzip {
@@ -273,12 +280,6 @@ impl Exporter for OtlpExporter {
         } else {
             raw
         };
-        if let Some(reason) = &self.unavailable {
-            // The receiver already failed in this export: do not spend another timeout on it.
-            return Err(ExportError::Transport(format!(
-                "not sent, the receiver failed earlier in this export: {reason}"
-            )));
-        }
         let mut backoff = self.settings.backoff;
         let mut attempt = 0;
         loop {
