@@ -186,13 +186,20 @@ impl NativeHashtable {
         Some((self.base.checked_add(start)?, self.base.checked_add(end)?))
     }
 
-    /// The offset of every entry, bucket by bucket; stops at the first malformed bucket.
+    /// The offset of every entry, bucket by bucket; stops at the first malformed bucket. The
+    /// buckets' entries follow each other, so a bucket starting before the previous one's end is
+    /// malformed (it would let a small table list the same entries again for every bucket).
     pub(super) fn entries(&self, r: &NativeReader<'_>) -> Vec<u32> {
         let mut out = Vec::new();
+        let mut reached = self.base;
         for i in 0..=self.bucket_mask {
             let Some((mut at, end)) = self.bucket(r, i) else {
                 break;
             };
+            if at < reached {
+                break;
+            }
+            reached = end.max(at);
             while at < end {
                 // Skip the low byte of the hash code; then a signed offset relative to itself.
                 let Some(pos) = at.checked_add(1) else {
@@ -255,6 +262,12 @@ mod tests {
         let r = NativeReader { at: &f };
         let t = NativeHashtable::new(&r, 0).unwrap();
         assert_eq!(t.entries(&r), vec![2, 9]);
+        // Four buckets whose offsets go back (6, 8, 6, 8, 8): the third would list the first's
+        // entry again; the walk stops there.
+        let table = [0x08u8, 6, 8, 6, 8, 8, 0, 0xAA, 0x04];
+        let f = |rva: u32| table.get(rva as usize..);
+        let r = NativeReader { at: &f };
+        assert_eq!(NativeHashtable::new(&r, 0).unwrap().entries(&r), vec![10]);
         // A header with an index size of 3 is refused.
         let bad = [0x03u8];
         let f = |rva: u32| bad.get(rva as usize..);
