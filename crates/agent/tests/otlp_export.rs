@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use common::receiver::Receiver;
-use common::{rss_bytes, wait_for};
+use common::{children, rss_bytes, wait_for};
 use rootline_agent::config::OtlpConfig;
 use rootline_agent::{Agent, AgentConfig, SyntheticConfig, SyntheticSource, build_exporters};
 
@@ -25,18 +25,6 @@ fn otlp_config(receiver: &Receiver, interval_ms: u64, timeout_ms: u64) -> AgentC
         ..OtlpConfig::default()
     });
     config
-}
-
-/// Real processes, so the resource attributes come from /proc: three `sleep` children.
-fn children(n: usize) -> Vec<std::process::Child> {
-    (0..n)
-        .map(|_| {
-            std::process::Command::new("sleep")
-                .arg("60")
-                .spawn()
-                .unwrap()
-        })
-        .collect()
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::receiver::Receiver;
-use common::wait_for;
+use common::{children, wait_for};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -139,17 +139,6 @@ fn log_lines_with(needle: &str) -> Vec<String> {
         .lines()
         .filter(|l| l.contains(needle))
         .map(str::to_string)
-        .collect()
-}
-
-fn children(n: usize) -> Vec<std::process::Child> {
-    (0..n)
-        .map(|_| {
-            std::process::Command::new("sleep")
-                .arg("60")
-                .spawn()
-                .unwrap()
-        })
         .collect()
 }
 

@@ -100,6 +100,19 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// `n` real processes (`sleep 60`), so that resource attributes come from /proc; the caller
+/// kills them.
+pub fn children(n: usize) -> Vec<std::process::Child> {
+    (0..n)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// Resident set size of process `pid` in bytes (from `/proc/PID/status`).
 pub fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
