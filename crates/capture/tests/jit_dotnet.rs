@@ -57,15 +57,11 @@ const MONO_RECURSION: [(&str, usize); 2] = [("Main", MONO_DEEP + 1), ("Shallow",
 
 #[test]
 fn coreclr_frames_are_named_whole_and_true() {
-    let test = "coreclr_frames_are_named_whole_and_true";
-    let Some(dotnet) = dotnet::host(test) else {
+    let Some((dotnet, exe, _setup)) =
+        dotnet::coreclr_program("coreclr_frames_are_named_whole_and_true", "Calls")
+    else {
         return;
     };
-    let Some(mcs) = dotnet::mcs(test) else {
-        return;
-    };
-    let setup = Setup::new();
-    let exe = dotnet::build(&mcs, setup.path(), Some(&dotnet), "Calls");
     let mut cmd = Command::new(&dotnet);
     cmd.arg(&exe)
         .args([
@@ -144,15 +140,12 @@ fn mono_frames_are_named_whole_and_true() {
 /// mapping.
 #[test]
 fn coreclr_precompiled_frames_are_named_from_the_image() {
-    let test = "coreclr_precompiled_frames_are_named_from_the_image";
-    let Some(dotnet) = dotnet::host(test) else {
+    let Some((dotnet, exe, _setup)) = dotnet::coreclr_program(
+        "coreclr_precompiled_frames_are_named_from_the_image",
+        "Precompiled",
+    ) else {
         return;
     };
-    let Some(mcs) = dotnet::mcs(test) else {
-        return;
-    };
-    let setup = Setup::new();
-    let exe = dotnet::build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
     let mut cmd = Command::new(&dotnet);
     cmd.arg(&exe)
         .arg("60")
@@ -274,15 +267,12 @@ fn corelib_methods(map: &str, generic: bool) -> (HashSet<String>, HashSet<String
 /// perf map (start-up code), which are listed.
 #[test]
 fn coreclr_precompiled_names_match_the_runtimes_own() {
-    let test = "coreclr_precompiled_names_match_the_runtimes_own";
-    let Some(dotnet) = dotnet::host(test) else {
+    let Some((dotnet, exe, _setup)) = dotnet::coreclr_program(
+        "coreclr_precompiled_names_match_the_runtimes_own",
+        "Precompiled",
+    ) else {
         return;
     };
-    let Some(mcs) = dotnet::mcs(test) else {
-        return;
-    };
-    let setup = Setup::new();
-    let exe = dotnet::build(&mcs, setup.path(), Some(&dotnet), "Precompiled");
 
     let (map, corelib) = perf_map_of(&dotnet, &exe, &[("COMPlus_ReadyToRun", "0")], 1);
     let bytes = std::fs::read(&corelib).unwrap();

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use rootline_profile::{FrameKind, Profile};
 
-use super::{Graph, is_native_root, require, sources, which};
+use super::{Graph, Setup, is_native_root, require, sources, which};
 
 /// The `dotnet` host: `$ROOTLINE_DOTNET`, else the one the `dotnetcore2` wheel ships; or a skip
 /// (a failure under `CI`).
@@ -31,6 +31,16 @@ pub fn host(test: &str) -> Option<PathBuf> {
 /// The C# compiler, or a skip (a failure under `CI`).
 pub fn mcs(test: &str) -> Option<PathBuf> {
     require(test, "mcs (apt-get install mono-mcs)", which("mcs"))
+}
+
+/// A CoreCLR program for `test`: the `dotnet` host, `tests/jit/NAME.cs` built for it, and the
+/// [`Setup`] whose directory holds it (keep it alive); or a skip (a failure under `CI`).
+pub fn coreclr_program(test: &str, name: &str) -> Option<(PathBuf, PathBuf, Setup)> {
+    let dotnet = host(test)?;
+    let mcs = mcs(test)?;
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), Some(&dotnet), name);
+    Some((dotnet, exe, setup))
 }
 
 /// Compiles `tests/jit/NAME.cs` with `mcs` into `dir`; with `dotnet`, writes a runtimeconfig
