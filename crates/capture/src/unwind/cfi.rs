@@ -202,7 +202,7 @@ pub fn framehop_exact<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use gimli::write::{
         Address, CallFrameInstruction as I, CommonInformationEntry, EhFrame, EndianVec,
@@ -221,8 +221,24 @@ mod tests {
         eh_frame_at(&placed)
     }
 
+    /// A test FDE: start, length, and each instruction with its offset from the start.
+    pub(crate) type TestFde = (u64, u64, Vec<(u32, I)>);
+
     /// An `.eh_frame` with FDEs at the given (start, length), instructions at offsets 4, 8, ….
     fn eh_frame_at(fdes: &[(u64, u64, Vec<I>)]) -> Vec<u8> {
+        let placed: Vec<TestFde> = fdes
+            .iter()
+            .map(|(start, len, instrs)| {
+                let rows = (4..).step_by(4).zip(instrs.iter().cloned()).collect();
+                (*start, *len, rows)
+            })
+            .collect();
+        eh_frame_rows(&placed)
+    }
+
+    /// An `.eh_frame` whose CIE has the return address at CFA-8 (CFA = rsp+8), with FDEs at the
+    /// given (start, length), each instruction at its offset from the start.
+    pub(crate) fn eh_frame_rows(fdes: &[TestFde]) -> Vec<u8> {
         let encoding = Encoding {
             format: Format::Dwarf32,
             version: 1,
@@ -233,10 +249,10 @@ mod tests {
         cie.add_instruction(I::Offset(X86_64::RA, -8));
         let mut table = FrameTable::default();
         let cie_id = table.add_cie(cie);
-        for (start, len, instrs) in fdes {
+        for (start, len, rows) in fdes {
             let mut fde = FrameDescriptionEntry::new(Address::Constant(*start), *len as u32);
-            for (k, ins) in instrs.iter().enumerate() {
-                fde.add_instruction(4 * (k as u32 + 1), ins.clone());
+            for (offset, ins) in rows {
+                fde.add_instruction(*offset, ins.clone());
             }
             table.add_fde(cie_id, fde);
         }

@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use gimli::write::{
-    Address, CallFrameInstruction as I, CommonInformationEntry, EhFrame, EndianVec,
-    FrameDescriptionEntry, FrameTable,
-};
-use gimli::{Encoding, Format, LittleEndian, X86_64};
+use gimli::X86_64;
+use gimli::write::CallFrameInstruction as I;
 
+use super::cfi::tests::eh_frame_rows;
 use super::regs::{self, Registers};
 use super::{AddressSpace, CodeModule, Region, SampleStack, StackEnd, TruncateReason};
 
@@ -38,16 +36,6 @@ const TEXT_END: u64 = 0x3700;
 const SP: u64 = 0x7000_0000;
 
 fn eh_frame() -> Vec<u8> {
-    let encoding = Encoding {
-        format: Format::Dwarf32,
-        version: 1,
-        address_size: 8,
-    };
-    let mut cie = CommonInformationEntry::new(encoding, 1, -8, X86_64::RA);
-    cie.add_instruction(I::Cfa(X86_64::RSP, 8));
-    cie.add_instruction(I::Offset(X86_64::RA, -8));
-    let mut table = FrameTable::default();
-    let cie_id = table.add_cie(cie);
     let fdes: [(u64, Vec<(u32, I)>); 4] = [
         (ROOT, vec![(0, I::Undefined(X86_64::RA))]),
         (
@@ -71,16 +59,11 @@ fn eh_frame() -> Vec<u8> {
             ],
         ),
     ];
-    for (start, rows) in fdes {
-        let mut fde = FrameDescriptionEntry::new(Address::Constant(start), 0x100);
-        for (offset, ins) in rows {
-            fde.add_instruction(offset, ins);
-        }
-        table.add_fde(cie_id, fde);
-    }
-    let mut out = EhFrame(EndianVec::new(LittleEndian));
-    table.write_eh_frame(&mut out).expect("writes");
-    out.0.into_vec()
+    let fdes: Vec<_> = fdes
+        .into_iter()
+        .map(|(start, rows)| (start, 0x100, rows))
+        .collect();
+    eh_frame_rows(&fdes)
 }
 
 fn space() -> AddressSpace {
