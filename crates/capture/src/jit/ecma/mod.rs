@@ -464,6 +464,52 @@ mod tests {
     }
 
     #[test]
+    fn nested_type_specs_cannot_make_a_name_explode() {
+        // TypeSpec k (1..=15): GENERICINST object<TypeSpec k+1, ×4>; TypeSpec 16: object. In
+        // full, TypeSpec 1's name would have 4^15 parts.
+        let (mut data, mut blobs) = (Vec::new(), vec![0u8]);
+        for k in 1..=16u8 {
+            data.extend_from_slice(&(blobs.len() as u16).to_le_bytes());
+            let mut sig = vec![0x1C];
+            if k < 16 {
+                sig = vec![0x15, 0x1C, 4];
+                for _ in 0..4 {
+                    sig.extend_from_slice(&[0x12, (k + 1) << 2 | 2]);
+                }
+            }
+            blobs.push(sig.len() as u8);
+            blobs.extend_from_slice(&sig);
+        }
+        let mut tables = [Table::default(); TABLES];
+        let mut widths = [0; MAX_COLUMNS];
+        widths[0] = 2;
+        tables[TYPE_SPEC] = Table {
+            rows: 16,
+            start: 0,
+            row_size: 2,
+            widths,
+        };
+        let md = Metadata {
+            data: &data,
+            strings: &[],
+            blobs: &blobs,
+            tables,
+            assembly_name: None,
+        };
+        let name = |row: u8| {
+            let mut out = String::new();
+            let sig = [0x12, row << 2 | 2];
+            md.sig_type(&mut SigReader::new(&sig), &mut out, &[], Style::Il, 0)
+                .map(|()| out)
+        };
+        assert_eq!(
+            name(15).as_deref(),
+            Some("class object<class object,class object,class object,class object>")
+        );
+        assert_eq!(name(1), None);
+    }
+
+    #[test]
     fn garbage_is_an_error_with_a_position() {
         assert_eq!(Metadata::parse(b"nope").unwrap_err().offset, 0);
         let mut root = b"BSJB".to_vec();

@@ -3,6 +3,10 @@
 
 use super::{Metadata, TYPE_SPEC};
 
+/// The longest type name spelled (bytes): TypeSpecs nest, so a few damaged rows could otherwise
+/// ask for a name with billions of parts.
+const MAX_TYPE_NAME: usize = 1 << 16;
+
 impl Metadata<'_> {
     /// The parameter list of a MethodDefSig.
     pub(super) fn method_params(&self, sig: &[u8], enclosing: &[u32]) -> Option<String> {
@@ -25,7 +29,7 @@ impl Metadata<'_> {
 
     /// Appends one type of a signature to `out`, spelled in `style`. Also reads the
     /// ReadyToRun extensions: `System.__Canon` (0x3E); a type of another module (0x3F) has no
-    /// name here.
+    /// name here. None past 32 levels of nesting or [`MAX_TYPE_NAME`] bytes of `out`.
     pub(crate) fn sig_type(
         &self,
         r: &mut SigReader<'_>,
@@ -34,7 +38,7 @@ impl Metadata<'_> {
         style: Style,
         depth: u32,
     ) -> Option<()> {
-        if depth > 32 {
+        if depth > 32 || out.len() > MAX_TYPE_NAME {
             return None;
         }
         let et = r.byte()?;
@@ -82,7 +86,7 @@ impl Metadata<'_> {
                     out.push_str(if et == 0x11 { "valuetype " } else { "class " });
                 }
                 let coded = r.compressed()?;
-                out.push_str(&self.type_def_or_ref(coded, enclosing, style, depth)?);
+                self.type_def_or_ref(coded, out, enclosing, style, depth)?;
             }
             // VAR, MVAR
             0x13 | 0x1E => {
@@ -162,27 +166,28 @@ impl Metadata<'_> {
         Some(())
     }
 
-    /// A TypeDefOrRefOrSpec coded index in a signature, named.
+    /// Appends the name of a TypeDefOrRefOrSpec coded index in a signature to `out` (a
+    /// TypeSpec's into the same `out`, so that [`MAX_TYPE_NAME`] bounds the whole name).
     fn type_def_or_ref(
         &self,
         coded: u32,
+        out: &mut String,
         enclosing: &[u32],
         style: Style,
         depth: u32,
-    ) -> Option<String> {
+    ) -> Option<()> {
         let row = coded >> 2;
         match coded & 3 {
-            0 => self.type_def_name(row, enclosing, style.nested(), 0),
-            1 => self.type_ref_name(row, style, 0),
+            0 => out.push_str(&self.type_def_name(row, enclosing, style.nested(), 0)?),
+            1 => out.push_str(&self.type_ref_name(row, style, 0)?),
             2 => {
                 let sig = self.blob(self.cell(TYPE_SPEC, row, 0)?)?;
-                let mut s = String::new();
                 let mut r = SigReader::new(sig);
-                self.sig_type(&mut r, &mut s, enclosing, style, depth + 1)?;
-                Some(s)
+                self.sig_type(&mut r, out, enclosing, style, depth + 1)?;
             }
-            _ => None,
+            _ => return None,
         }
+        Some(())
     }
 }
 
