@@ -120,6 +120,14 @@ impl SymbolTable {
     }
 }
 
+/// Longest torn last line held back for its newline; a longer one is dropped up to its newline
+/// (reported as a line that does not parse) so that a file without newlines cannot make the
+/// reader hold and rescan all of it.
+const MAX_HELD_LINE: usize = 64 << 10;
+
+/// The text reported in place of a line longer than [`MAX_HELD_LINE`].
+const OVERLONG_LINE: &str = "<line longer than 64 KiB>";
+
 /// The complete lines appended to a text file since the last read; a last line without its
 /// newline (a write in progress) is held back until the newline arrives.
 #[derive(Debug, Default)]
@@ -127,6 +135,8 @@ pub(crate) struct AppendedLines {
     offset: u64,
     pending: Vec<u8>,
     lines: u64,
+    /// Inside an overlong line: everything up to its newline is dropped.
+    skipping: bool,
 }
 
 impl AppendedLines {
@@ -141,11 +151,25 @@ impl AppendedLines {
         let n = source.take(64 << 20).read_to_end(&mut buf)?;
         self.offset += n as u64;
         self.pending.extend_from_slice(&buf);
+        let mut out = Vec::new();
+        if self.skipping {
+            let Some(nl) = self.pending.iter().position(|&b| b == b'\n') else {
+                self.pending.clear();
+                return Ok(out);
+            };
+            self.pending.drain(..=nl);
+            self.skipping = false;
+            self.lines += 1;
+            out.push((self.lines, OVERLONG_LINE.to_string()));
+        }
         let Some(last_nl) = self.pending.iter().rposition(|&b| b == b'\n') else {
-            return Ok(Vec::new());
+            if self.pending.len() > MAX_HELD_LINE {
+                self.pending.clear();
+                self.skipping = true;
+            }
+            return Ok(out);
         };
         let complete: Vec<u8> = self.pending.drain(..=last_nl).collect();
-        let mut out = Vec::new();
         for raw in complete[..last_nl].split(|&b| b == b'\n') {
             self.lines += 1;
             if !raw.is_empty() {
@@ -241,6 +265,30 @@ mod tests {
         assert_eq!(jvm.raw, "void Rec.down(int, int)");
         let tabs = parse_line("  7f00\t  10\t name  with  spaces \r", 5).unwrap();
         assert_eq!(tabs.raw, "name  with  spaces");
+    }
+
+    #[test]
+    fn a_line_without_newline_is_not_held_without_bound() {
+        let mut file = vec![b'x'; 3 * MAX_HELD_LINE];
+        let mut lines = AppendedLines::default();
+        let read = |lines: &mut AppendedLines, file: &Vec<u8>| {
+            lines.read(&mut std::io::Cursor::new(file)).unwrap()
+        };
+        assert!(read(&mut lines, &file).is_empty());
+        assert!(lines.pending.is_empty(), "the overlong line is not kept");
+        file.extend_from_slice(b"yyy");
+        assert!(read(&mut lines, &file).is_empty());
+        assert!(lines.pending.is_empty());
+        file.extend_from_slice(b"z\n10 5 after\n20 5 torn");
+        assert_eq!(
+            read(&mut lines, &file),
+            vec![
+                (1, OVERLONG_LINE.to_string()),
+                (2, "10 5 after".to_string())
+            ]
+        );
+        assert_eq!(lines.pending, b"20 5 torn");
+        assert_eq!(lines.offset(), file.len() as u64);
     }
 
     #[test]
