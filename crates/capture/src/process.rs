@@ -1,13 +1,22 @@
 //! Processes as the profiler tracks them: executable mappings from `/proc/PID/maps` and from
 //! MMAP2 records, names from COMM, address spaces copied on FORK and reset on exec. Binaries are
 //! opened through `/proc/PID/map_files` (deleted or replaced files) or `/proc/PID/root`
-//! (containers) and parsed once per distinct file.
+//! (containers) and parsed once per distinct file (device, inode, path), shared by every process
+//! that maps it.
+//!
+//! Parsing a large binary (ELF, symbols, FDE index) takes milliseconds to seconds, so with
+//! [`Processes::with_loader`] it happens on a loader thread: the file is opened at once (so a
+//! process that exits right away can still be read) and its region is *pending* until the parse
+//! arrives ([`Processes::poll_loaded`], [`Processes::wait_loaded`]). The caller must not trust an
+//! unwind that touched a pending region ([`Processes::is_pending`]); it waits and unwinds again.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
+
+use foldhash::{HashMap as FastMap, HashMapExt};
 
 use crate::unwind::{AddressSpace, CodeModule, Region};
 
@@ -107,17 +116,63 @@ pub struct ProcessState {
     /// Executable regions with unwind data.
     pub space: AddressSpace,
     /// Binaries of each region, by region start.
-    pub binaries: HashMap<u64, Arc<BinaryFile>>,
+    pub binaries: FastMap<u64, Arc<BinaryFile>>,
     /// Whether `/proc/PID/maps` has been read since the last exec.
     pub maps_read: bool,
+    /// Regions (by start) whose binary is still being parsed, and which file they wait for.
+    pending: FastMap<u64, FileKey>,
+}
+
+impl ProcessState {
+    /// Appends the address ranges of the regions whose binary is still being parsed.
+    pub fn pending_ranges(&self, out: &mut Vec<(u64, u64)>) {
+        for &start in self.pending.keys() {
+            if let Some(r) = self.space.region(start) {
+                out.push((r.start, r.end));
+            }
+        }
+    }
+}
+
+/// Identity of a mapped file: device major, minor, inode and path.
+pub type FileKey = (u32, u32, u64, Arc<str>);
+
+enum FileEntry {
+    Ready(Arc<BinaryFile>),
+    /// Being parsed; these `(pid, region start)` wait for it.
+    Loading(Vec<(u32, u64)>),
+}
+
+/// A parse for the loader thread, and its answer.
+struct LoadRequest {
+    key: FileKey,
+    file: Option<File>,
+}
+
+struct Loaded {
+    key: FileKey,
+    binary: Arc<BinaryFile>,
+}
+
+/// The loader thread's channels and the number of parses it still owes.
+struct Loader {
+    requests: Sender<LoadRequest>,
+    loaded: Receiver<Loaded>,
+    outstanding: usize,
 }
 
 /// All tracked processes and the binaries they share.
 #[derive(Default)]
 pub struct Processes {
-    procs: HashMap<u32, ProcessState>,
-    files: HashMap<(u32, u32, u64, Arc<str>), Arc<BinaryFile>>,
+    procs: FastMap<u32, ProcessState>,
+    files: FastMap<FileKey, FileEntry>,
     vdso: Option<Arc<BinaryFile>>,
+    loader: Option<Loader>,
+    /// Files installed, and processes that got them, since [`Processes::take_installed`].
+    installed: Vec<FileKey>,
+    installed_pids: Vec<u32>,
+    /// Address spaces retired so far (their keys count up).
+    retired: u32,
 }
 
 fn is_pseudo(path: &str) -> bool {
@@ -128,9 +183,165 @@ fn is_pseudo(path: &str) -> bool {
 }
 
 impl Processes {
-    /// No processes yet.
+    /// No processes yet; binaries are parsed on the calling thread when first mapped.
     pub fn new() -> Processes {
         Processes::default()
+    }
+
+    /// No processes yet; binaries are parsed on a loader thread (see the module documentation).
+    /// Falls back to parsing on the calling thread if the thread cannot be started.
+    pub fn with_loader() -> Processes {
+        let (requests, rx) = std::sync::mpsc::channel::<LoadRequest>();
+        let (tx, loaded) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("rootline-loader".into())
+            .spawn(move || {
+                for LoadRequest { key, file } in rx {
+                    let binary = Arc::new(parse_binary(&key.3, file));
+                    if tx.send(Loaded { key, binary }).is_err() {
+                        break;
+                    }
+                }
+            });
+        Processes {
+            loader: spawned.is_ok().then_some(Loader {
+                requests,
+                loaded,
+                outstanding: 0,
+            }),
+            ..Processes::default()
+        }
+    }
+
+    /// Parses still owed by the loader thread.
+    pub fn loads_outstanding(&self) -> usize {
+        self.loader.as_ref().map_or(0, |l| l.outstanding)
+    }
+
+    /// Whether some region of `pid` waits for its binary.
+    pub fn has_pending(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| !p.pending.is_empty())
+    }
+
+    /// Whether `addr` lies in a region of `pid` whose binary is still being parsed.
+    pub fn is_pending(&self, pid: u32, addr: u64) -> bool {
+        self.pending_file(pid, addr).is_some()
+    }
+
+    /// The file that the region of `pid` containing `addr` waits for, if it waits.
+    pub fn pending_file(&self, pid: u32, addr: u64) -> Option<&FileKey> {
+        let p = self.procs.get(&pid)?;
+        if p.pending.is_empty() {
+            return None;
+        }
+        p.pending.get(&p.space.region(addr)?.start)
+    }
+
+    /// Files installed and the processes they were installed into since the last call.
+    pub fn take_installed(&mut self) -> (Vec<FileKey>, Vec<u32>) {
+        (
+            std::mem::take(&mut self.installed),
+            std::mem::take(&mut self.installed_pids),
+        )
+    }
+
+    /// Installs every parse the loader has finished, without waiting. True if any arrived.
+    pub fn poll_loaded(&mut self) -> bool {
+        let mut any = false;
+        while let Some(done) = self.loader.as_ref().and_then(|l| l.loaded.try_recv().ok()) {
+            self.install(done);
+            any = true;
+        }
+        any
+    }
+
+    /// Waits for the loader's next parse and installs it (and any others finished). False when
+    /// nothing is outstanding (or the loader is gone).
+    pub fn wait_loaded(&mut self) -> bool {
+        if self.loads_outstanding() == 0 {
+            return false;
+        }
+        let Some(done) = self.loader.as_ref().and_then(|l| l.loaded.recv().ok()) else {
+            // The loader thread is gone: nothing more will come.
+            self.loader = None;
+            return false;
+        };
+        self.install(done);
+        self.poll_loaded();
+        true
+    }
+
+    /// Puts a parsed binary into every region waiting for it.
+    fn install(&mut self, Loaded { key, binary }: Loaded) {
+        if let Some(l) = self.loader.as_mut() {
+            l.outstanding = l.outstanding.saturating_sub(1);
+        }
+        let waiting = match self.files.remove(&key) {
+            Some(FileEntry::Loading(waiting)) => waiting,
+            Some(ready) => {
+                self.files.insert(key, ready);
+                return;
+            }
+            None => Vec::new(),
+        };
+        self.installed.push(key.clone());
+        // A file that could not be opened is tried again by the next process that maps it.
+        if binary.file.is_some() {
+            self.files
+                .insert(key.clone(), FileEntry::Ready(binary.clone()));
+        }
+        for (pid, start) in waiting {
+            let Some(state) = self.procs.get_mut(&pid) else {
+                continue;
+            };
+            if state.pending.get(&start) != Some(&key) {
+                continue; // replaced by a later mapping, or the process exec'd
+            }
+            state.pending.remove(&start);
+            let Some(r) = state.space.region(start).filter(|r| r.start == start) else {
+                continue;
+            };
+            let (end, offset) = (r.end, r.file_offset);
+            let region = Region::new(
+                start,
+                end,
+                offset,
+                binary.path.clone(),
+                binary.module.clone(),
+            );
+            state.space.add_region(region);
+            state.binaries.insert(start, binary.clone());
+            self.installed_pids.push(pid);
+        }
+    }
+
+    /// Whether some known region of `pid` overlaps `start..end`.
+    pub fn overlaps(&self, pid: u32, start: u64, end: u64) -> bool {
+        self.procs
+            .get(&pid)
+            .is_some_and(|p| p.space.regions().any(|r| r.start < end && r.end > start))
+    }
+
+    /// Moves `pid`'s address space aside under a new key (above any real pid) and returns the
+    /// key: regions still waiting for a binary get it there too. `pid` is then untracked (until
+    /// [`Processes::exec`], [`Processes::fork`] or a mapping recreates it).
+    pub fn retire(&mut self, pid: u32) -> Option<u32> {
+        let state = self.procs.remove(&pid)?;
+        self.retired += 1;
+        // Real pids stay below 2^22 (the kernel's PID_MAX_LIMIT).
+        let key = (1 << 31) | (self.retired & 0x7fff_ffff);
+        for (&start, file) in &state.pending {
+            if let Some(FileEntry::Loading(waiting)) = self.files.get_mut(file) {
+                waiting.push((key, start));
+            }
+        }
+        self.procs.insert(key, state);
+        Some(key)
+    }
+
+    /// Forgets a process that exited.
+    pub fn remove(&mut self, pid: u32) {
+        self.procs.remove(&pid);
     }
 
     /// The process's state, reading `/proc/PID/maps` the first time (or after an exec).
@@ -201,7 +412,13 @@ impl Processes {
             child.space.add_region(r.clone());
         }
         child.binaries = parent.binaries.clone();
+        child.pending = parent.pending.clone();
         child.maps_read = true;
+        for (&start, key) in &child.pending {
+            if let Some(FileEntry::Loading(waiting)) = self.files.get_mut(key) {
+                waiting.push((pid, start));
+            }
+        }
         self.procs.insert(pid, child);
     }
 
@@ -234,6 +451,15 @@ impl Processes {
         key: (u32, u32, u64),
         path: &str,
     ) {
+        if !state.pending.is_empty() {
+            // The regions this one replaces no longer wait for anything.
+            state.pending.retain(|&s, _| {
+                state
+                    .space
+                    .region(s)
+                    .is_none_or(|r| r.end <= start || r.start >= end)
+            });
+        }
         let binary = if path == "[vdso]" {
             self.vdso(pid, start, end)
         } else if is_pseudo(path) {
@@ -245,12 +471,47 @@ impl Processes {
         } else {
             let path: Arc<str> = path.into();
             let cache_key = (key.0, key.1, key.2, path.clone());
-            match self.files.get(&cache_key) {
-                Some(b) => b.clone(),
+            match self.files.get_mut(&cache_key) {
+                Some(FileEntry::Ready(b)) => b.clone(),
+                Some(FileEntry::Loading(waiting)) => {
+                    waiting.push((pid, start));
+                    state.pending.insert(start, cache_key);
+                    placeholder(&path)
+                }
                 None => {
-                    let b = Arc::new(open_binary(pid, start, end, &path));
-                    self.files.insert(cache_key, b.clone());
-                    b
+                    let file = open_file(pid, start, end, &path);
+                    match &mut self.loader {
+                        Some(loader) => {
+                            let request = LoadRequest {
+                                key: cache_key.clone(),
+                                file,
+                            };
+                            match loader.requests.send(request) {
+                                Ok(()) => {
+                                    loader.outstanding += 1;
+                                    self.files.insert(
+                                        cache_key.clone(),
+                                        FileEntry::Loading(vec![(pid, start)]),
+                                    );
+                                    state.pending.insert(start, cache_key);
+                                    placeholder(&path)
+                                }
+                                Err(e) => {
+                                    self.loader = None;
+                                    let b = Arc::new(parse_binary(&path, e.0.file));
+                                    self.files.insert(cache_key, FileEntry::Ready(b.clone()));
+                                    b
+                                }
+                            }
+                        }
+                        None => {
+                            let b = Arc::new(parse_binary(&path, file));
+                            if b.file.is_some() {
+                                self.files.insert(cache_key, FileEntry::Ready(b.clone()));
+                            }
+                            b
+                        }
+                    }
                 }
             }
         };
@@ -287,38 +548,54 @@ impl Processes {
 fn new_state() -> ProcessState {
     ProcessState {
         space: AddressSpace::new(),
-        binaries: HashMap::new(),
+        binaries: FastMap::new(),
         maps_read: false,
+        pending: FastMap::new(),
     }
+}
+
+/// Stands in for a binary whose parse has not arrived (no module: not to be unwound through).
+fn placeholder(path: &Arc<str>) -> Arc<BinaryFile> {
+    Arc::new(BinaryFile {
+        path: path.clone(),
+        file: None,
+        module: None,
+    })
 }
 
 /// Opens a mapped binary: through `/proc/PID/map_files/START-END` (works for deleted or replaced
 /// files), else `/proc/PID/root/PATH` (the target's mount namespace), else the path itself.
-fn open_binary(pid: u32, start: u64, end: u64, path: &Arc<str>) -> BinaryFile {
+fn open_file(pid: u32, start: u64, end: u64, path: &str) -> Option<File> {
     let candidates = [
         format!("/proc/{pid}/map_files/{start:x}-{end:x}"),
         format!("/proc/{pid}/root{}", path.trim_end_matches(" (deleted)")),
         path.to_string(),
     ];
-    for c in candidates {
-        let Ok(mut file) = File::open(&c) else {
-            continue;
-        };
-        let mut bytes = Vec::new();
-        if file.read_to_end(&mut bytes).is_err() {
-            continue;
-        }
-        let module = CodeModule::parse(path, bytes.into()).ok().map(Arc::new);
+    candidates.iter().find_map(|c| File::open(c).ok())
+}
+
+/// Reads and parses an opened binary (the slow part: runs on the loader thread when there is one).
+fn parse_binary(path: &Arc<str>, file: Option<File>) -> BinaryFile {
+    let Some(mut file) = file else {
         return BinaryFile {
             path: path.clone(),
-            file: Some(file),
-            module,
+            file: None,
+            module: None,
+        };
+    };
+    let mut bytes = Vec::new();
+    if file.read_to_end(&mut bytes).is_err() {
+        return BinaryFile {
+            path: path.clone(),
+            file: None,
+            module: None,
         };
     }
+    let module = CodeModule::parse(path, bytes.into()).ok().map(Arc::new);
     BinaryFile {
         path: path.clone(),
-        file: None,
-        module: None,
+        file: Some(file),
+        module,
     }
 }
 
@@ -360,5 +637,31 @@ mod tests {
         let region = state.space.region(here).expect("test function is mapped");
         let module = region.module.as_ref().expect("test binary parses");
         assert!(module.eh_frame_covers(region.svma(here)));
+    }
+
+    #[test]
+    fn loader_thread_parses_off_the_caller_and_fills_pending_regions() {
+        let mut p = Processes::with_loader();
+        let pid = std::process::id();
+        let here =
+            loader_thread_parses_off_the_caller_and_fills_pending_regions as fn() as usize as u64;
+        p.get(pid);
+        // Right after the maps are read, this binary's parse is still owed: its region is
+        // pending and carries no unwind tables.
+        assert!(p.loads_outstanding() > 0);
+        assert!(p.is_pending(pid, here));
+        assert!(p.has_pending(pid));
+        // A forked child waits for the same parse.
+        p.fork(pid + 1_000_000, pid);
+        assert!(p.is_pending(pid + 1_000_000, here));
+        while p.wait_loaded() {}
+        assert_eq!(p.loads_outstanding(), 0);
+        for pid in [pid, pid + 1_000_000] {
+            assert!(!p.has_pending(pid));
+            let state = p.get(pid);
+            let region = state.space.region(here).expect("test function is mapped");
+            let module = region.module.as_ref().expect("parsed on the loader thread");
+            assert!(module.eh_frame_covers(region.svma(here)));
+        }
     }
 }

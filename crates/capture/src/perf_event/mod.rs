@@ -1,9 +1,12 @@
 //! The kernel edge of sampling: `perf_event_open` and the mmap ring buffer; [`record`] parses
-//! the records it carries (samples, MMAP2, COMM, FORK, EXIT, LOST).
+//! the records it carries (samples, MMAP2, COMM, FORK, EXIT, LOST); [`Poller`] blocks until a
+//! ring has a batch (its wake-up watermark) instead of waking on a timer.
 
 mod record;
+mod wait;
 
 pub use record::{Record, Sample, is_sample, parse_record, side_band_time};
+pub use wait::{Poller, Waker, Woken, pidfd};
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -26,6 +29,9 @@ pub struct EventConfig {
     pub user_callchain: u16,
     /// Data pages of the ring buffer (a power of two).
     pub ring_pages: usize,
+    /// Wake the reader after every few samples instead of when half the ring is full (more
+    /// wake-ups, but samples are handled right after they are taken: live stack reads need that).
+    pub prompt: bool,
 }
 
 /// Which clock drives sampling.
@@ -168,7 +174,15 @@ fn attr(
     a.set_sample_id_all(1);
     a.set_use_clockid(1);
     a.set_watermark(1);
-    a.__bindgen_anon_2.wakeup_watermark = (cfg.ring_pages * page_size() / 4) as u32;
+    // Wake the reader when half the ring is full: one wake-up per large batch, with the other
+    // half (an eighth of a second or more at full rate) as slack while it drains.
+    let half = cfg.ring_pages * page_size() / 2;
+    let watermark = if cfg.prompt {
+        half.min(4 * (cfg.stack_bytes as usize + 512))
+    } else {
+        half
+    };
+    a.__bindgen_anon_2.wakeup_watermark = watermark as u32;
     if let EventTarget::Thread {
         inherit,
         enable_on_exec,

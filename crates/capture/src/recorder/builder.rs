@@ -33,6 +33,18 @@ impl Builder {
         }
     }
 
+    /// Continues with an empty profile (same sample types and metadata) and forgets every raw id:
+    /// the pipeline has started its tables over too.
+    pub fn start_over(&mut self) {
+        let mut fresh = Profile::new(self.profile.sample_types().to_vec());
+        fresh.metadata = self.profile.metadata.clone();
+        self.profile = fresh;
+        self.mappings.clear();
+        self.frame_map.clear();
+        self.node_map.clear();
+        self.threads.clear();
+    }
+
     /// Adds a batch to the profile.
     pub fn apply(&mut self, batch: Batch) {
         self.mappings

@@ -16,11 +16,16 @@ use rootline_profile::{Profile, SampleType};
 pub use outer_cache::OuterCacheStats;
 pub use pipeline::{CallchainStats, Pipeline, Stats};
 
+use std::os::fd::AsRawFd;
+
 use crate::perf_event::{
-    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Record, is_sample, parse_record,
-    side_band_time,
+    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Poller, Record, Waker, is_sample,
+    parse_record, pidfd, side_band_time,
 };
 use crate::process::thread_ids;
+
+/// How often the supervisor looks at the caller's stop flag (its only timed wake-up).
+const STOP_CHECK: Duration = Duration::from_millis(100);
 
 /// What to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,10 +87,38 @@ impl RecordOptions {
     }
 }
 
+/// What a recording keeps of what it has handed to its [`ChunkSink`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Retention {
+    /// Keep everything: the profile grows with every sample, and the finished [`Recording`] holds
+    /// them all (`rootline record`).
+    #[default]
+    KeepAll,
+    /// Hand each flush's samples over and drop them, for recordings that run for weeks (the
+    /// agent): every [`ChunkSink::write_chunk`] sees only the samples taken since the previous
+    /// call. Once the tables (distinct frames plus stack nodes) grow past `max_entries`, the
+    /// recording starts over with an empty profile after that flush ([`ChunkSink::started_over`]);
+    /// frames are then defined again as they recur. The finished [`Recording`] holds the last
+    /// tables and no samples.
+    HandOver {
+        /// Distinct frames plus stack nodes kept before starting over.
+        max_entries: usize,
+    },
+}
+
 /// Where the profile goes while recording, e.g. an appendable `.rlp` writer.
 pub trait ChunkSink: Send {
     /// Called after each flush with the profile so far; writes what is new since the last call.
     fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()>;
+
+    /// What the recording keeps once a flush has been written (asked once, at the start).
+    fn retention(&self) -> Retention {
+        Retention::KeepAll
+    }
+
+    /// With [`Retention::HandOver`]: the next [`ChunkSink::write_chunk`] gets a new profile whose
+    /// ids start again from zero; forget anything keyed by the old ids.
+    fn started_over(&mut self) {}
 }
 
 /// Why recording failed.
@@ -284,6 +317,7 @@ pub fn record(
     stop: &AtomicBool,
     mut sink: Option<Box<dyn ChunkSink>>,
 ) -> Result<Recording, RecordError> {
+    let targeted_live = opts.live_stack_budget > 0 && opts.target != Target::System;
     let mut cfg = EventConfig {
         frequency_hz: opts.frequency_hz.max(1),
         stack_bytes: (opts.stack_bytes.clamp(8, 60 * 1024) + 7) & !7,
@@ -296,6 +330,10 @@ pub fn record(
             0
         },
         ring_pages: 0,
+        // Proofs for live stack reads are armed by the reader: the sooner it sees a sample,
+        // the fewer samples predate the proof. The whole host (-a, the agent) keeps large
+        // batches and few wake-ups.
+        prompt: targeted_live,
     };
     let cpus = online_cpus();
     let mut events = Vec::new();
@@ -381,6 +419,7 @@ pub fn record(
     let done = Arc::new(AtomicBool::new(false));
     let (batches, batch_rx) = std::sync::mpsc::channel::<pipeline::Batch>();
     // Symbolization and profile building run on their own thread so the reader never stalls.
+    let retention = sink.as_ref().map_or(Retention::KeepAll, |s| s.retention());
     let builder = {
         let mut sink = sink.take();
         std::thread::Builder::new()
@@ -391,6 +430,7 @@ pub fn record(
                 let mut sink_error = None;
                 for batch in batch_rx {
                     stats = batch.stats.clone();
+                    let start_over = batch.start_over;
                     builder.apply(batch);
                     finish_metadata(&mut builder.profile, &stats);
                     if let Some(s) = sink.as_mut()
@@ -399,11 +439,28 @@ pub fn record(
                     {
                         sink_error = Some(e);
                     }
+                    if retention != Retention::KeepAll {
+                        builder.profile.take_samples();
+                    }
+                    if start_over {
+                        builder.start_over();
+                        if let Some(s) = sink.as_mut() {
+                            s.started_over();
+                        }
+                    }
                 }
                 (builder.profile, stats, sink_error)
             })
             .map_err(|e| RecordError::Open(OpenError::Other(e)))?
     };
+    let waker = Waker::new().map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+    let mut poller =
+        Poller::new(waker.clone()).map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+    for e in &events {
+        poller
+            .add(e.raw_fd())
+            .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+    }
     let reader = {
         let done = done.clone();
         let interval = opts.flush_interval;
@@ -412,7 +469,16 @@ pub fn record(
             .spawn(move || {
                 let mut pipeline = Pipeline::new(kernel, period_nanos);
                 pipeline.set_live_stack_budget(live_stack_budget);
+                if targeted_live {
+                    // A few processes: their binaries are few, and parsing them as they are
+                    // mapped lets every sample arm or use a live-read proof at once.
+                    pipeline.parse_binaries_inline();
+                }
                 pipeline.set_user_callchain(user_callchain);
+                if let Retention::HandOver { max_entries } = retention {
+                    pipeline.set_table_limit(max_entries);
+                }
+                let mut drain = Drain::default();
                 let mut last_flush = Instant::now();
                 loop {
                     let finishing = done.load(Ordering::Acquire);
@@ -421,7 +487,10 @@ pub fn record(
                             let _ = e.disable();
                         }
                     }
-                    let n = drain_round(&mut events, &mut pipeline);
+                    drain.round(&mut events, &mut pipeline);
+                    if finishing {
+                        pipeline.finish();
+                    }
                     if finishing || last_flush.elapsed() >= interval {
                         // The builder outlives this thread; a send can only fail if it panicked.
                         let _ = batches.send(pipeline.take_batch());
@@ -430,41 +499,74 @@ pub fn record(
                     if finishing {
                         break;
                     }
-                    // The rings hold about a quarter second at full rate: a 20 ms pause when
-                    // idle keeps up while costing few wake-ups.
-                    if n == 0 {
-                        std::thread::sleep(Duration::from_millis(20));
+                    // Sleep until a ring passes its wake-up watermark (half the ring: a large
+                    // batch, with the other half as slack), the next flush, or the end.
+                    let timeout = interval.saturating_sub(last_flush.elapsed());
+                    if poller.wait(timeout).is_err() {
+                        std::thread::sleep(timeout.min(Duration::from_millis(20)));
                     }
                 }
             })
             .map_err(|e| RecordError::Open(OpenError::Other(e)))?
     };
 
+    // The supervisor wakes when a target process exits (pidfd), when the duration ends, and every
+    // STOP_CHECK to look at the caller's stop flag.
+    let mut exits = Poller::new(Waker::new().map_err(|e| RecordError::Open(OpenError::Other(e)))?)
+        .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+    let watched: Vec<u32> = match (&opts.target, &child) {
+        (Target::Command(_), Some(c)) => vec![c.id()],
+        (Target::Pids(pids), _) => pids.clone(),
+        _ => Vec::new(),
+    };
+    let mut pidfds = Vec::new();
+    for &pid in &watched {
+        if let Ok(fd) = pidfd(pid)
+            && exits.add_once(fd.as_raw_fd()).is_ok()
+        {
+            pidfds.push(fd);
+        }
+    }
+    // Without a pidfd for every target, look for exits at every check.
+    let exits_signalled = pidfds.len() == watched.len();
     let started = Instant::now();
     let mut exit_status = None;
     loop {
-        std::thread::sleep(Duration::from_millis(25));
+        let mut timeout = STOP_CHECK;
+        if let Some(d) = opts.duration {
+            timeout = timeout.min(d.saturating_sub(started.elapsed()));
+        }
+        let woken = match exits.wait(timeout) {
+            Ok(w) => w.ready,
+            Err(_) => {
+                std::thread::sleep(timeout);
+                true
+            }
+        };
         if stop.load(Ordering::Acquire) {
             break;
         }
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
-        if let Some(c) = child.as_mut() {
-            if let Ok(Some(status)) = c.try_wait() {
-                exit_status = Some(status);
+        if woken || !exits_signalled {
+            if let Some(c) = child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    exit_status = Some(status);
+                    break;
+                }
+            } else if let Target::Pids(pids) = &opts.target
+                && !pids.iter().any(|&p| process_alive(p))
+            {
                 break;
             }
-        } else if let Target::Pids(pids) = &opts.target
-            && !pids.iter().any(|&p| process_alive(p))
-        {
-            break;
         }
         if reader.is_finished() {
             break;
         }
     }
     done.store(true, Ordering::Release);
+    waker.wake();
     let panicked = |_| {
         RecordError::Open(OpenError::Other(std::io::Error::other(
             "a recorder thread panicked",
@@ -489,44 +591,61 @@ pub fn record(
     })
 }
 
-/// One pass over every ring: side-band records first, merged across rings in time order (an
-/// exec on one CPU and the mmaps that follow on another must apply in order), so mappings are
-/// known before the samples that use them; then samples. Returns the number of records handled.
-fn drain_round(events: &mut [PerfEvent], pipeline: &mut Pipeline) -> usize {
-    let kernel = pipeline.callchain();
-    let mut heads = Vec::with_capacity(events.len());
-    let mut count = 0;
-    let mut side_band: Vec<(u64, Vec<u8>)> = Vec::new();
-    for e in events.iter_mut() {
-        let Some(ring) = e.ring() else {
-            heads.push(0);
-            continue;
-        };
-        let head = ring.head();
-        ring.peek(head, |data| {
-            if !is_sample(data) {
-                side_band.push((side_band_time(data).unwrap_or(0), data.to_vec()));
-            }
-        });
-        heads.push(head);
+/// Buffers reused by every pass over the rings.
+#[derive(Default)]
+struct Drain {
+    heads: Vec<u64>,
+    /// Side-band records `(time, start, end)` into `bytes`.
+    side_band: Vec<(u64, usize, usize)>,
+    bytes: Vec<u8>,
+}
+
+impl Drain {
+    /// One pass over every ring: side-band records first, merged across rings in time order (an
+    /// exec on one CPU and the mmaps that follow on another must apply in order), so mappings are
+    /// known before the samples that use them; then samples. Returns the number of records
+    /// handled.
+    fn round(&mut self, events: &mut [PerfEvent], pipeline: &mut Pipeline) -> usize {
+        let kernel = pipeline.callchain();
+        let mut count = 0;
+        pipeline.begin_round();
+        self.heads.clear();
+        self.side_band.clear();
+        self.bytes.clear();
+        for e in events.iter_mut() {
+            let Some(ring) = e.ring() else {
+                self.heads.push(0);
+                continue;
+            };
+            let head = ring.head();
+            ring.peek(head, |data| {
+                if !is_sample(data) {
+                    let start = self.bytes.len();
+                    self.bytes.extend_from_slice(data);
+                    let time = side_band_time(data).unwrap_or(0);
+                    self.side_band.push((time, start, self.bytes.len()));
+                }
+            });
+            self.heads.push(head);
+        }
+        self.side_band.sort_by_key(|r| r.0);
+        for &(time, start, end) in &self.side_band {
+            pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));
+        }
+        for (e, &head) in events.iter_mut().zip(&self.heads) {
+            let Some(ring) = e.ring() else {
+                continue;
+            };
+            let pos = ring.peek(head, |data| {
+                count += 1;
+                if let Record::Sample(s) = parse_record(data, kernel) {
+                    pipeline.sample_record(data, &s);
+                }
+            });
+            ring.consume(pos);
+        }
+        count
     }
-    side_band.sort_by_key(|r| r.0);
-    for (time, data) in &side_band {
-        pipeline.side_band(*time, &parse_record(data, kernel));
-    }
-    for (e, head) in events.iter_mut().zip(heads) {
-        let Some(ring) = e.ring() else {
-            continue;
-        };
-        let pos = ring.peek(head, |data| {
-            count += 1;
-            if let Record::Sample(s) = parse_record(data, kernel) {
-                pipeline.sample(&s);
-            }
-        });
-        ring.consume(pos);
-    }
-    count
 }
 
 fn finish_metadata(profile: &mut Profile, stats: &Stats) {
@@ -545,6 +664,8 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
             stats.full_register_unwinds.to_string(),
         );
     }
+    m.extra
+        .insert("deferred.samples".into(), stats.deferred.to_string());
     if stats.live.samples > 0 {
         m.extra
             .insert("live.samples".into(), stats.live.samples.to_string());

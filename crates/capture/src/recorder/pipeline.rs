@@ -5,6 +5,15 @@
 //! past the copied stack are read live only with a proof from [`super::outer_cache`] (which also
 //! hands back the interned outer part of a deep stack that is proven unchanged), and are
 //! cross-checked against the kernel's callchain ([`crate::unwind::callchain`]).
+//!
+//! Binaries are parsed on a loader thread ([`Processes::with_loader`]). A sample whose unwind
+//! touched a region still waiting for its binary (or ended early in a process with such regions)
+//! is set aside as its raw record and unwound again once the parse arrives, so it is never
+//! unwound without its unwind tables; later samples of the same process wait behind it, so each
+//! process's samples are still unwound in time order. When a mapping change, exec or exit alters a process whose
+//! samples wait, its address space as it was is kept aside for them ([`Processes::retire`]), so
+//! nobody waits; past [`DEFER_BUDGET`] bytes of waiting samples the reader waits for the loader
+//! instead of setting more aside, and at the end it waits for what is still owed.
 //! [`Pipeline::take_batch`] hands everything new to the [`super::builder::Builder`], which
 //! symbolizes distinct frames and builds the profile on its own thread.
 
@@ -13,9 +22,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::jit::{JitMaps, JitMemory, JitName};
-use crate::perf_event::{Record, Sample};
-use crate::process::{BinaryFile, Processes, thread_name};
-use crate::unwind::{LiveMemory, Registers, SampleStack, StackEnd, TruncateReason, callchain};
+use foldhash::{HashMap as FastMap, HashMapExt};
+
+use crate::perf_event::{Record, Sample, parse_record};
+use crate::process::{BinaryFile, FileKey, Processes, thread_name};
+use crate::unwind::{
+    LiveMemory, Memory, NoCfiRule, ReadFailure, Registers, SampleStack, StackEnd, TruncateReason,
+    callchain,
+};
 
 use super::outer_cache::{self, Observed, Outer, OuterCache, OuterCacheStats, Plan};
 
@@ -38,6 +52,9 @@ pub struct Stats {
     pub callchain: CallchainStats,
     /// Reuse of the outer part of deep stacks.
     pub outer_cache: OuterCacheStats,
+    /// Times a sample was set aside to wait for a binary's parse (a sample may count more than
+    /// once if it needed several).
+    pub deferred: u64,
 }
 
 /// Counts of the kernel callchain cross-check (see [`crate::unwind::callchain`]).
@@ -122,10 +139,27 @@ pub(crate) struct Batch {
     /// Thread names `(pid, tid, name)`, in order; `pid == tid` also names the process.
     pub names: Vec<(u32, u32, String)>,
     pub stats: Stats,
+    /// The pipeline started its tables over after this batch: the next one's ids start at 0.
+    pub start_over: bool,
 }
 
 /// The parent of a root node.
 pub(crate) const NO_NODE: u32 = u32::MAX;
+
+/// A sample set aside until a binary it needs is parsed.
+struct Deferred {
+    raw: Vec<u8>,
+    /// The address space it is unwound in: its process's, or that space as it was before an
+    /// exec or a mapping change (kept aside under a key of its own, see [`Processes::retire`]).
+    space: u32,
+    /// The file it waits for; None: any file arriving in its process (its stack ended early and
+    /// the region to blame is not known).
+    waits_for: Option<FileKey>,
+}
+
+/// Bytes of raw sample records that may wait for their binaries' parses (about 4,000 samples with
+/// 16 KiB stacks); past it the reader waits for the loader.
+pub const DEFER_BUDGET: usize = 64 * 1024 * 1024;
 
 /// Turns perf records into raw stacks.
 pub struct Pipeline {
@@ -136,17 +170,23 @@ pub struct Pipeline {
     kernel: bool,
     period_nanos: Option<i64>,
     mappings: Vec<RawMapping>,
-    mapping_index: HashMap<(u64, usize), u32>,
+    mapping_index: FastMap<(u64, usize), u32>,
     frames: Vec<RawFrame>,
-    frame_index: HashMap<RawFrame, u32>,
+    frame_index: FastMap<RawFrame, u32>,
     nodes: Vec<(u32, u32)>,
-    node_index: HashMap<(u32, u32), u32>,
+    node_index: FastMap<(u32, u32), u32>,
     sent: (usize, usize, usize),
     pending: Vec<Pending>,
     names: Vec<(u32, u32, String)>,
-    threads: std::collections::HashSet<(u32, u32)>,
-    refreshed: HashMap<u32, Instant>,
-    exec_times: HashMap<u32, u64>,
+    /// Live threads and their names (re-sent after the tables start over).
+    threads: FastMap<(u32, u32), Option<Box<str>>>,
+    /// Distinct frames plus stack nodes (plus threads seen) past which the tables start over
+    /// (None: never).
+    table_limit: Option<usize>,
+    /// Threads first seen since the tables last started over.
+    new_threads: usize,
+    refreshed: FastMap<u32, Instant>,
+    exec_times: FastMap<u32, u64>,
     addrs: Vec<u64>,
     sps: Vec<u64>,
     /// Frames of the last unwind to symbolize as instructions, not return addresses.
@@ -162,6 +202,21 @@ pub struct Pipeline {
     reused: Option<Outer>,
     /// Per process: bumped whenever its executable mappings change.
     space_gen: HashMap<u32, u64>,
+    /// Samples waiting for binaries, in arrival order, and their total size.
+    deferred: Vec<Deferred>,
+    deferred_bytes: usize,
+    /// Set-aside samples per address space.
+    deferred_pids: FastMap<u32, usize>,
+    /// Unwind without checking for pending binaries (nothing more will arrive).
+    force: bool,
+    /// Threads `(pid, tid)` that exited in this round, forgotten after the next one (a sample
+    /// of theirs may still sit in another CPU's ring).
+    exiting: Vec<(u32, u32)>,
+    exited: Vec<(u32, u32)>,
+    /// Scratch: the regions of the sample's process still waiting for their binary.
+    pending_ranges: Vec<(u64, u64)>,
+    /// Keys of address spaces kept aside for waiting samples.
+    retired: Vec<u32>,
 }
 
 impl Pipeline {
@@ -170,22 +225,24 @@ impl Pipeline {
     pub fn new(kernel: bool, period_nanos: Option<i64>) -> Pipeline {
         Pipeline {
             stats: Stats::default(),
-            processes: Processes::new(),
+            processes: Processes::with_loader(),
             jit: JitMaps::new(),
             kernel,
             period_nanos,
             mappings: Vec::new(),
-            mapping_index: HashMap::new(),
+            mapping_index: FastMap::new(),
             frames: Vec::new(),
-            frame_index: HashMap::new(),
+            frame_index: FastMap::new(),
             nodes: Vec::new(),
-            node_index: HashMap::new(),
+            node_index: FastMap::new(),
             sent: (0, 0, 0),
             pending: Vec::new(),
             names: Vec::new(),
-            threads: std::collections::HashSet::new(),
-            refreshed: HashMap::new(),
-            exec_times: HashMap::new(),
+            threads: FastMap::new(),
+            table_limit: None,
+            new_threads: 0,
+            refreshed: FastMap::new(),
+            exec_times: FastMap::new(),
             addrs: Vec::new(),
             sps: Vec::new(),
             instruction_frames: Vec::new(),
@@ -196,7 +253,121 @@ impl Pipeline {
             passed_at: None,
             reused: None,
             space_gen: HashMap::new(),
+            deferred: Vec::new(),
+            deferred_bytes: 0,
+            deferred_pids: FastMap::new(),
+            force: false,
+            exiting: Vec::new(),
+            exited: Vec::new(),
+            pending_ranges: Vec::new(),
+            retired: Vec::new(),
         }
+    }
+    /// Called before each pass over the rings: installs finished parses, unwinds the samples
+    /// that waited for them, and forgets threads that exited two passes ago.
+    pub fn begin_round(&mut self) {
+        if self.processes.poll_loaded() {
+            let (files, pids) = self.processes.take_installed();
+            // Only the samples that waited for what arrived: each is unwound again at most once
+            // per binary it needs, not once per binary the host loads.
+            self.replay_if(|d| match &d.waits_for {
+                Some(key) => files.contains(key),
+                None => pids.contains(&d.space),
+            });
+        }
+        for (pid, tid) in std::mem::take(&mut self.exited) {
+            self.threads.remove(&(pid, tid));
+            if pid == tid {
+                self.retire_space(pid);
+                self.processes.remove(pid);
+                self.jit.exec(pid);
+                self.refreshed.remove(&pid);
+                self.exec_times.remove(&pid);
+            }
+        }
+        self.exited = std::mem::take(&mut self.exiting);
+    }
+
+    /// Finishes every set-aside sample (waiting for the loader); call before the last batch.
+    pub fn finish(&mut self) {
+        while !self.deferred.is_empty() {
+            self.wait_and_replay();
+        }
+    }
+
+    /// Waits for the loader's next parse and unwinds the set-aside samples again; when nothing
+    /// more can arrive, unwinds them with what there is.
+    fn wait_and_replay(&mut self) {
+        self.force = !self.processes.wait_loaded();
+        self.replay();
+        self.force = false;
+    }
+
+    /// Unwinds every set-aside sample again (some may be set aside again).
+    fn replay(&mut self) {
+        self.processes.take_installed();
+        self.replay_if(|_| true);
+    }
+
+    /// Unwinds again the set-aside samples that `due` picks.
+    fn replay_if(&mut self, due: impl Fn(&Deferred) -> bool) {
+        if !self.deferred.iter().any(&due) {
+            return;
+        }
+        let all = std::mem::take(&mut self.deferred);
+        self.deferred_bytes = 0;
+        self.deferred_pids.clear();
+        for d in all {
+            // A space's samples stay in time order: once one of them waits, the rest wait
+            // behind it (the outer-stack cache relies on each thread's order).
+            if self.deferred_pids.contains_key(&d.space) || !due(&d) {
+                self.defer(d);
+                continue;
+            }
+            if let Record::Sample(s) = parse_record(&d.raw, self.callchain) {
+                self.handle(&s, Some(&d.raw), d.space);
+            }
+        }
+        // Address spaces kept aside for samples that no longer wait.
+        let deferred_pids = &self.deferred_pids;
+        let processes = &mut self.processes;
+        self.retired.retain(|&key| {
+            let keep = deferred_pids.contains_key(&key);
+            if !keep {
+                processes.remove(key);
+            }
+            keep
+        });
+    }
+
+    /// Sets a sample aside (after those already waiting).
+    fn defer(&mut self, d: Deferred) {
+        self.deferred_bytes += d.raw.len();
+        *self.deferred_pids.entry(d.space).or_default() += 1;
+        self.deferred.push(d);
+    }
+
+    /// Before `pid`'s address space changes (exec, a replacing mapping, exit): if samples of it
+    /// wait for binaries, keeps the space as it is under a new key for them (no waiting).
+    /// Returns that key.
+    fn retire_space(&mut self, pid: u32) -> Option<u32> {
+        let n = self.deferred_pids.remove(&pid)?;
+        let key = self.processes.retire(pid)?;
+        for d in &mut self.deferred {
+            if d.space == pid {
+                d.space = key;
+            }
+        }
+        self.deferred_pids.insert(key, n);
+        self.retired.push(key);
+        Some(key)
+    }
+
+    /// Starts the tables over (after the batch that passes it) once they hold more than `limit`
+    /// distinct frames plus stack nodes, so a recording that hands its samples over keeps bounded
+    /// memory however long it runs.
+    pub fn set_table_limit(&mut self, limit: usize) {
+        self.table_limit = Some(limit);
     }
 
     /// Cross-checks frames read from live memory against the kernel's frame-pointer callchain of
@@ -217,6 +388,16 @@ impl Pipeline {
         self.live = (budget > 0).then(|| LiveMemory::new(budget));
     }
 
+    /// Parses binaries on the reader thread as they are first mapped (the reader may stall on a
+    /// large one) instead of on the loader thread; call before the first record.
+    ///
+    /// For recordings of a few processes with live stack reads: those reads are proven by
+    /// watches the reader arms as it handles samples, and a sample taken before its thread's
+    /// watch cannot use it; samples set aside for a binary's parse would all predate it.
+    pub fn parse_binaries_inline(&mut self) {
+        self.processes = Processes::new();
+    }
+
     /// Whether records of this event carry a kernel callchain.
     pub fn kernel(&self) -> bool {
         self.kernel
@@ -234,6 +415,13 @@ impl Pipeline {
                 filename,
             } => {
                 *self.space_gen.entry(pid).or_default() += 1;
+                if self.deferred_pids.contains_key(&pid)
+                    && self.processes.overlaps(pid, addr, addr.saturating_add(len))
+                    && let Some(kept) = self.retire_space(pid)
+                {
+                    // The process goes on with a copy of the space, then the new mapping.
+                    self.processes.fork(pid, kept);
+                }
                 self.processes
                     .mmap(pid, addr, len, pgoff, file_key, filename)
             }
@@ -245,34 +433,60 @@ impl Pipeline {
             } => {
                 if exec {
                     *self.space_gen.entry(pid).or_default() += 1;
+                    self.retire_space(pid);
                     self.processes.exec(pid);
                     self.jit.exec(pid);
                     self.exec_times.insert(pid, time);
                 }
-                if self.threads.contains(&(pid, tid)) {
+                if let Some(known) = self.threads.get_mut(&(pid, tid)) {
+                    *known = Some(name.into());
                     self.names.push((pid, tid, name.to_string()));
                 }
             }
             Record::Fork { pid, ppid, .. } => self.processes.fork(pid, ppid),
             Record::Lost(n) => self.stats.lost += n,
-            Record::Exit { pid, tid } => self.outer.forget((pid, tid)),
+            Record::Exit { pid, tid } => {
+                self.outer.forget((pid, tid));
+                self.exiting.push((pid, tid));
+            }
             Record::Sample(_) | Record::Other => {}
         }
     }
 
     /// Handles one sample: unwind, intern, queue.
     pub fn sample(&mut self, s: &Sample<'_>) {
+        self.handle(s, None, s.pid);
+    }
+
+    /// [`Pipeline::sample`] for a sample parsed from `raw`, which is kept (and the sample unwound
+    /// later) if the sample's binaries are still being parsed.
+    pub(crate) fn sample_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+        self.handle(s, Some(raw), s.pid);
+    }
+
+    /// Handles a sample, unwinding it in address space `space` (its process's, unless the
+    /// sample waited while that space changed).
+    fn handle(&mut self, s: &Sample<'_>, raw: Option<&[u8]>, space: u32) {
+        let user = match s.user_regs {
+            Some(regs) if !self.in_exec(s, regs.ip(), space) => {
+                match self.user_stack(s, regs, raw, space) {
+                    Some(node) => Some(node),
+                    None => return, // set aside until its binaries are parsed
+                }
+            }
+            _ => None,
+        };
         self.stats.samples += 1;
         self.thread(s.pid, s.tid);
         let mut node = NO_NODE;
-        match s.user_regs {
-            Some(regs) if self.in_exec(s, regs.ip()) => node = self.node(node, RawKind::Exec, 0),
-            None => {
+        match (s.user_regs, user) {
+            (Some(_), Some(n)) => node = n,
+            (Some(_), None) => node = self.node(node, RawKind::Exec, 0),
+            (None, _) => {
                 if s.kernel_ips.is_empty() {
                     node = self.node(node, RawKind::KernelOnly, 0);
                 }
             }
-            Some(regs) => node = self.user_stack(s, regs),
         }
         for &ip in s.kernel_ips.iter().rev() {
             node = self.node(node, RawKind::Kernel, ip);
@@ -287,8 +501,29 @@ impl Pipeline {
         });
     }
 
-    /// Unwinds and interns a sample's user stack; returns its leaf node.
-    fn user_stack(&mut self, s: &Sample<'_>, regs: Registers) -> u32 {
+    /// Unwinds (in address space `space`) and interns a sample's user stack; returns its leaf
+    /// node, or None when the sample was set aside to wait for a binary.
+    fn user_stack(
+        &mut self,
+        s: &Sample<'_>,
+        regs: Registers,
+        raw: Option<&[u8]>,
+        space: u32,
+    ) -> Option<u32> {
+        // Behind a sample of the same space that waits: wait too, in order.
+        if let Some(raw) = raw
+            && !self.force
+            && self.deferred_pids.contains_key(&space)
+            && self.deferred_bytes + raw.len() <= DEFER_BUDGET
+        {
+            self.defer(Deferred {
+                raw: raw.to_vec(),
+                space,
+                waits_for: None,
+            });
+            self.stats.deferred += 1;
+            return None;
+        }
         let key = (s.pid, s.tid);
         let sp = regs.sp();
         let copy_end = sp.saturating_add(s.stack.len() as u64);
@@ -298,7 +533,24 @@ impl Pipeline {
         } else {
             Plan::default()
         };
-        let mut end = self.unwind(s.pid, s.tid, &regs, s.stack, &s.user_ips, plan);
+        let mut end = self.unwind(space, s.pid, s.tid, &regs, s.stack, &s.user_ips, plan);
+        while let Some(waits_for) = self.touches_pending(space, end) {
+            if let Some(raw) = raw
+                && self.deferred_bytes + raw.len() <= DEFER_BUDGET
+            {
+                self.defer(Deferred {
+                    raw: raw.to_vec(),
+                    space,
+                    waits_for,
+                });
+                self.stats.deferred += 1;
+                return None;
+            }
+            if !self.processes.wait_loaded() {
+                break; // nothing more will arrive: this is the best unwind there is
+            }
+            end = self.unwind(space, s.pid, s.tid, &regs, s.stack, &s.user_ips, plan);
+        }
         let mut passed = self.passed_at;
         let used_live = self.sps.last().is_some_and(|&s| s > copy_end);
         let beyond_copy = used_live || end == StackEnd::Stopped;
@@ -365,7 +617,7 @@ impl Pipeline {
         for i in (0..upto).rev() {
             let addr = addrs[i];
             let is_return = i > 0 && !self.instruction_frames.contains(&i);
-            let kind = self.user_kind(s.pid, addr, is_return);
+            let kind = self.user_kind(space, s.pid, addr, is_return);
             if keep_b.is_some_and(|b| i >= b) {
                 // JIT code is named through maps that change without the stack changing.
                 outer_in_files &= matches!(kind, RawKind::User(m, _)
@@ -398,22 +650,43 @@ impl Pipeline {
             }
         }
         self.addrs = addrs;
-        node
+        Some(node)
+    }
+
+    /// Whether the unwind just made (into `addrs`) may be wrong for want of a binary still being
+    /// parsed, and which file it waits for: a frame lies in such a region (that region's file),
+    /// or a return address failed its check in a process that has one (None: the region to blame
+    /// is not in `addrs`; any arrival in the process will do). Every other early end happened at
+    /// the last frame in `addrs`, so its region is checked already.
+    fn touches_pending(&self, pid: u32, end: StackEnd) -> Option<Option<FileKey>> {
+        if self.force || !self.processes.has_pending(pid) {
+            return None;
+        }
+        for (i, &a) in self.addrs.iter().enumerate() {
+            let lookup = if i > 0 { a.wrapping_sub(1) } else { a };
+            if let Some(key) = self.processes.pending_file(pid, lookup) {
+                return Some(Some(key.clone()));
+            }
+        }
+        (end == StackEnd::Truncated(TruncateReason::NotAfterCall)).then_some(None)
     }
 
     /// Whether the sample caught the thread inside `execve`: in kernel mode, after (or at) an exec
     /// seen in this recording, with user registers that still point into the old image.
-    fn in_exec(&mut self, s: &Sample<'_>, ip: u64) -> bool {
+    fn in_exec(&mut self, s: &Sample<'_>, ip: u64, space: u32) -> bool {
         s.kernel_mode
             && self
                 .exec_times
                 .get(&s.pid)
                 .is_some_and(|&t| s.time >= t.saturating_sub(1_000_000))
-            && self.processes.get(s.pid).space.region(ip).is_none()
+            && self.processes.get(space).space.region(ip).is_none()
     }
 
+    /// Unwinds a sample of `pid` in address space `space` (usually the same).
+    #[allow(clippy::too_many_arguments)]
     fn unwind(
         &mut self,
+        space: u32,
         pid: u32,
         tid: u32,
         regs: &Registers,
@@ -421,10 +694,11 @@ impl Pipeline {
         chain: &[u64],
         plan: Plan,
     ) -> StackEnd {
-        let mut end = self.unwind_once(pid, tid, regs, stack, chain, plan);
+        let mut end = self.unwind_once(space, pid, tid, regs, stack, chain, plan);
         // A mapping the tracker has not seen yet (a record still in another ring, or created
         // before attach): re-read /proc/PID/maps, at most every 100 ms per process, and retry.
-        if end == StackEnd::Truncated(TruncateReason::UnmappedAddress) {
+        // A kept-aside space is as it was: nothing to re-read.
+        if end == StackEnd::Truncated(TruncateReason::UnmappedAddress) && space == pid {
             let now = Instant::now();
             let due = self
                 .refreshed
@@ -434,14 +708,16 @@ impl Pipeline {
                 self.refreshed.insert(pid, now);
                 self.processes.refresh(pid);
                 *self.space_gen.entry(pid).or_default() += 1;
-                end = self.unwind_once(pid, tid, regs, stack, chain, Plan::default());
+                end = self.unwind_once(space, pid, tid, regs, stack, chain, Plan::default());
             }
         }
         end
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn unwind_once(
         &mut self,
+        space: u32,
         pid: u32,
         tid: u32,
         regs: &Registers,
@@ -451,7 +727,9 @@ impl Pipeline {
     ) -> StackEnd {
         let sp = regs.sp();
         let copy_end = sp.saturating_add(stack.len() as u64);
-        let state = self.processes.get(pid);
+        let state = self.processes.get(space);
+        self.pending_ranges.clear();
+        state.pending_ranges(&mut self.pending_ranges);
         let live = self.live.as_mut().map(|live| {
             live.start(pid, tid, sp.saturating_add(stack.len() as u64), stack);
             live as &mut dyn crate::unwind::MemoryReader
@@ -474,11 +752,20 @@ impl Pipeline {
             passed_at: None,
             reused: None,
         };
+        let mut guarded = NotPending {
+            inner: &mut observed,
+            pending: &self.pending_ranges,
+        };
+        let memory: &mut dyn Memory = if self.pending_ranges.is_empty() {
+            guarded.inner
+        } else {
+            &mut guarded
+        };
         let before = state.space.full_register_unwinds();
         let mut end =
             state
                 .space
-                .unwind_with_sps(regs, &mut observed, &mut self.addrs, Some(&mut self.sps));
+                .unwind_with_sps(regs, memory, &mut self.addrs, Some(&mut self.sps));
         self.stats.full_register_unwinds += state.space.full_register_unwinds() - before;
         self.instruction_frames.clear();
         self.instruction_frames
@@ -514,13 +801,13 @@ impl Pipeline {
         end
     }
 
-    fn user_kind(&mut self, pid: u32, addr: u64, is_return: bool) -> RawKind {
+    fn user_kind(&mut self, space: u32, pid: u32, addr: u64, is_return: bool) -> RawKind {
         let lookup = if is_return {
             addr.wrapping_sub(1)
         } else {
             addr
         };
-        let Some((region, binary)) = self.processes.binary_at(pid, lookup) else {
+        let Some((region, binary)) = self.processes.binary_at(space, lookup) else {
             return RawKind::Unknown;
         };
         let key = (region.start, Arc::as_ptr(binary) as usize);
@@ -565,11 +852,15 @@ impl Pipeline {
     }
 
     fn thread(&mut self, pid: u32, tid: u32) {
-        if self.threads.insert((pid, tid)) {
-            if let Some(name) = thread_name(pid, tid) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.threads.entry((pid, tid)) {
+            let name = thread_name(pid, tid);
+            e.insert(name.as_deref().map(Into::into));
+            if let Some(name) = name {
                 self.names.push((pid, tid, name));
             }
-            self.stats.threads = self.threads.len() as u64;
+            // Exited threads leave the map, so count each one as it first appears.
+            self.stats.threads += 1;
+            self.new_threads += 1;
         }
     }
 
@@ -594,21 +885,99 @@ impl Pipeline {
     /// Everything new since the previous call, for the builder.
     pub(crate) fn take_batch(&mut self) -> Batch {
         let (m, f, n) = self.sent;
+        let pending = self.pending.len();
         self.sent = (self.mappings.len(), self.frames.len(), self.nodes.len());
         let jit_names = (f..self.frames.len())
             .map(|i| self.jit_name(self.frames[i]))
             .collect::<Vec<_>>();
-        Batch {
+        let mut batch = Batch {
             mappings: self.mappings[m..].to_vec(),
             frames: self.frames[f..].to_vec(),
             jit_names,
             nodes: self.nodes[n..].to_vec(),
-            samples: std::mem::take(&mut self.pending),
+            // The next batch is about as large: one allocation instead of a regrowth per flush.
+            samples: std::mem::replace(&mut self.pending, Vec::with_capacity(pending)),
             names: std::mem::take(&mut self.names),
             stats: Stats {
                 outer_cache: self.outer.stats,
                 ..self.stats.clone()
             },
+            start_over: false,
+        };
+        if self
+            .table_limit
+            .is_some_and(|limit| self.frames.len() + self.nodes.len() + self.new_threads > limit)
+        {
+            batch.start_over = true;
+            self.start_over();
         }
+        batch
+    }
+
+    /// Empties the raw tables; thread names go out again with the next batch.
+    fn start_over(&mut self) {
+        self.mappings.clear();
+        self.mapping_index.clear();
+        self.frames.clear();
+        self.frame_index.clear();
+        self.nodes.clear();
+        self.node_index.clear();
+        self.sent = (0, 0, 0);
+        self.new_threads = self.threads.len();
+        for (&(pid, tid), name) in &self.threads {
+            if let Some(name) = name {
+                self.names.push((pid, tid, name.to_string()));
+            }
+        }
+    }
+}
+
+/// A sample's memory that refuses code reads in regions whose binary is still being parsed: the
+/// unwind stops there (and the sample waits for the parse) instead of reading the target's code
+/// through `/proc/PID/mem` as if it were JIT code.
+struct NotPending<'m, M> {
+    inner: &'m mut M,
+    pending: &'m [(u64, u64)],
+}
+
+impl<M: Memory> NotPending<'_, M> {
+    fn pending(&self, addr: u64) -> bool {
+        self.pending.iter().any(|&(s, e)| addr >= s && addr < e)
+    }
+}
+
+impl<M: Memory> Memory for NotPending<'_, M> {
+    fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
+        self.inner.read_stack_u64(addr)
+    }
+
+    fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        !self.pending(addr) && self.inner.read_code(addr, buf)
+    }
+
+    fn jit_function(&mut self, addr: u64) -> Option<std::ops::Range<u64>> {
+        if self.pending(addr) {
+            return None;
+        }
+        self.inner.jit_function(addr)
+    }
+
+    fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
+        if self.pending(lookup) {
+            return Some(None);
+        }
+        self.inner.jit_rule(lookup, leaf)
+    }
+
+    fn jit_pushed_return(&mut self, ra: u64) -> bool {
+        !self.pending(ra) && self.inner.jit_pushed_return(ra)
+    }
+
+    fn copied_len(&self) -> Option<usize> {
+        self.inner.copied_len()
+    }
+
+    fn on_frame(&mut self, index: usize, regs: &Registers, full: bool) -> bool {
+        self.inner.on_frame(index, regs, full)
     }
 }
