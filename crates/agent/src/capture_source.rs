@@ -2,11 +2,12 @@
 //! symbolizer, sampling every CPU (`cpu-clock`, or cycles where a PMU exists).
 //!
 //! rootline-capture builds a [`Profile`] and hands it to a [`ChunkSink`] at every flush; this
-//! adapter turns the samples that are new since the previous flush into [`RawSample`]s (frames
-//! resolved through the capture profile's tables once per frame) and passes them to the agent's
-//! capture thread over a bounded channel. The capture profile keeps every sample it ever took, so
-//! the adapter restarts the recording every [`RESTART_EVERY`] to keep memory bounded; samples the
-//! channel cannot take are counted as lost.
+//! adapter turns the flush's samples into [`RawSample`]s (frames resolved through the capture
+//! profile's tables once per frame) and passes them to the agent's capture thread over a bounded
+//! channel. The sink asks for [`Retention::HandOver`]: the recording drops each flush's samples
+//! once handed over and starts its tables over past [`TABLE_ENTRIES`], so one recording runs for
+//! as long as the agent does in bounded memory. Samples the channel cannot take are counted as
+//! lost.
 //!
 //! The whole host is always sampled: the agent's target rules pick the processes, so targets that
 //! start later are seen from their first sample. The agent's own process is left out.
@@ -16,17 +17,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Target};
+use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Retention, Target};
 use rootline_profile::{FrameId, Profile};
 
 use crate::config::AgentConfig;
 use crate::source::{FrameDesc, PollStats, RawSample, SampleSource, SourceError};
 
-/// How long one recording runs before it is replaced by a fresh one (bounds the capture
-/// profile's memory: its samples and its tables of frames and threads).
-pub const RESTART_EVERY: Duration = Duration::from_secs(300);
+/// Distinct frames, stack nodes and threads the capture profile holds before it starts over
+/// (bounds its memory; the frame descriptions cached here are dropped with it).
+pub const TABLE_ENTRIES: usize = 200_000;
 
 /// How often the recorder flushes (and so how often samples reach the agent).
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
@@ -184,33 +185,16 @@ impl CaptureSource {
     }
 }
 
-/// The recorder thread: one recording after another until stopped.
+/// The recorder thread: one recording until the source stops it.
 fn run(options: RecordOptions, tx: SyncSender<Vec<OwnedSample>>, shared: Arc<Shared>) {
-    while !shared.stop.load(Relaxed) {
-        let stop = Arc::new(AtomicBool::new(false));
-        let sink = Forward::new(tx.clone(), Arc::clone(&shared));
-        let timer = {
-            let stop = Arc::clone(&stop);
-            let shared = Arc::clone(&shared);
-            std::thread::spawn(move || {
-                let started = Instant::now();
-                while started.elapsed() < RESTART_EVERY && !shared.stop.load(Relaxed) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                stop.store(true, Relaxed);
-            })
+    let sink = Forward::new(tx, Arc::clone(&shared));
+    let result = recorder::record(&options, &shared.stop, Some(Box::new(sink)));
+    if let Err(e) = result {
+        let error = match e {
+            RecordError::Permission(_) => SourceError::Permission(e.to_string()),
+            _ => SourceError::Failed(e.to_string()),
         };
-        let result = recorder::record(&options, &stop, Some(Box::new(sink)));
-        stop.store(true, Relaxed);
-        let _ = timer.join();
-        if let Err(e) = result {
-            let error = match e {
-                RecordError::Permission(_) => SourceError::Permission(e.to_string()),
-                _ => SourceError::Failed(e.to_string()),
-            };
-            *shared.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-            return;
-        }
+        *shared.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
     }
 }
 
@@ -218,7 +202,6 @@ fn run(options: RecordOptions, tx: SyncSender<Vec<OwnedSample>>, shared: Arc<Sha
 struct Forward {
     tx: SyncSender<Vec<OwnedSample>>,
     shared: Arc<Shared>,
-    next: usize,
     lost_seen: u64,
     frames: HashMap<FrameId, FrameDesc>,
     names: HashMap<String, Arc<str>>,
@@ -234,7 +217,6 @@ impl Forward {
         Forward {
             tx,
             shared,
-            next: 0,
             lost_seen: 0,
             frames: HashMap::new(),
             names: HashMap::new(),
@@ -275,6 +257,18 @@ impl Forward {
 }
 
 impl ChunkSink for Forward {
+    fn retention(&self) -> Retention {
+        Retention::HandOver {
+            max_entries: TABLE_ENTRIES,
+        }
+    }
+
+    fn started_over(&mut self) {
+        // Frame ids restart with the new profile; names are interned again as they recur.
+        self.frames.clear();
+        self.names.clear();
+    }
+
     fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()> {
         let lost = profile.metadata.lost_samples;
         if lost > self.lost_seen {
@@ -286,9 +280,10 @@ impl ChunkSink for Forward {
             .sample_types()
             .iter()
             .position(|t| t.unit == "nanoseconds");
-        let mut batch = Vec::with_capacity(samples.len().saturating_sub(self.next));
+        let mut batch = Vec::with_capacity(samples.len());
         let me = std::process::id();
-        for i in self.next..samples.len() {
+        // The recording drops each flush's samples once handed over: all of them are new.
+        for i in 0..samples.len() {
             let thread = profile.thread(samples.threads[i]);
             if thread.pid == me {
                 continue; // the agent does not profile itself
@@ -307,7 +302,6 @@ impl ChunkSink for Forward {
                 frames,
             });
         }
-        self.next = samples.len();
         if batch.is_empty() {
             return Ok(());
         }
