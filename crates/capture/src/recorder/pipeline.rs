@@ -146,6 +146,9 @@ pub(crate) struct Batch {
 /// The parent of a root node.
 pub(crate) const NO_NODE: u32 = u32::MAX;
 
+/// How long after its exit record a thread (and, once gone, its process) is forgotten.
+const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A sample set aside until a binary it needs is parsed.
 struct Deferred {
     raw: Vec<u8>,
@@ -209,10 +212,10 @@ pub struct Pipeline {
     deferred_pids: FastMap<u32, usize>,
     /// Unwind without checking for pending binaries (nothing more will arrive).
     force: bool,
-    /// Threads `(pid, tid)` that exited in this round, forgotten after the next one (a sample
-    /// of theirs may still sit in another CPU's ring).
-    exiting: Vec<(u32, u32)>,
-    exited: Vec<(u32, u32)>,
+    /// Threads `(pid, tid)` that exited and when their exit was seen; forgotten after
+    /// [`FORGET_AFTER`] (a sample of theirs may still sit in another CPU's ring), a process only
+    /// once it is gone from `/proc` (its main thread may exit before the others).
+    exited: std::collections::VecDeque<(u32, u32, Instant)>,
     /// Scratch: the regions of the sample's process still waiting for their binary.
     pending_ranges: Vec<(u64, u64)>,
     /// Keys of address spaces kept aside for waiting samples.
@@ -257,14 +260,13 @@ impl Pipeline {
             deferred_bytes: 0,
             deferred_pids: FastMap::new(),
             force: false,
-            exiting: Vec::new(),
-            exited: Vec::new(),
+            exited: std::collections::VecDeque::new(),
             pending_ranges: Vec::new(),
             retired: Vec::new(),
         }
     }
     /// Called before each pass over the rings: installs finished parses, unwinds the samples
-    /// that waited for them, and forgets threads that exited two passes ago.
+    /// that waited for them, and forgets threads and processes that exited a while ago.
     pub fn begin_round(&mut self) {
         if self.processes.poll_loaded() {
             let (files, pids) = self.processes.take_installed();
@@ -275,9 +277,19 @@ impl Pipeline {
                 None => pids.contains(&d.space),
             });
         }
-        for (pid, tid) in std::mem::take(&mut self.exited) {
+        let now = Instant::now();
+        while let Some(&(pid, tid, at)) = self.exited.front() {
+            if now.duration_since(at) < FORGET_AFTER {
+                break;
+            }
+            self.exited.pop_front();
             self.threads.remove(&(pid, tid));
             if pid == tid {
+                if std::fs::metadata(format!("/proc/{pid}")).is_ok() {
+                    // Still there (other threads run on, or not yet reaped): look again later.
+                    self.exited.push_back((pid, tid, now));
+                    break;
+                }
                 self.retire_space(pid);
                 self.processes.remove(pid);
                 self.jit.exec(pid);
@@ -285,7 +297,6 @@ impl Pipeline {
                 self.exec_times.remove(&pid);
             }
         }
-        self.exited = std::mem::take(&mut self.exiting);
     }
 
     /// Finishes every set-aside sample (waiting for the loader); call before the last batch.
@@ -447,7 +458,7 @@ impl Pipeline {
             Record::Lost(n) => self.stats.lost += n,
             Record::Exit { pid, tid } => {
                 self.outer.forget((pid, tid));
-                self.exiting.push((pid, tid));
+                self.exited.push_back((pid, tid, Instant::now()));
             }
             Record::Sample(_) | Record::Other => {}
         }
