@@ -41,7 +41,11 @@ fn has_whole_recursion_sample(trace: &Path, pid: u32) -> bool {
     let s = p.samples();
     (0..s.len()).any(|i| {
         let n = names(&p, s.stacks[i]);
-        p.thread(s.threads[i]).tid == pid && n.first() == Some(&MAIN) && n.get(2) == Some(&DOWN)
+        // Repair needs at least `min_overlap` (2) recursion frames in common with the cut stacks.
+        p.thread(s.threads[i]).tid == pid
+            && n.first() == Some(&MAIN)
+            && n.get(2) == Some(&DOWN)
+            && n.iter().filter(|&&f| f == DOWN).count() >= 2
     })
 }
 
