@@ -1,0 +1,154 @@
+//! What a recording is asked for and what it gives back: the target, the options, the sink
+//! that receives flushed chunks (and how long samples are retained), errors and the result.
+
+use std::ffi::OsString;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use rootline_profile::Profile;
+
+use super::Stats;
+use crate::perf_event::{EventKind, OpenError};
+
+/// What to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Running processes (all their threads, and threads they create later).
+    Pids(Vec<u32>),
+    /// Every process on every CPU.
+    System,
+    /// Launch this command (program and arguments) and record it from its `exec`.
+    Command(Vec<OsString>),
+}
+
+/// How to record.
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    /// What to record.
+    pub target: Target,
+    /// Samples per second of CPU time (per thread).
+    pub frequency_hz: u32,
+    /// Stop after this long (None: until stopped or the target ends).
+    pub duration: Option<Duration>,
+    /// Bytes of user stack copied per sample.
+    pub stack_bytes: u32,
+    /// Record kernel frames too.
+    pub kernel: bool,
+    /// How often the profile is flushed to the sink.
+    pub flush_interval: Duration,
+    /// Bytes of live process memory that may be read per sample to continue a stack past its
+    /// copy (0: never read live memory; the stack ends at the copy with an explicit truncation).
+    /// Default [`DEFAULT_LIVE_STACK_BUDGET`].
+    pub live_stack_budget: usize,
+    /// Ask the kernel for its frame-pointer walk of the user stack with each sample (up to
+    /// [`MAX_USER_CALLCHAIN`] entries, capped by `kernel.perf_event_max_stack`) and cross-check
+    /// frames read from live memory against it (see [`crate::unwind::callchain`]).
+    pub user_callchain: bool,
+}
+
+/// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
+pub const MAX_USER_CALLCHAIN: u16 = 512;
+
+/// Default per-sample budget for live stack reads: room for a 10,000-deep recursion with 1 KiB
+/// of locals per frame, and more than the default 8 MiB main-thread and thread stack sizes.
+pub const DEFAULT_LIVE_STACK_BUDGET: usize = 32 * 1024 * 1024;
+
+impl RecordOptions {
+    /// Defaults: 999 Hz, 16 KiB of stack copied, up to [`DEFAULT_LIVE_STACK_BUDGET`] read live,
+    /// user frames, flush every second.
+    pub fn new(target: Target) -> RecordOptions {
+        RecordOptions {
+            target,
+            frequency_hz: 999,
+            duration: None,
+            stack_bytes: 16 * 1024,
+            kernel: false,
+            flush_interval: Duration::from_secs(1),
+            live_stack_budget: DEFAULT_LIVE_STACK_BUDGET,
+            user_callchain: true,
+        }
+    }
+}
+
+/// What a recording keeps of what it has handed to its [`ChunkSink`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Retention {
+    /// Keep everything: the profile grows with every sample, and the finished [`Recording`] holds
+    /// them all (`rootline record`).
+    #[default]
+    KeepAll,
+    /// Hand each flush's samples over and drop them, for recordings that run for weeks (the
+    /// agent): every [`ChunkSink::write_chunk`] sees only the samples taken since the previous
+    /// call. Once the tables (distinct frames plus stack nodes) grow past `max_entries`, the
+    /// recording starts over with an empty profile after that flush ([`ChunkSink::started_over`]);
+    /// frames are then defined again as they recur. The finished [`Recording`] holds the last
+    /// tables and no samples.
+    HandOver {
+        /// Distinct frames plus stack nodes kept before starting over.
+        max_entries: usize,
+    },
+}
+
+/// Where the profile goes while recording, e.g. an appendable `.rlp` writer.
+pub trait ChunkSink: Send {
+    /// Called after each flush with the profile so far; writes what is new since the last call.
+    fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()>;
+
+    /// What the recording keeps once a flush has been written (asked once, at the start).
+    fn retention(&self) -> Retention {
+        Retention::KeepAll
+    }
+
+    /// With [`Retention::HandOver`]: the next [`ChunkSink::write_chunk`] gets a new profile whose
+    /// ids start again from zero; forget anything keyed by the old ids.
+    fn started_over(&mut self) {}
+}
+
+/// Why recording failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The kernel refused perf events (the message names the setting to change).
+    #[error(transparent)]
+    Permission(OpenError),
+    /// A target process does not exist or exited before recording started.
+    #[error("process {0} does not exist (or exited before recording started)")]
+    TargetGone(u32),
+    /// The command could not be started.
+    #[error("cannot start {command}: {source}")]
+    Launch {
+        /// The program.
+        command: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Any other failure while opening events.
+    #[error(transparent)]
+    Open(OpenError),
+    /// Writing a chunk failed.
+    #[error("writing the profile failed: {0}")]
+    Sink(#[source] std::io::Error),
+}
+
+impl RecordError {
+    /// Process exit code for this error: 2 permission, 3 target gone, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RecordError::Permission(_) => 2,
+            RecordError::TargetGone(_) => 3,
+            _ => 1,
+        }
+    }
+}
+
+/// A finished recording.
+pub struct Recording {
+    /// The profile.
+    pub profile: Profile,
+    /// Counts.
+    pub stats: Stats,
+    /// The event used.
+    pub event: EventKind,
+    /// The launched command's exit status (command mode).
+    pub exit_status: Option<ExitStatus>,
+}
