@@ -37,7 +37,7 @@ pub struct CacheLimits {
     pub buckets: usize,
     /// Most stacks one bucket holds (at least 1); ETW uses 4.
     pub bucket_limit: usize,
-    /// Most bytes all cached stacks together may cost (see [`stack_cost`]).
+    /// Most bytes all cached stacks together may cost (see `stack_cost`).
     pub byte_budget: usize,
 }
 

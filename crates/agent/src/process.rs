@@ -15,7 +15,7 @@ pub struct ProcessInfo {
     /// Executable path (`/proc/PID/exe`).
     pub executable: Option<String>,
     /// The process's most specific cgroup path, e.g. `/kubepods/burstable/pod…/…` (see
-    /// [`cgroup_paths`]).
+    /// `cgroup_paths`).
     pub cgroup: Option<String>,
     /// Every distinct cgroup path of the process (the v2 path and each v1 hierarchy's).
     pub cgroups: Vec<String>,

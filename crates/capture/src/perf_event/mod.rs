@@ -1,4 +1,4 @@
-//! The kernel edge of sampling: `perf_event_open` and the mmap ring buffer; [`record`] parses
+//! The kernel edge of sampling: `perf_event_open` and the mmap ring buffer; `record` parses
 //! the records it carries (samples, MMAP2, COMM, FORK, EXIT, LOST); [`Poller`] blocks until a
 //! ring has a batch (its wake-up watermark) instead of waking on a timer.
 
