@@ -1,6 +1,6 @@
 //! Measures what loading a module costs the unwinder: parsing the ELF file with its CFI index
 //! (every FDE walked and every row classified for framehop or the full-register evaluator),
-//! against a bare walk of the FDEs. For the module-load benchmark (scripts/bench-module-load.sh).
+//! against a bare walk of the FDEs, and the memory the module keeps.
 //!
 //! Usage: module_load FILE [ROUNDS] [--list]   (`--list`: print the full-register ranges)
 
@@ -40,7 +40,12 @@ fn main() {
     let mut indexed = 0usize;
     let index_ms = best(&mut || indexed = index_fdes(&bytes));
     let mut module = None;
-    let parse_ms = best(&mut || module = CodeModule::parse(&path, bytes.clone()).ok());
+    let parse_ms = best(&mut || {
+        module = None; // the previous round's module is freed first
+        module = std::fs::File::open(&path)
+            .ok()
+            .and_then(|f| CodeModule::open(&path, f, None).ok());
+    });
     let Some(module) = module else {
         eprintln!("{path} is not an ELF file");
         std::process::exit(1);
@@ -50,14 +55,16 @@ fn main() {
     println!(
         "{path}: {} MB, {eh} .eh_frame FDEs + {debug} .debug_frame FDEs ({walked} walked), \
          full-register ranges: {}; whole parse {parse_ms:.1} ms, of which .eh_frame index with \
-         rows classified {index_ms:.1} ms ({indexed} FDEs); bare FDE walk {walk_ms:.1} ms",
+         rows classified {index_ms:.1} ms ({indexed} FDEs); bare FDE walk {walk_ms:.1} ms; \
+         module memory {:.1} MB",
         bytes.len() >> 20,
         full.len(),
+        module.heap_bytes() as f64 / 1e6,
     );
     println!("  {module:?}");
     if args.next().as_deref() == Some("--list") {
         for (start, end) in full {
-            let name = module.symbol_name(start).unwrap_or("?");
+            let name = module.symbol_name(start).unwrap_or_else(|| "?".into());
             println!("  {start:#x}..{end:#x} {name}");
         }
     }

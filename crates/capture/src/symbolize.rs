@@ -37,11 +37,14 @@ impl Symbolizer {
     /// callees, lines, and names for code without a symbol.
     ///
     /// With a `build_id`, a separate debug file `/usr/lib/debug/.build-id/xx/yyyy.debug` (Debian's
-    /// `-dbg` packages) is used for DWARF and the full symbol table when it exists.
+    /// `-dbg` packages) is used for DWARF and the full symbol table when it exists. Without one,
+    /// and without `debug_info` in the file itself (DWARF or a debug link), only `symbol` names
+    /// the addresses: the file is not mapped for a symbol map that would add nothing.
     pub fn symbolize_file(
         &mut self,
         path: &Path,
         build_id: Option<&str>,
+        debug_info: bool,
         svmas: &[u64],
         symbol: impl Fn(u64) -> Option<String>,
     ) -> Vec<Vec<SymbolFrame>> {
@@ -57,7 +60,11 @@ impl Symbolizer {
                 })
                 .filter(|p| p.is_file())
                 .and_then(|p| addr2line::Loader::new(p).ok())
-                .or_else(|| addr2line::Loader::new(path).ok())
+                .or_else(|| {
+                    debug_info
+                        .then(|| addr2line::Loader::new(path).ok())
+                        .flatten()
+                })
         });
         svmas
             .iter()

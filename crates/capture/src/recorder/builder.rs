@@ -34,11 +34,14 @@ impl Builder {
     }
 
     /// Continues with an empty profile (same sample types and metadata) and forgets every raw id:
-    /// the pipeline has started its tables over too.
+    /// the pipeline has started its tables over too. The symbolizer starts afresh as well: the
+    /// binaries it read are reached through `/proc/self/fd/N` paths of the mappings dropped here,
+    /// and a closed descriptor's number is reused by the next file opened.
     pub fn start_over(&mut self) {
         let mut fresh = Profile::new(self.profile.sample_types().to_vec());
         fresh.metadata = self.profile.metadata.clone();
         self.profile = fresh;
+        self.symbolizer = Symbolizer::new();
         self.mappings.clear();
         self.frame_map.clear();
         self.node_map.clear();
@@ -104,11 +107,13 @@ impl Builder {
                     module.svma_of_file_offset(offset).unwrap_or(u64::MAX)
                 })
                 .collect();
-            let found = self
-                .symbolizer
-                .symbolize_file(&path, module.build_id(), &svmas, |a| {
-                    module.symbol_name(a).map(str::to_string)
-                });
+            let found = self.symbolizer.symbolize_file(
+                &path,
+                module.build_id(),
+                module.has_debug_info(),
+                &svmas,
+                |a| module.symbol_name(a),
+            );
             symbols.extend(idxs.into_iter().zip(found));
         }
         for (i, &frame) in frames.iter().enumerate() {

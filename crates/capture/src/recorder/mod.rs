@@ -271,6 +271,8 @@ pub fn record(
     );
     extra.insert("user_callchain".into(), cfg.user_callchain.to_string());
     let live_stack_budget = opts.live_stack_budget;
+    let module_budget = opts.module_budget;
+    let skip_own_process = opts.skip_own_process;
     let user_callchain = cfg.user_callchain;
     let period_nanos = match event_kind {
         EventKind::CpuClock => None,
@@ -331,6 +333,12 @@ pub fn record(
             .spawn(move || {
                 let mut pipeline = Pipeline::new(kernel, period_nanos);
                 pipeline.set_live_stack_budget(live_stack_budget);
+                if let Some(bytes) = module_budget {
+                    pipeline.set_module_budget(bytes);
+                }
+                if skip_own_process {
+                    pipeline.skip_process(std::process::id());
+                }
                 if targeted_live {
                     // A few processes: their binaries are few, and parsing them as they are
                     // mapped lets every sample arm or use a live-read proof at once.

@@ -44,6 +44,14 @@ pub struct RecordOptions {
     /// [`MAX_USER_CALLCHAIN`] entries, capped by `kernel.perf_event_max_stack`) and cross-check
     /// frames read from live memory against it (see [`crate::unwind::callchain`]).
     pub user_callchain: bool,
+    /// Most memory the loaded binaries (their unwind tables and symbols) may hold (None: no
+    /// limit). A binary that does not fit is not loaded; stacks end at its frames with
+    /// `[truncated: module-memory-limit]` until there is room (see
+    /// [`crate::process::Processes::set_module_budget`]).
+    pub module_budget: Option<usize>,
+    /// Leave the recording process's own samples out, unread (for a host-wide profiler that
+    /// should not spend time and memory unwinding itself).
+    pub skip_own_process: bool,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -66,6 +74,8 @@ impl RecordOptions {
             flush_interval: Duration::from_secs(1),
             live_stack_budget: DEFAULT_LIVE_STACK_BUDGET,
             user_callchain: true,
+            module_budget: None,
+            skip_own_process: false,
         }
     }
 }

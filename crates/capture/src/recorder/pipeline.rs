@@ -26,6 +26,7 @@ use foldhash::{HashMap as FastMap, HashMapExt};
 
 use crate::perf_event::{Record, Sample, parse_record};
 use crate::process::{BinaryFile, FileKey, Processes, thread_name};
+use crate::unwind::module::live_module_bytes;
 use crate::unwind::{
     LiveMemory, Memory, NoCfiRule, ReadFailure, Registers, SampleStack, StackEnd, TruncateReason,
     callchain,
@@ -188,6 +189,8 @@ pub struct Pipeline {
     /// Distinct frames plus stack nodes (plus threads seen) past which the tables start over
     /// (None: never).
     table_limit: Option<usize>,
+    /// A process whose samples are dropped unread ([`Pipeline::skip_process`]).
+    skip_pid: Option<u32>,
     /// Threads first seen since the tables last started over.
     new_threads: usize,
     refreshed: FastMap<u32, Instant>,
@@ -245,6 +248,7 @@ impl Pipeline {
             names: Vec::new(),
             threads: FastMap::new(),
             table_limit: None,
+            skip_pid: None,
             new_threads: 0,
             refreshed: FastMap::new(),
             exec_times: FastMap::new(),
@@ -395,6 +399,11 @@ impl Pipeline {
         self.callchain
     }
 
+    /// Limits the memory of loaded binaries (see [`Processes::set_module_budget`]).
+    pub fn set_module_budget(&mut self, bytes: usize) {
+        self.processes.set_module_budget(bytes);
+    }
+
     /// Continues unwinding past each sample's copied stack by reading the live process, at most
     /// `budget` bytes per sample (see [`crate::unwind::live_memory`]). Off until called.
     pub fn set_live_stack_budget(&mut self, budget: usize) {
@@ -408,7 +417,11 @@ impl Pipeline {
     /// watches the reader arms as it handles samples, and a sample taken before its thread's
     /// watch cannot use it; samples set aside for a binary's parse would all predate it.
     pub fn parse_binaries_inline(&mut self) {
+        let budget = self.processes.module_budget();
         self.processes = Processes::new();
+        if let Some(bytes) = budget {
+            self.processes.set_module_budget(bytes);
+        }
     }
 
     /// Whether records of this event carry a kernel callchain.
@@ -468,13 +481,22 @@ impl Pipeline {
 
     /// Handles one sample: unwind, intern, queue.
     pub fn sample(&mut self, s: &Sample<'_>) {
-        self.handle(s, None, s.pid);
+        if Some(s.pid) != self.skip_pid {
+            self.handle(s, None, s.pid);
+        }
     }
 
     /// [`Pipeline::sample`] for a sample parsed from `raw`, which is kept (and the sample unwound
     /// later) if the sample's binaries are still being parsed.
     pub(crate) fn sample_record(&mut self, raw: &[u8], s: &Sample<'_>) {
-        self.handle(s, Some(raw), s.pid);
+        if Some(s.pid) != self.skip_pid {
+            self.handle(s, Some(raw), s.pid);
+        }
+    }
+
+    /// Drops the samples of process `pid` unread (the profiler's own, when it samples the host).
+    pub fn skip_process(&mut self, pid: u32) {
+        self.skip_pid = Some(pid);
     }
 
     /// Handles a sample, unwinding it in address space `space` (its process's, unless the
@@ -617,14 +639,25 @@ impl Pipeline {
             },
             start_over: false,
         };
-        if self
-            .table_limit
-            .is_some_and(|limit| self.frames.len() + self.nodes.len() + self.new_threads > limit)
-        {
+        self.processes.sweep_files();
+        if self.table_limit.is_some_and(|limit| {
+            self.frames.len() + self.nodes.len() + self.new_threads > limit
+                || self.modules_held_only_by_tables()
+        }) {
             batch.start_over = true;
             self.start_over();
         }
         batch
+    }
+
+    /// Whether modules no tracked process maps any more, kept alive only by the mappings of
+    /// recorded frames, hold a quarter of the module budget: starting the tables over frees them.
+    fn modules_held_only_by_tables(&self) -> bool {
+        self.processes.module_budget().is_some_and(|budget| {
+            let live = live_module_bytes();
+            live > budget / 2
+                && live.saturating_sub(self.processes.module_bytes_in_use()) > budget / 4
+        })
     }
 
     /// Empties the raw tables; thread names go out again with the next batch.

@@ -117,6 +117,12 @@ impl CfiIndex {
         self.fdes.len()
     }
 
+    /// Memory the index holds on the heap, in bytes.
+    pub fn heap_bytes(&self) -> usize {
+        self.fdes.capacity() * std::mem::size_of::<Fde>()
+            + (self.full.capacity() + self.signal.capacity()) * 16
+    }
+
     /// Whether the section has no FDE.
     pub fn is_empty(&self) -> bool {
         self.fdes.is_empty()

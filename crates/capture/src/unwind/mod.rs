@@ -145,6 +145,9 @@ pub struct Region {
     pub module: Option<Arc<CodeModule>>,
     /// Runtime address minus link-time address (0 when there is no module).
     pub bias: u64,
+    /// The file was not loaded because the memory budget for binaries was full: frames here
+    /// end the stack ([`TruncateReason::ModuleMemoryLimit`]).
+    pub refused: bool,
 }
 
 impl Region {
@@ -167,7 +170,15 @@ impl Region {
             path,
             module,
             bias,
+            refused: false,
         }
+    }
+
+    /// The same region, marked as refused by the memory budget for binaries (see
+    /// [`Region::refused`]).
+    pub fn refused(mut self, refused: bool) -> Region {
+        self.refused = refused;
+        self
     }
 
     /// The link-time address of runtime address `addr`.
@@ -433,6 +444,9 @@ impl AddressSpace {
             }
         });
         let Some((module, debug)) = cfi else {
+            if region.refused {
+                return Err(TruncateReason::ModuleMemoryLimit.into());
+            }
             let frame = nocfi::frame(region, first, lookup, mem)?;
             return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| (ra, false)));
         };
@@ -504,8 +518,7 @@ impl AddressSpace {
         self.region(pc).is_some_and(|r| {
             r.module
                 .as_ref()
-                .and_then(|m| m.symbol_name(r.svma(pc)))
-                .is_some_and(policy::is_thread_entry)
+                .is_some_and(|m| m.in_thread_entry(r.svma(pc)))
         })
     }
 
@@ -554,11 +567,7 @@ fn code_before<'b>(
     let start = addr.saturating_sub(8).max(region.start);
     let len = usize::try_from(addr - start).ok()?;
     match &region.module {
-        Some(m) => {
-            let bytes = m.code(region.svma(start), len)?;
-            buf[..bytes.len()].copy_from_slice(bytes);
-            Some(&buf[..bytes.len()])
-        }
+        Some(m) => m.code(region.svma(start), &mut buf[..len]),
         None => mem.read_code(start, &mut buf[..len]).then_some(&buf[..len]),
     }
 }

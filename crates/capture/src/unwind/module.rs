@@ -1,45 +1,75 @@
-//! One loaded ELF file as the unwinder sees it: its unwind sections, code bytes, CFI coverage and
-//! function starts. Pure data built from the file's bytes; nothing here touches a process.
+//! One loaded ELF file as the unwinder sees it: its unwind sections, CFI coverage, function starts
+//! and symbols. The file stays on disk: only the unwind sections (`.eh_frame`, `.eh_frame_hdr`,
+//! `.debug_frame`) and compact tables are kept in memory; code bytes and symbol names are read
+//! when asked for ([`bytes`]). Every module's memory is counted ([`live_module_bytes`]) so a
+//! long-running profiler can bound it. Nothing here touches a process.
 
+mod bytes;
+mod layout;
+
+use std::fs::File;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::cfi::CfiIndex;
+use bytes::ModuleBytes;
 use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
-use object::{
-    Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SectionKind, SymbolKind,
-};
+
+/// Memory held by every [`CodeModule`] alive in this process, in bytes.
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Memory held by every [`CodeModule`] alive in this process, in bytes (see
+/// [`CodeModule::heap_bytes`]).
+pub fn live_module_bytes() -> usize {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
 
 /// Why an ELF file could not be used for unwinding.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot parse ELF file {name}: {source}")]
-pub struct ModuleError {
-    /// Display name of the file.
-    pub name: String,
-    /// The parser's error.
-    #[source]
-    pub source: object::Error,
+pub enum ModuleError {
+    /// The file is not an ELF file the unwinder can read.
+    #[error("cannot parse ELF file {name}: {source}")]
+    Parse {
+        /// Display name of the file.
+        name: String,
+        /// The parser's error.
+        #[source]
+        source: object::Error,
+    },
+    /// Loading the file would take the memory of all loaded modules past the budget.
+    #[error(
+        "not loading {name}: it needs about {needed} bytes and modules already hold {live} of the \
+         {budget}-byte budget"
+    )]
+    OverBudget {
+        /// Display name of the file.
+        name: String,
+        /// Memory the module needs (estimated from its headers, or measured once built).
+        needed: usize,
+        /// Memory all live modules held when it was refused.
+        live: usize,
+        /// The budget.
+        budget: usize,
+    },
 }
 
-/// A slice of a module's file bytes, handed to framehop as section data.
+/// An unwind section's bytes, handed to framehop as section data.
 #[derive(Clone)]
-pub struct SectionBytes {
-    bytes: Arc<[u8]>,
-    range: Range<usize>,
-}
+pub struct SectionBytes(Arc<[u8]>);
 
 impl Deref for SectionBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.bytes[self.range.clone()]
+        &self.0
     }
 }
 
-/// A section's address range (SVMA, as linked) and its location in the file.
+/// An unwind section in memory, with its link-time address range.
 #[derive(Debug, Clone)]
-struct SectionRef {
+struct Section {
     svma: Range<u64>,
-    file: Range<usize>,
+    data: Arc<[u8]>,
 }
 
 /// A loadable segment: link-time address range and where its bytes lie in the file.
@@ -55,24 +85,46 @@ pub struct Segment {
     pub exec: bool,
 }
 
+/// Where a symbol's name lies.
+#[derive(Debug, Clone, Copy)]
+enum NameRef {
+    /// The NUL-terminated name at this file offset.
+    At(u64),
+    /// A PLT stub: the name at this offset, then `@plt`.
+    Plt(u64),
+    /// The PLT header, `plt0@plt`.
+    Plt0,
+}
+
+/// A function symbol: its link-time address range and where its name lies.
+#[derive(Debug, Clone, Copy)]
+struct Symbol {
+    start: u64,
+    end: u64,
+    name: NameRef,
+}
+
 /// A parsed ELF file: everything the unwinder needs, keyed by link-time addresses (SVMA).
 pub struct CodeModule {
     name: String,
-    bytes: Arc<[u8]>,
+    bytes: ModuleBytes,
     segments: Vec<Segment>,
-    text: Option<SectionRef>,
-    eh_frame: Option<SectionRef>,
-    eh_frame_hdr: Option<SectionRef>,
+    text: Option<Range<u64>>,
+    eh_frame: Option<Section>,
+    eh_frame_hdr: Option<Section>,
     /// Whether `.eh_frame_hdr`'s table lists exactly the FDEs of `.eh_frame` (framehop looks
     /// addresses up through it; a table missing an FDE would make it guess frame pointers).
     hdr_complete: bool,
-    debug_frame: Option<SectionRef>,
-    got: Option<SectionRef>,
+    debug_frame: Option<Section>,
+    got: Option<Range<u64>>,
     eh_cfi: CfiIndex,
     debug_cfi: CfiIndex,
     functions: Vec<(u64, u64)>,
-    symbols: Vec<(u64, u64, Box<str>)>,
+    symbols: Vec<Symbol>,
+    thread_entries: Vec<(u64, u64)>,
     build_id: Option<String>,
+    debug_info: bool,
+    heap_bytes: usize,
 }
 
 impl std::fmt::Debug for CodeModule {
@@ -83,96 +135,155 @@ impl std::fmt::Debug for CodeModule {
             .field("debug_fdes", &self.debug_cfi.len())
             .field("eh_frame_hdr_complete", &self.hdr_complete)
             .field("functions", &self.functions.len())
+            .field("heap_bytes", &self.heap_bytes)
             .finish()
     }
 }
 
+impl Drop for CodeModule {
+    fn drop(&mut self) {
+        LIVE_BYTES.fetch_sub(self.heap_bytes, Ordering::Relaxed);
+    }
+}
+
 impl CodeModule {
-    /// Parses an ELF file's bytes. `name` is used in messages and as framehop's module name.
+    /// Parses the ELF file `file`, reading only its headers, symbol tables and unwind sections;
+    /// the file is kept open for code bytes and names. `name` is used in messages and as
+    /// framehop's module name.
+    ///
+    /// With a `budget`, the file is refused ([`ModuleError::OverBudget`]) when it would take the
+    /// memory of all live modules ([`live_module_bytes`]) past it: checked from the headers before
+    /// the unwind sections are read, and again once the module is built.
+    pub fn open(name: &str, file: File, budget: Option<usize>) -> Result<CodeModule, ModuleError> {
+        let layout = {
+            let cache = object::ReadCache::new(&file);
+            layout::read(&cache)
+        };
+        CodeModule::build(name, layout, ModuleBytes::from_file(file), budget)
+    }
+
+    /// Parses an ELF file already in memory (the vDSO). `name` as for [`CodeModule::open`].
     pub fn parse(name: &str, bytes: Arc<[u8]>) -> Result<CodeModule, ModuleError> {
-        let err = |source| ModuleError {
+        let layout = layout::read(&*bytes);
+        CodeModule::build(name, layout, ModuleBytes::memory(bytes), None)
+    }
+
+    fn build(
+        name: &str,
+        layout: object::Result<layout::Layout>,
+        bytes: ModuleBytes,
+        budget: Option<usize>,
+    ) -> Result<CodeModule, ModuleError> {
+        let layout = layout.map_err(|source| ModuleError::Parse {
             name: name.to_string(),
             source,
-        };
-        let file = object::File::parse(&*bytes).map_err(err)?;
-        let section = |names: &[&str]| -> Option<SectionRef> {
-            names.iter().find_map(|n| {
-                let s = file.section_by_name(n)?;
-                let (off, size) = s.file_range()?;
-                let start = usize::try_from(off).ok()?;
-                let end = start.checked_add(usize::try_from(size).ok()?)?;
-                (end <= bytes.len()).then(|| SectionRef {
-                    svma: s.address()..s.address() + s.size(),
-                    file: start..end,
-                })
+        })?;
+        let over_budget = |needed: usize| {
+            let live = live_module_bytes();
+            let budget = budget?;
+            (live.saturating_add(needed) > budget).then(|| ModuleError::OverBudget {
+                name: name.to_string(),
+                needed,
+                live,
+                budget,
             })
         };
-        let text = section(&[".text"]);
-        let eh_frame = section(&[".eh_frame"]);
-        let eh_frame_hdr = section(&[".eh_frame_hdr"]);
-        let debug_frame = section(&[".debug_frame"]);
-        let got = section(&[".got"]);
-        let segments = file
-            .segments()
-            .map(|s| {
-                let (offset, filesz) = s.file_range();
-                let exec = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-                Segment {
-                    vaddr: s.address(),
-                    offset,
-                    filesz,
-                    exec,
-                }
-            })
-            .collect();
-        let mut symbols: Vec<(u64, u64, Box<str>)> = file
-            .symbols()
-            .chain(file.dynamic_symbols())
-            .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
-            .filter_map(|s| {
-                let name = s.name().ok().filter(|n| !n.is_empty())?;
-                Some((s.address(), s.address() + s.size().max(1), name.into()))
-            })
-            .collect();
-        symbols.extend(plt_symbols(&file));
-        // Prefer sized, global symbols when several share an address.
-        symbols.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        symbols.dedup_by_key(|s| s.0);
-        let mut functions: Vec<(u64, u64)> = symbols.iter().map(|s| (s.0, s.1)).collect();
-        // Sections of code without symbols still bound functions at their start (e.g. `.plt`).
-        for s in file.sections() {
-            if s.kind() == SectionKind::Text && s.size() > 0 {
-                functions.push((s.address(), s.address()));
-            }
+        if let Some(refused) = over_budget(layout.estimate_bytes() + bytes.cache_capacity()) {
+            return Err(refused);
         }
-        functions.sort_unstable();
-        functions.dedup_by_key(|f| f.0);
-        let build_id = file
-            .build_id()
-            .ok()
-            .flatten()
-            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
-
-        let mut module = CodeModule {
+        let file_len = bytes.len();
+        let section = |p: Option<layout::Placed>| -> Option<Section> {
+            let p = p?;
+            let end = p.offset.checked_add(p.size)?;
+            if end > file_len {
+                return None;
+            }
+            let data = bytes.read_exact_vec(p.offset, usize::try_from(p.size).ok()?)?;
+            Some(Section {
+                svma: p.svma,
+                data: data.into(),
+            })
+        };
+        let eh_frame = section(layout.eh_frame);
+        let eh_frame_hdr = section(layout.eh_frame_hdr);
+        let debug_frame = section(layout.debug_frame);
+        let module = CodeModule {
             name: name.to_string(),
             bytes,
-            segments,
-            text,
+            segments: layout.segments,
+            text: layout.text,
             eh_frame,
             eh_frame_hdr,
             hdr_complete: false,
             debug_frame,
-            got,
+            got: layout.got,
             eh_cfi: CfiIndex::default(),
             debug_cfi: CfiIndex::default(),
-            functions,
-            symbols,
-            build_id,
+            functions: layout.functions,
+            symbols: layout.symbols,
+            thread_entries: layout.thread_entries,
+            build_id: layout.build_id,
+            debug_info: layout.debug_info,
+            heap_bytes: 0,
         };
-        module.eh_cfi = module.cfi_index(false);
-        module.debug_cfi = module.cfi_index(true);
-        module.hdr_complete = module.hdr_lists_every_fde();
+        let module = module.finish();
+        // The estimate may be short (the FDE count is only known now): check what was built.
+        if let Some(refused) = over_budget(0) {
+            let needed = module.heap_bytes;
+            drop(module);
+            return Err(match refused {
+                ModuleError::OverBudget {
+                    name, live, budget, ..
+                } => ModuleError::OverBudget {
+                    name,
+                    needed,
+                    live: live - needed,
+                    budget,
+                },
+                other => other,
+            });
+        }
         Ok(module)
+    }
+
+    /// Indexes the unwind sections and counts the module's memory.
+    fn finish(mut self) -> CodeModule {
+        self.eh_cfi = self.cfi_index(false);
+        self.debug_cfi = self.cfi_index(true);
+        self.hdr_complete = self.hdr_lists_every_fde();
+        self.heap_bytes = self.measure();
+        LIVE_BYTES.fetch_add(self.heap_bytes, Ordering::Relaxed);
+        self
+    }
+
+    /// Memory this module holds (unwind sections, indexes, tables, the code page cache at its
+    /// fullest), plus framehop's index of its FDEs.
+    fn measure(&self) -> usize {
+        let section = |s: &Option<Section>| s.as_ref().map_or(0, |s| s.data.len());
+        std::mem::size_of::<CodeModule>()
+            + self.name.len()
+            + section(&self.eh_frame)
+            + section(&self.eh_frame_hdr)
+            + section(&self.debug_frame)
+            + self.eh_cfi.heap_bytes()
+            + self.debug_cfi.heap_bytes()
+            + (self.eh_cfi.len() + self.debug_cfi.len()) * 8
+            + self.segments.capacity() * std::mem::size_of::<Segment>()
+            + self.functions.capacity() * 16
+            + self.symbols.capacity() * std::mem::size_of::<Symbol>()
+            + self.thread_entries.capacity() * 16
+            + self.bytes.cache_capacity()
+    }
+
+    /// The open file the module reads from (None for bytes in memory).
+    pub fn file(&self) -> Option<&File> {
+        self.bytes.file()
+    }
+
+    /// Memory this module holds, in bytes: its unwind sections, FDE indexes, symbol and function
+    /// tables and code page cache (at its fullest). The file itself is not read into memory.
+    pub fn heap_bytes(&self) -> usize {
+        self.heap_bytes
     }
 
     /// Display name (usually the path).
@@ -189,6 +300,12 @@ impl CodeModule {
     /// Hex GNU build id, when the file has one.
     pub fn build_id(&self) -> Option<&str> {
         self.build_id.as_deref()
+    }
+
+    /// Whether the file has DWARF debug information (`.debug_info`) or names a separate debug
+    /// file (`.gnu_debuglink`). A separate file found through the build id is not counted.
+    pub fn has_debug_info(&self) -> bool {
+        self.debug_info
     }
 
     /// Whether the file has any CFI (`.eh_frame` or `.debug_frame` FDEs).
@@ -232,11 +349,26 @@ impl CodeModule {
     }
 
     /// The (raw, possibly mangled) name of the symbol containing `svma`, from `.symtab` or
-    /// `.dynsym`.
-    pub fn symbol_name(&self, svma: u64) -> Option<&str> {
-        let i = self.symbols.partition_point(|s| s.0 <= svma);
-        let (start, end, name) = self.symbols.get(i.checked_sub(1)?)?;
-        (svma >= *start && svma < *end).then_some(&**name)
+    /// `.dynsym` (read from the file).
+    pub fn symbol_name(&self, svma: u64) -> Option<String> {
+        let i = self.symbols.partition_point(|s| s.start <= svma);
+        let symbol = self.symbols.get(i.checked_sub(1)?)?;
+        if svma >= symbol.end {
+            return None;
+        }
+        match symbol.name {
+            NameRef::At(offset) => self.bytes.read_name(offset),
+            NameRef::Plt(offset) => self.bytes.read_name(offset).map(|n| n + "@plt"),
+            NameRef::Plt0 => Some("plt0@plt".into()),
+        }
+    }
+
+    /// Whether `svma` lies in a function that starts threads ([`super::policy::is_thread_entry`]).
+    pub fn in_thread_entry(&self, svma: u64) -> bool {
+        let i = self.thread_entries.partition_point(|f| f.0 <= svma);
+        i.checked_sub(1)
+            .and_then(|i| self.thread_entries.get(i))
+            .is_some_and(|&(_, end)| svma < end)
     }
 
     /// The file offset of the link-time address `svma`, when a segment maps it from the file.
@@ -265,16 +397,18 @@ impl CodeModule {
             .map(svma)
     }
 
-    /// Up to `len` code bytes starting at link-time address `svma` (shorter at a segment end).
-    pub fn code(&self, svma: u64, len: usize) -> Option<&[u8]> {
+    /// Fills `buf` with code bytes from link-time address `svma` and returns them (fewer at the
+    /// end of a segment); None when no segment maps `svma` from the file.
+    pub fn code<'b>(&self, svma: u64, buf: &'b mut [u8]) -> Option<&'b [u8]> {
         let seg = self
             .segments
             .iter()
             .find(|s| svma >= s.vaddr && svma < s.vaddr + s.filesz)?;
-        let start = usize::try_from(svma - seg.vaddr + seg.offset).ok()?;
-        let seg_end = usize::try_from(seg.offset + seg.filesz).ok()?;
-        let end = start.saturating_add(len).min(seg_end).min(self.bytes.len());
-        self.bytes.get(start..end)
+        let offset = svma - seg.vaddr + seg.offset;
+        let in_segment = usize::try_from(seg.offset + seg.filesz - offset).unwrap_or(usize::MAX);
+        let len = buf.len().min(in_segment);
+        let n = self.bytes.read_cached(offset, &mut buf[..len]);
+        Some(&buf[..n])
     }
 
     /// framehop section info exposing `.eh_frame` (+ header) only, or `.debug_frame` only.
@@ -282,13 +416,6 @@ impl CodeModule {
         ModuleSections {
             module: self.clone(),
             debug_frame,
-        }
-    }
-
-    fn bytes_of(&self, s: &SectionRef) -> SectionBytes {
-        SectionBytes {
-            bytes: self.bytes.clone(),
-            range: s.file.clone(),
         }
     }
 
@@ -301,10 +428,10 @@ impl CodeModule {
     pub(crate) fn cfi_bases(&self, debug: bool) -> BaseAddresses {
         let mut bases = BaseAddresses::default();
         if let Some(t) = &self.text {
-            bases = bases.set_text(t.svma.start);
+            bases = bases.set_text(t.start);
         }
         if let Some(g) = &self.got {
-            bases = bases.set_got(g.svma.start);
+            bases = bases.set_got(g.start);
         }
         if !debug {
             if let Some(s) = &self.eh_frame {
@@ -319,14 +446,12 @@ impl CodeModule {
 
     /// The bytes of `.eh_frame`, when present.
     pub(crate) fn eh_frame_bytes(&self) -> Option<&[u8]> {
-        self.eh_frame.as_ref().map(|s| &self.bytes[s.file.clone()])
+        self.eh_frame.as_ref().map(|s| &*s.data)
     }
 
     /// The bytes of `.debug_frame`, when present.
     pub(crate) fn debug_frame_bytes(&self) -> Option<&[u8]> {
-        self.debug_frame
-            .as_ref()
-            .map(|s| &self.bytes[s.file.clone()])
+        self.debug_frame.as_ref().map(|s| &*s.data)
     }
 
     /// Whether the `.eh_frame_hdr` search table has one entry per `.eh_frame` FDE, at the same
@@ -336,7 +461,7 @@ impl CodeModule {
             return false;
         };
         let bases = self.cfi_bases(false);
-        let hdr = gimli::EhFrameHdr::new(&self.bytes[h.file.clone()], LittleEndian);
+        let hdr = gimli::EhFrameHdr::new(&h.data, LittleEndian);
         let Ok(parsed) = hdr.parse(&bases, 8) else {
             return false;
         };
@@ -386,24 +511,33 @@ impl CodeModule {
         symbols: &[(u64, u64, &str)],
     ) -> CodeModule {
         let mut bytes = code.to_vec();
-        bytes.extend_from_slice(eh_frame);
-        let text_end = text_svma + code.len() as u64;
-        let mut module = CodeModule {
+        let mut table = Vec::new();
+        let mut thread_entries = Vec::new();
+        for &(start, end, name) in symbols {
+            table.push(Symbol {
+                start,
+                end,
+                name: NameRef::At(bytes.len() as u64),
+            });
+            bytes.extend_from_slice(name.as_bytes());
+            bytes.push(0);
+            if super::policy::is_thread_entry(name) {
+                thread_entries.push((start, end));
+            }
+        }
+        CodeModule {
             name: "synthetic".into(),
-            bytes: bytes.into(),
+            bytes: ModuleBytes::memory(bytes.into()),
             segments: vec![Segment {
                 vaddr: text_svma,
                 offset: 0,
                 filesz: code.len() as u64,
                 exec: true,
             }],
-            text: Some(SectionRef {
-                svma: text_svma..text_end,
-                file: 0..code.len(),
-            }),
-            eh_frame: (!eh_frame.is_empty()).then(|| SectionRef {
+            text: Some(text_svma..text_svma + code.len() as u64),
+            eh_frame: (!eh_frame.is_empty()).then(|| Section {
                 svma: eh_frame_svma..eh_frame_svma + eh_frame.len() as u64,
-                file: code.len()..code.len() + eh_frame.len(),
+                data: eh_frame.into(),
             }),
             eh_frame_hdr: None,
             hdr_complete: false,
@@ -412,52 +546,14 @@ impl CodeModule {
             eh_cfi: CfiIndex::default(),
             debug_cfi: CfiIndex::default(),
             functions: symbols.iter().map(|s| (s.0, s.1)).collect(),
-            symbols: symbols.iter().map(|s| (s.0, s.1, s.2.into())).collect(),
+            symbols: table,
+            thread_entries,
             build_id: None,
-        };
-        module.eh_cfi = module.cfi_index(false);
-        module
-    }
-}
-
-/// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` and the i-th entry of `.plt`
-/// after its 16-byte header both go through the i-th `.rela.plt` relocation, whose symbol names
-/// them. The header itself (the lazy-binding trampoline) is `plt0@plt`.
-fn plt_symbols(file: &object::File<'_>) -> Vec<(u64, u64, Box<str>)> {
-    let mut out = Vec::new();
-    let plt = file.section_by_name(".plt");
-    if let Some(plt) = &plt {
-        out.push((plt.address(), plt.address() + 16, "plt0@plt".into()));
-    }
-    let (Some(rela), Some(dynsym)) = (
-        file.section_by_name(".rela.plt")
-            .and_then(|s| s.data().ok()),
-        file.dynamic_symbol_table(),
-    ) else {
-        return out;
-    };
-    let tables = [
-        file.section_by_name(".plt.sec").map(|s| (s, 0)),
-        plt.map(|s| (s, 16)),
-    ];
-    for (stubs, first) in tables.into_iter().flatten() {
-        for (i, entry) in rela.chunks_exact(24).enumerate() {
-            let info = u64::from_le_bytes(entry[8..16].try_into().unwrap_or([0; 8]));
-            let index = object::SymbolIndex((info >> 32) as usize);
-            let Some(name) = dynsym
-                .symbol_by_index(index)
-                .ok()
-                .and_then(|s| s.name().ok())
-            else {
-                continue;
-            };
-            let start = stubs.address() + first + 16 * i as u64;
-            if start + 16 <= stubs.address() + stubs.size() && !name.is_empty() {
-                out.push((start, start + 16, format!("{name}@plt").into()));
-            }
+            debug_info: false,
+            heap_bytes: 0,
         }
+        .finish()
     }
-    out
 }
 
 /// framehop's view of a module's sections: either the `.eh_frame` family or `.debug_frame`.
@@ -473,26 +569,27 @@ impl framehop::ModuleSectionInfo<SectionBytes> for ModuleSections {
 
     fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
         let m = &self.module;
-        let s = match name {
-            b".text" => m.text.as_ref(),
-            b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref(),
-            b".eh_frame_hdr" if !self.debug_frame && m.hdr_complete => m.eh_frame_hdr.as_ref(),
-            b".got" => m.got.as_ref(),
+        match name {
+            b".text" => m.text.clone(),
+            b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref().map(|s| s.svma.clone()),
+            b".eh_frame_hdr" if !self.debug_frame && m.hdr_complete => {
+                m.eh_frame_hdr.as_ref().map(|s| s.svma.clone())
+            }
+            b".got" => m.got.clone(),
             _ => None,
-        };
-        s.map(|s| s.svma.clone())
+        }
     }
 
     fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
+        // Code bytes are not needed for ELF CFI (framehop analyses instructions only for Mach-O).
         let m = &self.module;
         let s = match name {
-            b".text" => m.text.as_ref(),
             b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref(),
             b".eh_frame_hdr" if !self.debug_frame && m.hdr_complete => m.eh_frame_hdr.as_ref(),
             b".debug_frame" if self.debug_frame => m.debug_frame.as_ref(),
             _ => None,
         };
-        s.map(|s| m.bytes_of(s))
+        s.map(|s| SectionBytes(s.data.clone()))
     }
 }
 #[cfg(test)]
@@ -520,7 +617,7 @@ mod tests {
         ];
         let module = CodeModule {
             name: "x".into(),
-            bytes: Arc::from(&[][..]),
+            bytes: ModuleBytes::memory(Arc::from(&[][..])),
             segments,
             text: None,
             eh_frame: None,
@@ -532,7 +629,10 @@ mod tests {
             debug_cfi: CfiIndex::default(),
             functions: Vec::new(),
             symbols: Vec::new(),
+            thread_entries: Vec::new(),
             build_id: None,
+            debug_info: false,
+            heap_bytes: 0,
         };
         assert_eq!(module.svma_of_file_offset(0x249000), Some(0x24a000));
         assert_eq!(module.svma_of_file_offset(0x1000), Some(0x1000));
@@ -540,8 +640,8 @@ mod tests {
 
     #[test]
     fn this_binary_has_a_complete_eh_frame_hdr_and_few_full_register_rows() {
-        let bytes = std::fs::read("/proc/self/exe").expect("own executable");
-        let m = CodeModule::parse("self", bytes.into()).expect("parses");
+        let file = File::open("/proc/self/exe").expect("own executable");
+        let m = CodeModule::open("self", file, None).expect("parses");
         assert!(m.fde_counts().0 > 1000, "{m:?}");
         assert!(m.eh_frame_hdr_complete(), "{m:?}");
         // Hand-written assembly and stack realignment aside, compiled code needs only rsp/rbp.

@@ -8,7 +8,7 @@
 
 use super::instr::{self, NoCfiRule};
 use super::regs::{self, Registers};
-use super::{Memory, Region, TruncateReason, policy};
+use super::{Memory, Region, TruncateReason};
 
 /// The rule for one frame without CFI, and whether a zero frame pointer or return address may
 /// mark the thread's root there.
@@ -30,6 +30,8 @@ pub(crate) fn frame(
     const WINDOW: usize = 4096;
     let mut at_ip_buf = [0u8; 16];
     let mut prev_buf = [0u8; 2];
+    let mut function_buf = [0u8; WINDOW + 16];
+    let mut leaf_buf = [0u8; 384];
     type Analysis<'c> = (&'c [u8], [Option<u8>; 2], Option<(&'c [u8], usize)>);
     // A zero frame pointer or return address may end the stack in a thread entry, or where no
     // symbol says which function this is.
@@ -37,14 +39,13 @@ pub(crate) fn frame(
     let (at_ip, prev, function): Analysis<'_> = match &region.module {
         Some(m) => {
             let svma = region.svma(lookup);
-            may_end = m.symbol_name(svma).is_some_and(policy::is_thread_entry)
-                || m.function_start(svma).is_none();
-            let at_ip = m.code(svma, 16).unwrap_or(&[]);
-            let byte = |a: u64| m.code(a, 1).and_then(|b| b.first().copied());
+            may_end = m.in_thread_entry(svma) || m.function_start(svma).is_none();
+            let at_ip = m.code(svma, &mut at_ip_buf).unwrap_or(&[]);
+            let byte = |a: u64| m.code(a, &mut [0]).and_then(|b| b.first().copied());
             let prev = [byte(svma.wrapping_sub(2)), byte(svma.wrapping_sub(1))];
             let function = m.function_start(svma).and_then(|start| {
                 let offset = usize::try_from(svma - start).ok().filter(|&o| o < WINDOW)?;
-                let code = m.code(start, offset + 16)?;
+                let code = m.code(start, &mut function_buf[..offset + 16])?;
                 Some((code, offset))
             });
             (at_ip, prev, function)
@@ -82,7 +83,7 @@ pub(crate) fn frame(
         let (code, offset) = function?;
         if first {
             let m = region.module.as_ref()?;
-            let at = m.code(region.svma(lookup), 384)?;
+            let at = m.code(region.svma(lookup), &mut leaf_buf)?;
             crate::jit::frame_state::leaf_rule(code, offset, at)
         } else {
             crate::jit::frame_state::caller_rule(code, offset + 1)

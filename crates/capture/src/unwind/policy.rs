@@ -44,11 +44,14 @@ pub enum TruncateReason {
     /// still holds the sampled stack: no write watchpoint on the thread's stack was in place
     /// from before the sample (its first deep sample, or the first after its stack changed).
     LiveUnproven,
+    /// The frame lies in a binary the profiler did not load because its memory budget for
+    /// binaries (unwind tables and symbols) was full: without its CFI the caller cannot be found.
+    ModuleMemoryLimit,
 }
 
 impl TruncateReason {
     /// Every reason, for reporting.
-    pub const ALL: [TruncateReason; 15] = [
+    pub const ALL: [TruncateReason; 16] = [
         TruncateReason::StackCopyExhausted,
         TruncateReason::StackNotCopied,
         TruncateReason::UnreadableStack,
@@ -64,6 +67,7 @@ impl TruncateReason {
         TruncateReason::ThreadExited,
         TruncateReason::StackChanged,
         TruncateReason::LiveUnproven,
+        TruncateReason::ModuleMemoryLimit,
     ];
 
     /// The short name used in the frame (`[truncated: <name>]`) and in `truncated.<name>` counts.
@@ -84,6 +88,7 @@ impl TruncateReason {
             TruncateReason::ThreadExited => "thread-exited",
             TruncateReason::StackChanged => "stack-changed",
             TruncateReason::LiveUnproven => "live-unproven",
+            TruncateReason::ModuleMemoryLimit => "module-memory-limit",
         }
     }
 

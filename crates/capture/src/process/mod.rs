@@ -9,14 +9,19 @@
 //! process that exits right away can still be read) and its region is *pending* until the parse
 //! arrives ([`Processes::poll_loaded`], [`Processes::wait_loaded`]). The caller must not trust an
 //! unwind that touched a pending region ([`Processes::is_pending`]); it waits and unwinds again.
+//!
+//! With [`Processes::set_module_budget`], parsed binaries are held to a memory budget; the file
+//! cache, the loader and the budget live in `binaries`.
 
 use std::fs::File;
-use std::io::Read;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender};
 
 use foldhash::{HashMap as FastMap, HashMapExt};
+
+mod binaries;
+
+pub use binaries::{BinaryFile, FileKey};
+use binaries::{FileEntry, LoadRequest, Loader, open_file, parse_binary, placeholder};
 
 use crate::unwind::{AddressSpace, CodeModule, Region};
 
@@ -89,28 +94,6 @@ pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
         .map(|s| s.trim_end().to_string())
 }
 
-/// A binary the profiler opened: the open file (kept so it stays readable after the target
-/// unmaps or deletes it) and its parse, when it parsed.
-#[derive(Debug)]
-pub struct BinaryFile {
-    /// Path as the target sees it.
-    pub path: Arc<str>,
-    /// The open file, for symbolization after the target is gone.
-    pub file: Option<File>,
-    /// The parsed ELF, when the file is one.
-    pub module: Option<Arc<CodeModule>>,
-}
-
-impl BinaryFile {
-    /// A path through which this process can reopen the file (`/proc/self/fd/N`).
-    pub fn reopen_path(&self) -> Option<PathBuf> {
-        use std::os::fd::AsRawFd;
-        self.file
-            .as_ref()
-            .map(|f| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())))
-    }
-}
-
 /// The state of one tracked process.
 pub struct ProcessState {
     /// Executable regions with unwind data.
@@ -134,33 +117,6 @@ impl ProcessState {
     }
 }
 
-/// Identity of a mapped file: device major, minor, inode and path.
-pub type FileKey = (u32, u32, u64, Arc<str>);
-
-enum FileEntry {
-    Ready(Arc<BinaryFile>),
-    /// Being parsed; these `(pid, region start)` wait for it.
-    Loading(Vec<(u32, u64)>),
-}
-
-/// A parse for the loader thread, and its answer.
-struct LoadRequest {
-    key: FileKey,
-    file: Option<File>,
-}
-
-struct Loaded {
-    key: FileKey,
-    binary: Arc<BinaryFile>,
-}
-
-/// The loader thread's channels and the number of parses it still owes.
-struct Loader {
-    requests: Sender<LoadRequest>,
-    loaded: Receiver<Loaded>,
-    outstanding: usize,
-}
-
 /// All tracked processes and the binaries they share.
 #[derive(Default)]
 pub struct Processes {
@@ -173,6 +129,12 @@ pub struct Processes {
     installed_pids: Vec<u32>,
     /// Address spaces retired so far (their keys count up).
     retired: u32,
+    /// Most memory all loaded modules may hold ([`live_module_bytes`]); None: no limit.
+    module_budget: Option<usize>,
+    /// Processes removed since the last [`Processes::sweep_files`].
+    removed_since_sweep: usize,
+    /// Memory of the modules tracked processes mapped at the last sweep.
+    module_bytes_in_use: usize,
 }
 
 fn is_pseudo(path: &str) -> bool {
@@ -186,36 +148,6 @@ impl Processes {
     /// No processes yet; binaries are parsed on the calling thread when first mapped.
     pub fn new() -> Processes {
         Processes::default()
-    }
-
-    /// No processes yet; binaries are parsed on a loader thread (see the module documentation).
-    /// Falls back to parsing on the calling thread if the thread cannot be started.
-    pub fn with_loader() -> Processes {
-        let (requests, rx) = std::sync::mpsc::channel::<LoadRequest>();
-        let (tx, loaded) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("rootline-loader".into())
-            .spawn(move || {
-                for LoadRequest { key, file } in rx {
-                    let binary = Arc::new(parse_binary(&key.3, file));
-                    if tx.send(Loaded { key, binary }).is_err() {
-                        break;
-                    }
-                }
-            });
-        Processes {
-            loader: spawned.is_ok().then_some(Loader {
-                requests,
-                loaded,
-                outstanding: 0,
-            }),
-            ..Processes::default()
-        }
-    }
-
-    /// Parses still owed by the loader thread.
-    pub fn loads_outstanding(&self) -> usize {
-        self.loader.as_ref().map_or(0, |l| l.outstanding)
     }
 
     /// Whether some region of `pid` waits for its binary.
@@ -245,76 +177,6 @@ impl Processes {
         )
     }
 
-    /// Installs every parse the loader has finished, without waiting. True if any arrived.
-    pub fn poll_loaded(&mut self) -> bool {
-        let mut any = false;
-        while let Some(done) = self.loader.as_ref().and_then(|l| l.loaded.try_recv().ok()) {
-            self.install(done);
-            any = true;
-        }
-        any
-    }
-
-    /// Waits for the loader's next parse and installs it (and any others finished). False when
-    /// nothing is outstanding (or the loader is gone).
-    pub fn wait_loaded(&mut self) -> bool {
-        if self.loads_outstanding() == 0 {
-            return false;
-        }
-        let Some(done) = self.loader.as_ref().and_then(|l| l.loaded.recv().ok()) else {
-            // The loader thread is gone: nothing more will come.
-            self.loader = None;
-            return false;
-        };
-        self.install(done);
-        self.poll_loaded();
-        true
-    }
-
-    /// Puts a parsed binary into every region waiting for it.
-    fn install(&mut self, Loaded { key, binary }: Loaded) {
-        if let Some(l) = self.loader.as_mut() {
-            l.outstanding = l.outstanding.saturating_sub(1);
-        }
-        let waiting = match self.files.remove(&key) {
-            Some(FileEntry::Loading(waiting)) => waiting,
-            Some(ready) => {
-                self.files.insert(key, ready);
-                return;
-            }
-            None => Vec::new(),
-        };
-        self.installed.push(key.clone());
-        // A file that could not be opened is tried again by the next process that maps it.
-        if binary.file.is_some() {
-            self.files
-                .insert(key.clone(), FileEntry::Ready(binary.clone()));
-        }
-        for (pid, start) in waiting {
-            let Some(state) = self.procs.get_mut(&pid) else {
-                continue;
-            };
-            if state.pending.get(&start) != Some(&key) {
-                continue; // replaced by a later mapping, or the process exec'd
-            }
-            state.pending.remove(&start);
-            let Some(r) = state.space.region(start).filter(|r| r.start == start) else {
-                continue;
-            };
-            let (end, offset) = (r.end, r.file_offset);
-            let region = Region::new(
-                start,
-                end,
-                offset,
-                binary.path.clone(),
-                binary.module.clone(),
-            );
-            state.space.add_region(region);
-            state.binaries.insert(start, binary.clone());
-            self.installed_pids.push(pid);
-        }
-    }
-
     /// Whether some known region of `pid` overlaps `start..end`.
     pub fn overlaps(&self, pid: u32, start: u64, end: u64) -> bool {
         self.procs
@@ -341,7 +203,9 @@ impl Processes {
 
     /// Forgets a process that exited.
     pub fn remove(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+        if self.procs.remove(&pid).is_some() {
+            self.removed_since_sweep += 1;
+        }
     }
 
     /// The process's state, reading `/proc/PID/maps` the first time (or after an exec).
@@ -467,10 +331,16 @@ impl Processes {
                 path: path.into(),
                 file: None,
                 module: None,
+                refused: None,
             })
         } else {
             let path: Arc<str> = path.into();
             let cache_key = (key.0, key.1, key.2, path.clone());
+            if let Some(FileEntry::Ready(b)) = self.files.get(&cache_key)
+                && b.refused.is_some_and(|needed| self.has_room_for(needed))
+            {
+                self.files.remove(&cache_key);
+            }
             match self.files.get_mut(&cache_key) {
                 Some(FileEntry::Ready(b)) => b.clone(),
                 Some(FileEntry::Loading(waiting)) => {
@@ -485,6 +355,7 @@ impl Processes {
                             let request = LoadRequest {
                                 key: cache_key.clone(),
                                 file,
+                                budget: self.module_budget,
                             };
                             match loader.requests.send(request) {
                                 Ok(()) => {
@@ -498,15 +369,16 @@ impl Processes {
                                 }
                                 Err(e) => {
                                     self.loader = None;
-                                    let b = Arc::new(parse_binary(&path, e.0.file));
+                                    let b =
+                                        Arc::new(parse_binary(&path, e.0.file, self.module_budget));
                                     self.files.insert(cache_key, FileEntry::Ready(b.clone()));
                                     b
                                 }
                             }
                         }
                         None => {
-                            let b = Arc::new(parse_binary(&path, file));
-                            if b.file.is_some() {
+                            let b = Arc::new(parse_binary(&path, file, self.module_budget));
+                            if b.is_open() {
                                 self.files.insert(cache_key, FileEntry::Ready(b.clone()));
                             }
                             b
@@ -521,7 +393,8 @@ impl Processes {
             offset,
             binary.path.clone(),
             binary.module.clone(),
-        );
+        )
+        .refused(binary.refused.is_some());
         state.space.add_region(region);
         state.binaries.insert(start, binary);
     }
@@ -537,6 +410,7 @@ impl Processes {
             path: "[vdso]".into(),
             file: None,
             module,
+            refused: None,
         });
         if v.module.is_some() {
             self.vdso = Some(v.clone());
@@ -551,51 +425,6 @@ fn new_state() -> ProcessState {
         binaries: FastMap::new(),
         maps_read: false,
         pending: FastMap::new(),
-    }
-}
-
-/// Stands in for a binary whose parse has not arrived (no module: not to be unwound through).
-fn placeholder(path: &Arc<str>) -> Arc<BinaryFile> {
-    Arc::new(BinaryFile {
-        path: path.clone(),
-        file: None,
-        module: None,
-    })
-}
-
-/// Opens a mapped binary: through `/proc/PID/map_files/START-END` (works for deleted or replaced
-/// files), else `/proc/PID/root/PATH` (the target's mount namespace), else the path itself.
-fn open_file(pid: u32, start: u64, end: u64, path: &str) -> Option<File> {
-    let candidates = [
-        format!("/proc/{pid}/map_files/{start:x}-{end:x}"),
-        format!("/proc/{pid}/root{}", path.trim_end_matches(" (deleted)")),
-        path.to_string(),
-    ];
-    candidates.iter().find_map(|c| File::open(c).ok())
-}
-
-/// Reads and parses an opened binary (the slow part: runs on the loader thread when there is one).
-fn parse_binary(path: &Arc<str>, file: Option<File>) -> BinaryFile {
-    let Some(mut file) = file else {
-        return BinaryFile {
-            path: path.clone(),
-            file: None,
-            module: None,
-        };
-    };
-    let mut bytes = Vec::new();
-    if file.read_to_end(&mut bytes).is_err() {
-        return BinaryFile {
-            path: path.clone(),
-            file: None,
-            module: None,
-        };
-    }
-    let module = CodeModule::parse(path, bytes.into()).ok().map(Arc::new);
-    BinaryFile {
-        path: path.clone(),
-        file: Some(file),
-        module,
     }
 }
 
@@ -637,31 +466,5 @@ mod tests {
         let region = state.space.region(here).expect("test function is mapped");
         let module = region.module.as_ref().expect("test binary parses");
         assert!(module.eh_frame_covers(region.svma(here)));
-    }
-
-    #[test]
-    fn loader_thread_parses_off_the_caller_and_fills_pending_regions() {
-        let mut p = Processes::with_loader();
-        let pid = std::process::id();
-        let here =
-            loader_thread_parses_off_the_caller_and_fills_pending_regions as fn() as usize as u64;
-        p.get(pid);
-        // Right after the maps are read, this binary's parse is still owed: its region is
-        // pending and carries no unwind tables.
-        assert!(p.loads_outstanding() > 0);
-        assert!(p.is_pending(pid, here));
-        assert!(p.has_pending(pid));
-        // A forked child waits for the same parse.
-        p.fork(pid + 1_000_000, pid);
-        assert!(p.is_pending(pid + 1_000_000, here));
-        while p.wait_loaded() {}
-        assert_eq!(p.loads_outstanding(), 0);
-        for pid in [pid, pid + 1_000_000] {
-            assert!(!p.has_pending(pid));
-            let state = p.get(pid);
-            let region = state.space.region(here).expect("test function is mapped");
-            let module = region.module.as_ref().expect("parsed on the loader thread");
-            assert!(module.eh_frame_covers(region.svma(here)));
-        }
     }
 }

@@ -1,0 +1,362 @@
+//! The binaries processes map, as the profiler opens and parses them: one [`BinaryFile`] per
+//! distinct file, shared by every process that maps it, parsed on the loader thread when there is
+//! one, held to the memory budget for modules, and forgotten once no process maps it.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
+
+use super::Processes;
+use crate::unwind::module::live_module_bytes;
+use crate::unwind::{CodeModule, ModuleError, Region};
+
+/// A binary the profiler opened: the open file (kept so it stays readable after the target
+/// unmaps or deletes it) and its parse, when it parsed.
+#[derive(Debug)]
+pub struct BinaryFile {
+    /// Path as the target sees it.
+    pub path: Arc<str>,
+    /// The open file when it did not parse (a parsed module keeps its own).
+    pub file: Option<File>,
+    /// The parsed ELF, when the file is one.
+    pub module: Option<Arc<CodeModule>>,
+    /// Memory the module would need, when the budget for binaries refused to load it.
+    pub refused: Option<usize>,
+}
+
+impl BinaryFile {
+    /// The open file, for symbolization after the target is gone.
+    pub fn open_file(&self) -> Option<&File> {
+        self.module
+            .as_ref()
+            .and_then(|m| m.file())
+            .or(self.file.as_ref())
+    }
+
+    /// Whether the file could be opened.
+    pub fn is_open(&self) -> bool {
+        self.open_file().is_some()
+    }
+
+    /// A path through which this process can reopen the file (`/proc/self/fd/N`).
+    pub fn reopen_path(&self) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.open_file()
+            .map(|f| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())))
+    }
+}
+
+/// Identity of a mapped file: device major, minor, inode and path.
+pub type FileKey = (u32, u32, u64, Arc<str>);
+
+pub(super) enum FileEntry {
+    Ready(Arc<BinaryFile>),
+    /// Being parsed; these `(pid, region start)` wait for it.
+    Loading(Vec<(u32, u64)>),
+}
+
+/// A parse for the loader thread, and its answer.
+pub(super) struct LoadRequest {
+    pub(super) key: FileKey,
+    pub(super) file: Option<File>,
+    pub(super) budget: Option<usize>,
+}
+
+pub(super) struct Loaded {
+    key: FileKey,
+    binary: Arc<BinaryFile>,
+}
+
+/// The loader thread's channels and the number of parses it still owes.
+pub(super) struct Loader {
+    pub(super) requests: Sender<LoadRequest>,
+    loaded: Receiver<Loaded>,
+    pub(super) outstanding: usize,
+}
+
+impl Processes {
+    /// No processes yet; binaries are parsed on a loader thread (see the module documentation).
+    /// Falls back to parsing on the calling thread if the thread cannot be started.
+    pub fn with_loader() -> Processes {
+        let (requests, rx) = std::sync::mpsc::channel::<LoadRequest>();
+        let (tx, loaded) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("rootline-loader".into())
+            .spawn(move || {
+                for LoadRequest { key, file, budget } in rx {
+                    let binary = Arc::new(parse_binary(&key.3, file, budget));
+                    if tx.send(Loaded { key, binary }).is_err() {
+                        break;
+                    }
+                }
+            });
+        Processes {
+            loader: spawned.is_ok().then_some(Loader {
+                requests,
+                loaded,
+                outstanding: 0,
+            }),
+            ..Processes::default()
+        }
+    }
+
+    /// Parses still owed by the loader thread.
+    pub fn loads_outstanding(&self) -> usize {
+        self.loader.as_ref().map_or(0, |l| l.outstanding)
+    }
+
+    /// Installs every parse the loader has finished, without waiting. True if any arrived.
+    pub fn poll_loaded(&mut self) -> bool {
+        let mut any = false;
+        while let Some(done) = self.loader.as_ref().and_then(|l| l.loaded.try_recv().ok()) {
+            self.install(done);
+            any = true;
+        }
+        any
+    }
+
+    /// Waits for the loader's next parse and installs it (and any others finished). False when
+    /// nothing is outstanding (or the loader is gone).
+    pub fn wait_loaded(&mut self) -> bool {
+        if self.loads_outstanding() == 0 {
+            return false;
+        }
+        let Some(done) = self.loader.as_ref().and_then(|l| l.loaded.recv().ok()) else {
+            // The loader thread is gone: nothing more will come.
+            self.loader = None;
+            return false;
+        };
+        self.install(done);
+        self.poll_loaded();
+        true
+    }
+
+    /// Puts a parsed binary into every region waiting for it.
+    fn install(&mut self, Loaded { key, binary }: Loaded) {
+        if let Some(l) = self.loader.as_mut() {
+            l.outstanding = l.outstanding.saturating_sub(1);
+        }
+        let waiting = match self.files.remove(&key) {
+            Some(FileEntry::Loading(waiting)) => waiting,
+            Some(ready) => {
+                self.files.insert(key, ready);
+                return;
+            }
+            None => Vec::new(),
+        };
+        self.installed.push(key.clone());
+        // A file that could not be opened is tried again by the next process that maps it.
+        if binary.is_open() {
+            self.files
+                .insert(key.clone(), FileEntry::Ready(binary.clone()));
+        }
+        for (pid, start) in waiting {
+            let Some(state) = self.procs.get_mut(&pid) else {
+                continue;
+            };
+            if state.pending.get(&start) != Some(&key) {
+                continue; // replaced by a later mapping, or the process exec'd
+            }
+            state.pending.remove(&start);
+            let Some(r) = state.space.region(start).filter(|r| r.start == start) else {
+                continue;
+            };
+            let (end, offset) = (r.end, r.file_offset);
+            let region = Region::new(
+                start,
+                end,
+                offset,
+                binary.path.clone(),
+                binary.module.clone(),
+            )
+            .refused(binary.refused.is_some());
+            state.space.add_region(region);
+            state.binaries.insert(start, binary.clone());
+            self.installed_pids.push(pid);
+        }
+    }
+
+    /// Limits the memory all loaded modules may hold ([`live_module_bytes`]): a binary that would
+    /// take it past `bytes` is not loaded, and frames in it end their stacks
+    /// ([`crate::unwind::TruncateReason::ModuleMemoryLimit`]) until there is room.
+    pub fn set_module_budget(&mut self, bytes: usize) {
+        self.module_budget = Some(bytes);
+    }
+
+    /// The memory budget for modules, if any.
+    pub fn module_budget(&self) -> Option<usize> {
+        self.module_budget
+    }
+
+    /// Memory of the modules tracked processes mapped at the last [`Processes::sweep_files`].
+    pub fn module_bytes_in_use(&self) -> usize {
+        self.module_bytes_in_use
+    }
+
+    pub(super) fn has_room_for(&self, needed: usize) -> bool {
+        self.module_budget
+            .is_none_or(|budget| live_module_bytes().saturating_add(needed) <= budget)
+    }
+
+    /// After processes exit: forgets the cached binaries no tracked process maps any more (their
+    /// memory is freed once no recorded frame refers to them either), measures the modules still
+    /// in use, and, where the budget now has room, drops the regions it refused so that the next
+    /// read of the process's maps loads them.
+    pub fn sweep_files(&mut self) {
+        let refused_any = self
+            .procs
+            .values()
+            .any(|p| p.space.regions().any(|r| r.refused));
+        if self.removed_since_sweep == 0 && !refused_any {
+            return;
+        }
+        self.removed_since_sweep = 0;
+        let mut used: foldhash::HashSet<*const BinaryFile> = foldhash::HashSet::default();
+        let mut in_use = 0;
+        for p in self.procs.values() {
+            for b in p.binaries.values() {
+                if used.insert(Arc::as_ptr(b)) {
+                    in_use += b.module.as_ref().map_or(0, |m| m.heap_bytes());
+                }
+            }
+        }
+        self.files.retain(|_, entry| match entry {
+            FileEntry::Loading(_) => true,
+            FileEntry::Ready(b) => used.contains(&Arc::as_ptr(b)),
+        });
+        self.module_bytes_in_use = in_use;
+        if !refused_any {
+            return;
+        }
+        let budget = self.module_budget;
+        let room =
+            |needed: usize| budget.is_none_or(|b| live_module_bytes().saturating_add(needed) <= b);
+        for state in self.procs.values_mut() {
+            let retry: Vec<(u64, u64)> = state
+                .space
+                .regions()
+                .filter(|r| r.refused)
+                .filter(|r| {
+                    state
+                        .binaries
+                        .get(&r.start)
+                        .and_then(|b| b.refused)
+                        .is_some_and(&room)
+                })
+                .map(|r| (r.start, r.end))
+                .collect();
+            for (start, end) in retry {
+                state.space.remove_range(start, end);
+                state.binaries.remove(&start);
+                state.maps_read = false;
+            }
+        }
+    }
+}
+
+/// Stands in for a binary whose parse has not arrived (no module: not to be unwound through).
+pub(super) fn placeholder(path: &Arc<str>) -> Arc<BinaryFile> {
+    Arc::new(BinaryFile {
+        path: path.clone(),
+        file: None,
+        module: None,
+        refused: None,
+    })
+}
+
+/// Opens a mapped binary: through `/proc/PID/map_files/START-END` (works for deleted or replaced
+/// files), else `/proc/PID/root/PATH` (the target's mount namespace), else the path itself.
+pub(super) fn open_file(pid: u32, start: u64, end: u64, path: &str) -> Option<File> {
+    let candidates = [
+        format!("/proc/{pid}/map_files/{start:x}-{end:x}"),
+        format!("/proc/{pid}/root{}", path.trim_end_matches(" (deleted)")),
+        path.to_string(),
+    ];
+    candidates.iter().find_map(|c| File::open(c).ok())
+}
+
+/// Parses an opened binary (the slow part: runs on the loader thread when there is one). The
+/// module keeps the file; a file that is not ELF, or that the `budget` for binaries refuses, is
+/// kept as it is.
+pub(super) fn parse_binary(
+    path: &Arc<str>,
+    file: Option<File>,
+    budget: Option<usize>,
+) -> BinaryFile {
+    let Some(file) = file else {
+        return BinaryFile {
+            path: path.clone(),
+            file: None,
+            module: None,
+            refused: None,
+        };
+    };
+    // The parse needs its own handle; the original is kept if it fails.
+    let parsed = file.try_clone().map(|f| CodeModule::open(path, f, budget));
+    let (module, refused) = match parsed {
+        Ok(Ok(m)) => (Some(Arc::new(m)), None),
+        Ok(Err(ModuleError::OverBudget { needed, .. })) => (None, Some(needed)),
+        _ => (None, None),
+    };
+    BinaryFile {
+        path: path.clone(),
+        file: module.is_none().then_some(file),
+        module,
+        refused,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_binaries_load_once_the_budget_has_room() {
+        let mut p = Processes::new();
+        p.set_module_budget(0);
+        let pid = std::process::id();
+        let here = refused_binaries_load_once_the_budget_has_room as fn() as usize as u64;
+        let region = p
+            .get(pid)
+            .space
+            .region(here)
+            .expect("test function is mapped");
+        assert!(region.refused && region.module.is_none());
+        // Still no room: the sweep keeps the refusal.
+        p.sweep_files();
+        assert!(p.get(pid).space.region(here).is_some_and(|r| r.refused));
+        p.set_module_budget(usize::MAX);
+        p.sweep_files();
+        let region = p.get(pid).space.region(here).expect("mapped again");
+        assert!(!region.refused);
+        let module = region.module.as_ref().expect("loaded now");
+        assert!(module.eh_frame_covers(region.svma(here)));
+    }
+
+    #[test]
+    fn loader_thread_parses_off_the_caller_and_fills_pending_regions() {
+        let mut p = Processes::with_loader();
+        let pid = std::process::id();
+        let here =
+            loader_thread_parses_off_the_caller_and_fills_pending_regions as fn() as usize as u64;
+        p.get(pid);
+        // Right after the maps are read, this binary's parse is still owed: its region is
+        // pending and carries no unwind tables.
+        assert!(p.loads_outstanding() > 0);
+        assert!(p.is_pending(pid, here));
+        assert!(p.has_pending(pid));
+        // A forked child waits for the same parse.
+        p.fork(pid + 1_000_000, pid);
+        assert!(p.is_pending(pid + 1_000_000, here));
+        while p.wait_loaded() {}
+        assert_eq!(p.loads_outstanding(), 0);
+        for pid in [pid, pid + 1_000_000] {
+            assert!(!p.has_pending(pid));
+            let state = p.get(pid);
+            let region = state.space.region(here).expect("test function is mapped");
+            let module = region.module.as_ref().expect("parsed on the loader thread");
+            assert!(module.eh_frame_covers(region.svma(here)));
+        }
+    }
+}

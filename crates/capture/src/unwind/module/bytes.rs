@@ -1,0 +1,218 @@
+//! Where a module's bytes come from. A file stays on disk: its unwind sections are copied out once,
+//! and code bytes and symbol names are read on demand, with a few code pages cached. Bytes already
+//! in memory (the vDSO, tests) are used as they are.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use foldhash::{HashMap as FastMap, HashMapExt};
+
+/// Size of a cached code page.
+const PAGE: u64 = 4096;
+/// Code pages cached per file-backed module: the call sites that return addresses are checked
+/// against and the functions whose prologues are analysed. A miss costs one `pread`.
+pub(crate) const CACHED_PAGES: usize = 32;
+/// Longest symbol name read from a file.
+const MAX_NAME: usize = 4096;
+
+/// The bytes of one module, read on demand.
+pub(crate) struct ModuleBytes {
+    source: Source,
+    pages: Mutex<FastMap<u64, Box<[u8]>>>,
+}
+
+enum Source {
+    File(File),
+    Memory(Arc<[u8]>),
+}
+
+impl ModuleBytes {
+    /// Bytes read from `file` when needed.
+    pub(crate) fn from_file(file: File) -> ModuleBytes {
+        ModuleBytes {
+            source: Source::File(file),
+            pages: Mutex::new(FastMap::new()),
+        }
+    }
+
+    /// Bytes already in memory.
+    pub(crate) fn memory(bytes: Arc<[u8]>) -> ModuleBytes {
+        ModuleBytes {
+            source: Source::Memory(bytes),
+            pages: Mutex::new(FastMap::new()),
+        }
+    }
+
+    /// The file read from (None for bytes in memory).
+    pub(crate) fn file(&self) -> Option<&File> {
+        match &self.source {
+            Source::File(file) => Some(file),
+            Source::Memory(_) => None,
+        }
+    }
+
+    /// Length of the file or bytes (0 when the file cannot be examined).
+    pub(crate) fn len(&self) -> u64 {
+        match &self.source {
+            Source::File(file) => file.metadata().map_or(0, |m| m.len()),
+            Source::Memory(bytes) => bytes.len() as u64,
+        }
+    }
+
+    /// The most memory the page cache can hold (nothing for bytes already in memory).
+    pub(crate) fn cache_capacity(&self) -> usize {
+        match self.source {
+            Source::File(_) => CACHED_PAGES * PAGE as usize,
+            Source::Memory(_) => 0,
+        }
+    }
+
+    /// Fills `buf` from file offset `offset`, uncached; returns how many bytes were read (fewer at
+    /// the end of the file or on a read error).
+    pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> usize {
+        match &self.source {
+            Source::Memory(bytes) => {
+                let Some(from) = usize::try_from(offset).ok().filter(|&o| o <= bytes.len()) else {
+                    return 0;
+                };
+                let n = buf.len().min(bytes.len() - from);
+                buf[..n].copy_from_slice(&bytes[from..from + n]);
+                n
+            }
+            Source::File(file) => {
+                let mut done = 0;
+                while done < buf.len() {
+                    match file.read_at(&mut buf[done..], offset + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(_) => break,
+                    }
+                }
+                done
+            }
+        }
+    }
+
+    /// `len` bytes at `offset`, or None when the file is shorter.
+    pub(crate) fn read_exact_vec(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let mut v = vec![0; len];
+        (self.read_at(offset, &mut v) == len).then_some(v)
+    }
+
+    /// Like [`ModuleBytes::read_at`], through the page cache (for code bytes, read again and again
+    /// by the unwinder).
+    pub(crate) fn read_cached(&self, offset: u64, buf: &mut [u8]) -> usize {
+        if matches!(self.source, Source::Memory(_)) {
+            return self.read_at(offset, buf);
+        }
+        let Ok(mut pages) = self.pages.lock() else {
+            return self.read_at(offset, buf);
+        };
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let page = at / PAGE;
+            if !pages.contains_key(&page) {
+                if pages.len() >= CACHED_PAGES {
+                    // Evict an arbitrary page: hot pages come back on their next use.
+                    if let Some(&victim) = pages.keys().next() {
+                        pages.remove(&victim);
+                    }
+                }
+                let mut data = vec![0; PAGE as usize];
+                let n = self.read_at(page * PAGE, &mut data);
+                data.truncate(n);
+                pages.insert(page, data.into_boxed_slice());
+            }
+            let data = &pages[&page];
+            let from = (at - page * PAGE) as usize;
+            if from >= data.len() {
+                break;
+            }
+            let n = (buf.len() - done).min(data.len() - from);
+            buf[done..done + n].copy_from_slice(&data[from..from + n]);
+            done += n;
+        }
+        done
+    }
+
+    /// The NUL-terminated string at `offset` (a symbol name), when it is UTF-8 and not too long.
+    pub(crate) fn read_name(&self, offset: u64) -> Option<String> {
+        let mut name = Vec::new();
+        let mut chunk = [0u8; 128];
+        while name.len() < MAX_NAME {
+            let n = self.read_at(offset + name.len() as u64, &mut chunk);
+            if n == 0 {
+                return None;
+            }
+            if let Some(end) = chunk[..n].iter().position(|&b| b == 0) {
+                name.extend_from_slice(&chunk[..end]);
+                return String::from_utf8(name).ok();
+            }
+            name.extend_from_slice(&chunk[..n]);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn temp_file(content: &[u8]) -> File {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("rootline-bytes-{}-{n}", std::process::id()));
+        std::fs::File::create(&path)
+            .and_then(|mut f| f.write_all(content))
+            .expect("temp file");
+        let f = File::open(&path).expect("reopen");
+        let _ = std::fs::remove_file(&path);
+        f
+    }
+
+    #[test]
+    fn cached_reads_span_pages_and_stop_at_the_end_of_the_file() {
+        let content: Vec<u8> = (0..3 * PAGE as usize + 100)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let bytes = ModuleBytes::from_file(temp_file(&content));
+        let mut buf = [0u8; 300];
+        assert_eq!(bytes.read_cached(PAGE - 150, &mut buf), 300);
+        assert_eq!(&buf[..], &content[PAGE as usize - 150..PAGE as usize + 150]);
+        let end = content.len() as u64;
+        assert_eq!(bytes.read_cached(end - 10, &mut buf), 10);
+        assert_eq!(&buf[..10], &content[content.len() - 10..]);
+        assert_eq!(bytes.read_cached(end + 5, &mut buf), 0);
+        // More distinct pages than the cache holds: still correct, and bounded.
+        for round in 0..3 {
+            for page in 0..4 {
+                let mut one = [0u8; 1];
+                assert_eq!(bytes.read_cached(page * PAGE + round, &mut one), 1);
+                assert_eq!(one[0], content[(page * PAGE + round) as usize]);
+            }
+        }
+        assert!(bytes.pages.lock().unwrap().len() <= CACHED_PAGES);
+    }
+
+    #[test]
+    fn names_end_at_nul_and_bad_ones_are_refused() {
+        let mut content = b"\0main\0".to_vec();
+        content.extend(std::iter::repeat_n(b'x', 300));
+        content.push(0);
+        content.extend_from_slice(b"\xff\xfe\0unterminated");
+        let file = ModuleBytes::from_file(temp_file(&content));
+        let memory = ModuleBytes::memory(content.clone().into());
+        for bytes in [file, memory] {
+            assert_eq!(bytes.read_name(1).as_deref(), Some("main"));
+            assert_eq!(bytes.read_name(0).as_deref(), Some(""));
+            assert_eq!(bytes.read_name(6).map(|n| n.len()), Some(300));
+            assert_eq!(bytes.read_name(307), None, "not UTF-8");
+            assert_eq!(bytes.read_name(310), None, "no NUL before the end");
+            assert_eq!(bytes.read_name(10_000), None);
+        }
+    }
+}
