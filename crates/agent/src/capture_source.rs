@@ -73,6 +73,9 @@ impl CaptureSource {
         // Continuous mode bounds each sample's live stack reads more tightly than `record`:
         // 8 MiB still covers the default main-thread and pthread stack sizes whole.
         options.live_stack_budget = AGENT_LIVE_STACK_BUDGET;
+        options.module_budget = Some(config.modules.byte_budget);
+        // The agent does not profile itself: its samples are not even unwound.
+        options.skip_own_process = true;
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_BATCHES);
         let shared = Arc::new(Shared::default());
         let thread = {

@@ -5,7 +5,7 @@
 //! frequency_hz = 99
 //! export_interval = "10s"
 //! export_timeout = "5s"
-//! memory_limit = "64MiB"
+//! memory_limit = "128MiB"
 //! shutdown_timeout = "20s"
 //!
 //! [targets]            # nothing set: the whole host
@@ -18,6 +18,9 @@
 //!
 //! [buffers]
 //! bytes = "1MiB"       # each of the two
+//!
+//! [modules]            # unwind tables and symbols of the binaries being profiled
+//! byte_budget = "48MiB"
 //!
 //! [exporters.otlp]     # endpoint from OTEL_EXPORTER_OTLP_* when not given here
 //! [exporters.pprof]
@@ -73,7 +76,10 @@ pub struct AgentConfig {
     /// Time limit of one export attempt. Default 5 s.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub export_timeout: Duration,
-    /// Hard cap on the agent's pipeline memory (cache, buffers, exporter working set). Default 64 MiB.
+    /// Hard cap on the agent's memory: the stack cache, the sample buffers, the exporter's working
+    /// set, the loaded binaries' tables (`modules.byte_budget`) and the sampler's working set
+    /// ([`CAPTURE_ALLOWANCE`]). Checked against [`AgentConfig::memory_estimate`] at start.
+    /// Default 128 MiB.
     #[serde(deserialize_with = "de_bytes")]
     pub memory_limit: usize,
     /// Longest the final export may take after a stop request (SIGTERM): exports still trying a
@@ -90,6 +96,8 @@ pub struct AgentConfig {
     pub cache: CacheConfig,
     /// Sample buffer size.
     pub buffers: BufferConfig,
+    /// Memory for the binaries being profiled.
+    pub modules: ModulesConfig,
     /// Where profiles go; several at once are fine.
     pub exporters: ExportersConfig,
 }
@@ -116,6 +124,27 @@ pub struct BufferConfig {
     pub bytes: usize,
 }
 
+/// Memory for the binaries being profiled: their unwind tables (`.eh_frame`, `.debug_frame`),
+/// FDE indexes and symbol tables. Binaries are never read whole; code bytes and names are read
+/// from the file when needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModulesConfig {
+    /// Most memory all loaded binaries may hold. A binary that does not fit is not loaded; its
+    /// frames end their stacks as `[truncated: module-memory-limit]` until there is room (binaries
+    /// of exited processes are freed). Default 48 MiB (rustc's 150 MB driver library needs 16).
+    #[serde(deserialize_with = "de_bytes")]
+    pub byte_budget: usize,
+}
+
+impl Default for ModulesConfig {
+    fn default() -> ModulesConfig {
+        ModulesConfig {
+            byte_budget: 48 << 20,
+        }
+    }
+}
+
 /// The exporters to run; each is on when its table is present.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -136,8 +165,18 @@ pub struct OtlpConfig {
     pub endpoint: Option<String>,
     /// Extra HTTP headers (e.g. an API key).
     pub headers: BTreeMap<String, String>,
-    /// Gzip the request body. Default true.
-    pub gzip: bool,
+    /// Gzip the request body (else `OTEL_EXPORTER_OTLP_[PROFILES_]COMPRESSION`: `gzip` or
+    /// `none`). Default true.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gzip: Option<bool>,
+    /// Time limit of one attempt (else `OTEL_EXPORTER_OTLP_[PROFILES_]TIMEOUT`, in milliseconds,
+    /// else `export_timeout`).
+    #[serde(
+        deserialize_with = "de_opt_duration",
+        serialize_with = "ser_opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timeout: Option<Duration>,
     /// Retries after a failed attempt. Default 2.
     pub retries: u32,
     /// Wait before the first retry; doubles on each retry. Default 500 ms.
@@ -180,12 +219,13 @@ impl Default for AgentConfig {
             frequency_hz: 99,
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
-            memory_limit: 64 << 20,
+            memory_limit: 128 << 20,
             shutdown_timeout: Duration::from_secs(20),
             target_refresh: Duration::from_secs(1),
             targets: TargetConfig::default(),
             cache: CacheConfig::default(),
             buffers: BufferConfig::default(),
+            modules: ModulesConfig::default(),
             exporters: ExportersConfig::default(),
         }
     }
@@ -212,7 +252,8 @@ impl Default for OtlpConfig {
         OtlpConfig {
             endpoint: None,
             headers: BTreeMap::new(),
-            gzip: true,
+            gzip: None,
+            timeout: None,
             retries: 2,
             backoff: Duration::from_millis(500),
             resource_attributes: BTreeMap::new(),
@@ -237,6 +278,11 @@ impl CacheConfig {
 
 /// Fixed allowance, besides cache and buffers, for the exporter's working set and bookkeeping.
 pub const WORKING_ALLOWANCE: usize = 4 << 20;
+
+/// Fixed allowance for the sampler besides the binaries' tables: its tables of distinct frames
+/// and stack nodes (bounded by the capture source's table limit), the per-CPU ring buffers, the
+/// symbolizer's working set and the batches in flight.
+pub const CAPTURE_ALLOWANCE: usize = 40 << 20;
 
 impl AgentConfig {
     /// Parses TOML text; `path` is only used in messages.
@@ -266,14 +312,21 @@ impl AgentConfig {
         AgentConfig::from_toml(&text, path)
     }
 
-    /// Memory the pipeline may use at most, by its parts: the cache budget; each buffer's budget
-    /// twice (record slots, plus the frames of the stacks it defines); the exporter's mirror of the
-    /// cache (at most the cache plus stacks evicted while both buffers still refer to them); the
-    /// exporter's per-export profiles (bounded by a buffer's content, a few times over); and a
-    /// fixed allowance.
-    pub fn memory_estimate(&self) -> usize {
+    /// Memory the pipeline (cache, buffers, exporter) may use at most, by its parts: the cache
+    /// budget; each buffer's budget twice (record slots, plus the frames of the stacks it
+    /// defines); the exporter's mirror of the cache (at most the cache plus stacks evicted while
+    /// both buffers still refer to them); the exporter's per-export profiles (bounded by a
+    /// buffer's content, a few times over); and a fixed allowance.
+    pub fn pipeline_memory_estimate(&self) -> usize {
         let buffer = self.buffers.bytes;
         self.cache.byte_budget * 2 + buffer * 2 * 2 + buffer * 2 + buffer * 4 + WORKING_ALLOWANCE
+    }
+
+    /// Memory the whole agent may use at most: the pipeline's
+    /// ([`AgentConfig::pipeline_memory_estimate`]), the binaries' budget and the sampler's
+    /// allowance ([`CAPTURE_ALLOWANCE`]).
+    pub fn memory_estimate(&self) -> usize {
+        self.pipeline_memory_estimate() + self.modules.byte_budget + CAPTURE_ALLOWANCE
     }
 
     /// Checks that the values fit together, in particular that [`Self::memory_estimate`] is within
@@ -301,8 +354,9 @@ impl AgentConfig {
         let estimate = self.memory_estimate();
         if estimate > self.memory_limit {
             return Err(ConfigError::Invalid(format!(
-                "cache.byte_budget and buffers.bytes need up to {} bytes, more than memory_limit = {} \
-                 bytes; raise memory_limit or lower them",
+                "cache.byte_budget, buffers.bytes and modules.byte_budget need up to {} bytes with \
+                 the sampler's working set, more than memory_limit = {} bytes; raise memory_limit \
+                 or lower them",
                 estimate, self.memory_limit
             )));
         }
@@ -376,6 +430,17 @@ fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Er
     s.serialize_str(&format!("{}ms", d.as_millis()))
 }
 
+fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    de_duration(d).map(Some)
+}
+
+fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => ser_duration(d, s),
+        None => s.serialize_none(),
+    }
+}
+
 fn de_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
     match NumOrText::deserialize(d)? {
         NumOrText::Int(n) => usize::try_from(n).map_err(serde::de::Error::custom),
@@ -432,7 +497,10 @@ mod tests {
         assert_eq!(c.cache.bucket_limit, 4);
         let otlp = c.exporters.otlp.unwrap();
         assert_eq!(otlp.headers["x-api-key"], "k");
-        assert!(otlp.gzip);
+        assert_eq!(
+            otlp.gzip, None,
+            "unset: the environment or the default decides"
+        );
         assert_eq!(c.exporters.pprof.unwrap().max_bytes, 10 << 20);
     }
 

@@ -520,6 +520,8 @@ impl ExportLoop {
             / 1000.0;
         let export_failed: u64 = now.exporters.iter().map(|e| e.failed).sum();
         let rss_bytes = crate::process::own_rss_bytes().unwrap_or(0);
+        // Unwind tables and symbols of the binaries being profiled (`modules.byte_budget`).
+        let module_bytes = rootline_capture::unwind::module::live_module_bytes();
         tracing::info!(
             samples = now.captured,
             lost = now.lost,
@@ -533,8 +535,10 @@ impl ExportLoop {
             export_latency_ms,
             export_failed,
             rss_bytes,
-            "status: {} rss_mib={:.1}",
+            module_bytes,
+            "status: {} modules_mib={:.1} rss_mib={:.1}",
             now.status_line(),
+            module_bytes as f64 / (1 << 20) as f64,
             rss_bytes as f64 / (1 << 20) as f64
         );
         // Each exporter's counters as fields, for log pipelines that read JSON.

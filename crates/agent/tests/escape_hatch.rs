@@ -75,8 +75,8 @@ fn stalled_then_dead_exporter_drops_exactly_and_export_resumes() {
     assert_eq!(stats.unresolved, 0);
     let growth = peak_rss.saturating_sub(rss_before);
     assert!(
-        growth < config.memory_estimate() as u64,
+        growth < config.pipeline_memory_estimate() as u64,
         "RSS grew by {growth} bytes, more than the configured pipeline bound {}",
-        config.memory_estimate()
+        config.pipeline_memory_estimate()
     );
 }

@@ -137,9 +137,9 @@ fn stalled_dead_and_recovered_receiver() {
     assert!(receiver.state.stalled_requests.load(Relaxed) > 0);
     let growth = peak_rss.saturating_sub(rss_before);
     assert!(
-        growth < config.memory_estimate() as u64,
+        growth < config.pipeline_memory_estimate() as u64,
         "RSS grew by {growth} bytes, more than the configured bound {}",
-        config.memory_estimate()
+        config.pipeline_memory_estimate()
     );
 }
 

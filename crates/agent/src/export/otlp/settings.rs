@@ -34,7 +34,8 @@ pub struct OtlpSettings {
 }
 
 impl OtlpSettings {
-    /// Resolves the settings from `config`, the export timeout and an environment lookup (pass
+    /// Resolves the settings from `config`, the export timeout (used when neither the config nor
+    /// the environment sets the OTLP one) and an environment lookup (pass
     /// `|k| std::env::var(k).ok()` for the real environment).
     pub fn resolve(
         config: &OtlpConfig,
@@ -90,6 +91,41 @@ impl OtlpSettings {
             client_certificate: file(&config.client_certificate, "CLIENT_CERTIFICATE"),
             client_key: file(&config.client_key, "CLIENT_KEY"),
         };
+        // Config, then the signal-specific variable, then the generic one; values the
+        // specification does not allow are ignored with a warning.
+        let signal_var = |suffix: &str| {
+            [
+                format!("OTEL_EXPORTER_OTLP_PROFILES_{suffix}"),
+                format!("OTEL_EXPORTER_OTLP_{suffix}"),
+            ]
+            .into_iter()
+            .find_map(|var| nonempty(&var).map(|value| (var, value.trim().to_string())))
+        };
+        let gzip = config
+            .gzip
+            .unwrap_or_else(|| match signal_var("COMPRESSION") {
+                Some((_, v)) if v == "none" => false,
+                Some((_, v)) if v == "gzip" => true,
+                Some((var, v)) => {
+                    tracing::warn!("ignoring {var}={v}: use gzip or none");
+                    true
+                }
+                None => true,
+            });
+        let timeout = config
+            .timeout
+            .unwrap_or_else(|| match signal_var("TIMEOUT") {
+                Some((var, v)) => match v.parse::<u64>() {
+                    Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                    _ => {
+                        tracing::warn!(
+                            "ignoring {var}={v}: give a positive number of milliseconds"
+                        );
+                        timeout
+                    }
+                },
+                None => timeout,
+            });
         let service_name = nonempty("OTEL_SERVICE_NAME")
             .or_else(|| config.service_name.clone())
             .or_else(|| resource.get("service.name").cloned());
@@ -98,7 +134,7 @@ impl OtlpSettings {
             headers,
             resource,
             service_name,
-            gzip: config.gzip,
+            gzip,
             timeout,
             retries: config.retries,
             backoff: config.backoff,
@@ -183,6 +219,45 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn timeout_and_compression_precedence() {
+        let t = Duration::from_secs(5);
+        let resolve = |c: &OtlpConfig, vars: &[(&str, &str)]| {
+            let s = OtlpSettings::resolve(c, t, env(vars));
+            (s.timeout, s.gzip)
+        };
+        let c = OtlpConfig::default();
+        assert_eq!(resolve(&c, &[]), (t, true));
+        let generic = [
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+        ];
+        assert_eq!(resolve(&c, &generic), (Duration::from_millis(2500), false));
+        let both = [
+            generic[0],
+            generic[1],
+            ("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT", "700"),
+            ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "gzip"),
+        ];
+        assert_eq!(resolve(&c, &both), (Duration::from_millis(700), true));
+        let configured = OtlpConfig {
+            timeout: Some(Duration::from_secs(9)),
+            gzip: Some(false),
+            ..OtlpConfig::default()
+        };
+        assert_eq!(resolve(&configured, &both), (Duration::from_secs(9), false));
+        // Values the specification does not allow are ignored.
+        let bad = [
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
+        ];
+        assert_eq!(resolve(&c, &bad), (t, true));
+        assert_eq!(
+            resolve(&c, &[("OTEL_EXPORTER_OTLP_TIMEOUT", "0")]),
+            (t, true)
+        );
     }
 
     #[test]
