@@ -74,6 +74,7 @@ impl CaptureSource {
         // 8 MiB still covers the default main-thread and pthread stack sizes whole.
         options.live_stack_budget = AGENT_LIVE_STACK_BUDGET;
         options.module_budget = Some(config.modules.byte_budget);
+        options.dwarf_budget = Some(config.modules.dwarf_budget);
         // The agent does not profile itself: its samples are not even unwound.
         options.skip_own_process = true;
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_BATCHES);

@@ -5,7 +5,7 @@
 //! frequency_hz = 99
 //! export_interval = "10s"
 //! export_timeout = "5s"
-//! memory_limit = "128MiB"
+//! memory_limit = "160MiB"
 //! shutdown_timeout = "20s"
 //!
 //! [targets]            # nothing set: the whole host
@@ -21,6 +21,7 @@
 //!
 //! [modules]            # unwind tables and symbols of the binaries being profiled
 //! byte_budget = "48MiB"
+//! dwarf_budget = "24MiB" # parsed DWARF (inlined frames, lines) held at once
 //!
 //! [exporters.otlp]     # endpoint from OTEL_EXPORTER_OTLP_* when not given here
 //! [exporters.pprof]
@@ -77,9 +78,9 @@ pub struct AgentConfig {
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub export_timeout: Duration,
     /// Hard cap on the agent's memory: the stack cache, the sample buffers, the exporter's working
-    /// set, the loaded binaries' tables (`modules.byte_budget`) and the sampler's working set
+    /// set, the loaded binaries' tables and DWARF (`modules`) and the sampler's working set
     /// ([`CAPTURE_ALLOWANCE`]). Checked against [`AgentConfig::memory_estimate`] at start.
-    /// Default 128 MiB.
+    /// Default 160 MiB.
     #[serde(deserialize_with = "de_bytes")]
     pub memory_limit: usize,
     /// Longest the final export may take after a stop request (SIGTERM): exports still trying a
@@ -135,12 +136,19 @@ pub struct ModulesConfig {
     /// of exited processes are freed). Default 48 MiB (rustc's 150 MB driver library needs 16).
     #[serde(deserialize_with = "de_bytes")]
     pub byte_budget: usize,
+    /// Most memory the symbolizer's parsed DWARF (inlined frames, source lines) may take at once,
+    /// estimated from each binary's debug sections. A binary whose DWARF does not fit is named
+    /// from its symbol tables (and a `-dbg` package's) without inlined frames. Default 24 MiB (a
+    /// 67 MB Rust binary with debug info needs about 16; Debian's `libc6-dbg` about 34).
+    #[serde(deserialize_with = "de_bytes")]
+    pub dwarf_budget: usize,
 }
 
 impl Default for ModulesConfig {
     fn default() -> ModulesConfig {
         ModulesConfig {
             byte_budget: 48 << 20,
+            dwarf_budget: 24 << 20,
         }
     }
 }
@@ -219,7 +227,7 @@ impl Default for AgentConfig {
             frequency_hz: 99,
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
-            memory_limit: 128 << 20,
+            memory_limit: 160 << 20,
             shutdown_timeout: Duration::from_secs(20),
             target_refresh: Duration::from_secs(1),
             targets: TargetConfig::default(),
@@ -323,10 +331,13 @@ impl AgentConfig {
     }
 
     /// Memory the whole agent may use at most: the pipeline's
-    /// ([`AgentConfig::pipeline_memory_estimate`]), the binaries' budget and the sampler's
-    /// allowance ([`CAPTURE_ALLOWANCE`]).
+    /// ([`AgentConfig::pipeline_memory_estimate`]), the binaries' budgets (tables and DWARF) and
+    /// the sampler's allowance ([`CAPTURE_ALLOWANCE`]).
     pub fn memory_estimate(&self) -> usize {
-        self.pipeline_memory_estimate() + self.modules.byte_budget + CAPTURE_ALLOWANCE
+        self.pipeline_memory_estimate()
+            + self.modules.byte_budget
+            + self.modules.dwarf_budget
+            + CAPTURE_ALLOWANCE
     }
 
     /// Checks that the values fit together, in particular that [`Self::memory_estimate`] is within
@@ -354,7 +365,7 @@ impl AgentConfig {
         let estimate = self.memory_estimate();
         if estimate > self.memory_limit {
             return Err(ConfigError::Invalid(format!(
-                "cache.byte_budget, buffers.bytes and modules.byte_budget need up to {} bytes with \
+                "cache.byte_budget, buffers.bytes and the modules budgets need up to {} bytes with \
                  the sampler's working set, more than memory_limit = {} bytes; raise memory_limit \
                  or lower them",
                 estimate, self.memory_limit

@@ -199,19 +199,24 @@ impl Processes {
             .is_none_or(|budget| live_module_bytes().saturating_add(needed) <= budget)
     }
 
-    /// After processes exit: forgets the cached binaries no tracked process maps any more (their
-    /// memory is freed once no recorded frame refers to them either), measures the modules still
-    /// in use, and, where the budget now has room, drops the regions it refused so that the next
+    /// Under a module budget, once modules hold more than three quarters of it: forgets the
+    /// cached binaries no tracked process maps any more (their memory is freed once no recorded
+    /// frame refers to them either) and measures the modules still in use. Binaries stay cached
+    /// otherwise, so that processes started one after another (a build's compilers) share one
+    /// parse. And wherever the budget now has room, drops the regions it refused so that the next
     /// read of the process's maps loads them.
     pub fn sweep_files(&mut self) {
+        let Some(budget) = self.module_budget else {
+            return;
+        };
+        let pressure = live_module_bytes() > budget / 4 * 3;
         let refused_any = self
             .procs
             .values()
             .any(|p| p.space.regions().any(|r| r.refused));
-        if self.removed_since_sweep == 0 && !refused_any {
+        if !pressure && !refused_any {
             return;
         }
-        self.removed_since_sweep = 0;
         let mut used: foldhash::HashSet<*const BinaryFile> = foldhash::HashSet::default();
         let mut in_use = 0;
         for p in self.procs.values() {
@@ -221,10 +226,12 @@ impl Processes {
                 }
             }
         }
-        self.files.retain(|_, entry| match entry {
-            FileEntry::Loading(_) => true,
-            FileEntry::Ready(b) => used.contains(&Arc::as_ptr(b)),
-        });
+        if pressure {
+            self.files.retain(|_, entry| match entry {
+                FileEntry::Loading(_) => true,
+                FileEntry::Ready(b) => used.contains(&Arc::as_ptr(b)),
+            });
+        }
         self.module_bytes_in_use = in_use;
         if !refused_any {
             return;

@@ -131,8 +131,6 @@ pub struct Processes {
     retired: u32,
     /// Most memory all loaded modules may hold ([`live_module_bytes`]); None: no limit.
     module_budget: Option<usize>,
-    /// Processes removed since the last [`Processes::sweep_files`].
-    removed_since_sweep: usize,
     /// Memory of the modules tracked processes mapped at the last sweep.
     module_bytes_in_use: usize,
 }
@@ -203,9 +201,7 @@ impl Processes {
 
     /// Forgets a process that exited.
     pub fn remove(&mut self, pid: u32) {
-        if self.procs.remove(&pid).is_some() {
-            self.removed_since_sweep += 1;
-        }
+        self.procs.remove(&pid);
     }
 
     /// The process's state, reading `/proc/PID/maps` the first time (or after an exec).

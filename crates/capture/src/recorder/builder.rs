@@ -15,6 +15,7 @@ use crate::symbolize::{SymbolFrame, Symbolizer};
 pub(crate) struct Builder {
     pub profile: Profile,
     symbolizer: Symbolizer,
+    dwarf_budget: Option<usize>,
     mappings: Vec<(RawMapping, Option<MappingId>)>,
     frame_map: Vec<Vec<FrameId>>,
     node_map: Vec<StackId>,
@@ -22,10 +23,13 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    pub fn new(profile: Profile) -> Builder {
+    /// A builder adding to `profile`, with at most about `dwarf_budget` bytes of DWARF loaded
+    /// at once (None: no limit).
+    pub fn new(profile: Profile, dwarf_budget: Option<usize>) -> Builder {
         Builder {
             profile,
-            symbolizer: Symbolizer::new(),
+            symbolizer: Symbolizer::with_dwarf_budget(dwarf_budget),
+            dwarf_budget,
             mappings: Vec::new(),
             frame_map: Vec::new(),
             node_map: Vec::new(),
@@ -41,7 +45,7 @@ impl Builder {
         let mut fresh = Profile::new(self.profile.sample_types().to_vec());
         fresh.metadata = self.profile.metadata.clone();
         self.profile = fresh;
-        self.symbolizer = Symbolizer::new();
+        self.symbolizer = Symbolizer::with_dwarf_budget(self.dwarf_budget);
         self.mappings.clear();
         self.frame_map.clear();
         self.node_map.clear();
@@ -53,6 +57,7 @@ impl Builder {
         self.mappings
             .extend(batch.mappings.into_iter().map(|m| (m, None)));
         self.symbolize(&batch.frames, batch.jit_names);
+        self.symbolizer.end_batch();
         for (parent, frame) in batch.nodes {
             let mut stack = (parent != NO_NODE).then(|| self.node_map[parent as usize]);
             for &f in &self.frame_map[frame as usize] {

@@ -273,6 +273,7 @@ pub fn record(
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
     let skip_own_process = opts.skip_own_process;
+    let dwarf_budget = opts.dwarf_budget;
     let user_callchain = cfg.user_callchain;
     let period_nanos = match event_kind {
         EventKind::CpuClock => None,
@@ -289,7 +290,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile);
+                let mut builder = builder::Builder::new(profile, dwarf_budget);
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {

@@ -52,6 +52,10 @@ pub struct RecordOptions {
     /// Leave the recording process's own samples out, unread (for a host-wide profiler that
     /// should not spend time and memory unwinding itself).
     pub skip_own_process: bool,
+    /// Most memory the symbolizer's parsed DWARF may take at once, estimated from each binary's
+    /// debug sections (None: no limit). Binaries past it are named from their symbol tables,
+    /// without inlined frames or source lines.
+    pub dwarf_budget: Option<usize>,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -76,6 +80,7 @@ impl RecordOptions {
             user_callchain: true,
             module_budget: None,
             skip_own_process: false,
+            dwarf_budget: None,
         }
     }
 }

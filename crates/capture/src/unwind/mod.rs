@@ -29,7 +29,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 
 pub use instr::NoCfiRule;
 pub use live_memory::LiveMemory;
-pub use module::{CodeModule, ModuleError, SectionBytes};
+pub use module::{CodeModule, ElfError, ModuleError, SectionBytes};
 pub use policy::{ReadFailure, StackEnd, TruncateReason};
 pub use regs::Registers;
 

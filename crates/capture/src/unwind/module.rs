@@ -25,6 +25,17 @@ pub fn live_module_bytes() -> usize {
     LIVE_BYTES.load(Ordering::Relaxed)
 }
 
+/// What is wrong with an ELF file.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// The parser's error (malformed headers or tables).
+    #[error(transparent)]
+    Malformed(#[from] object::Error),
+    /// A well-formed file of a kind the unwinder does not read.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
 /// Why an ELF file could not be used for unwinding.
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
@@ -33,9 +44,9 @@ pub enum ModuleError {
     Parse {
         /// Display name of the file.
         name: String,
-        /// The parser's error.
+        /// What is wrong with it.
         #[source]
-        source: object::Error,
+        source: ElfError,
     },
     /// Loading the file would take the memory of all loaded modules past the budget.
     #[error(
@@ -155,22 +166,27 @@ impl CodeModule {
     /// memory of all live modules ([`live_module_bytes`]) past it: checked from the headers before
     /// the unwind sections are read, and again once the module is built.
     pub fn open(name: &str, file: File, budget: Option<usize>) -> Result<CodeModule, ModuleError> {
-        let layout = {
-            let cache = object::ReadCache::new(&file);
-            layout::read(&cache)
+        let bytes = ModuleBytes::from_file(file);
+        let layout = match bytes.file() {
+            Some(file) => layout::read(&object::ReadCache::new(file), &bytes),
+            None => Err(ElfError::Unsupported("no file to read")),
         };
-        CodeModule::build(name, layout, ModuleBytes::from_file(file), budget)
+        CodeModule::build(name, layout, bytes, budget)
     }
 
     /// Parses an ELF file already in memory (the vDSO). `name` as for [`CodeModule::open`].
     pub fn parse(name: &str, bytes: Arc<[u8]>) -> Result<CodeModule, ModuleError> {
-        let layout = layout::read(&*bytes);
-        CodeModule::build(name, layout, ModuleBytes::memory(bytes), None)
+        let bytes = ModuleBytes::memory(bytes);
+        let layout = match bytes.in_memory() {
+            Some(memory) => layout::read(memory, &bytes),
+            None => Err(ElfError::Unsupported("no bytes to read")),
+        };
+        CodeModule::build(name, layout, bytes, None)
     }
 
     fn build(
         name: &str,
-        layout: object::Result<layout::Layout>,
+        layout: Result<layout::Layout, ElfError>,
         bytes: ModuleBytes,
         budget: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
@@ -357,8 +373,12 @@ impl CodeModule {
             return None;
         }
         match symbol.name {
-            NameRef::At(offset) => self.bytes.read_name(offset),
-            NameRef::Plt(offset) => self.bytes.read_name(offset).map(|n| n + "@plt"),
+            NameRef::At(offset) => self.bytes.read_name(offset).filter(|n| !n.is_empty()),
+            NameRef::Plt(offset) => self
+                .bytes
+                .read_name(offset)
+                .filter(|n| !n.is_empty())
+                .map(|n| n + "@plt"),
             NameRef::Plt0 => Some("plt0@plt".into()),
         }
     }

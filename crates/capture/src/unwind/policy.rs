@@ -131,11 +131,19 @@ impl TruncateReason {
 /// the stack ends at its root there instead of being marked truncated. In code without CFI, a
 /// zero frame pointer or return address in one of them is the outermost frame.
 pub fn is_thread_entry(symbol: &str) -> bool {
-    matches!(
-        symbol,
-        "__clone3" | "__GI___clone3" | "clone3" | "__clone" | "__GI___clone" | "clone" | "_start"
-    )
+    THREAD_ENTRIES.contains(&symbol)
 }
+
+/// The symbols of the functions that start threads (see [`is_thread_entry`]).
+pub const THREAD_ENTRIES: [&str; 7] = [
+    "__clone3",
+    "__GI___clone3",
+    "clone3",
+    "__clone",
+    "__GI___clone",
+    "clone",
+    "_start",
+];
 
 /// Why a stack read failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,6 +52,14 @@ impl ModuleBytes {
         }
     }
 
+    /// The bytes, when they are in memory.
+    pub(crate) fn in_memory(&self) -> Option<&[u8]> {
+        match &self.source {
+            Source::File(_) => None,
+            Source::Memory(bytes) => Some(bytes),
+        }
+    }
+
     /// Length of the file or bytes (0 when the file cannot be examined).
     pub(crate) fn len(&self) -> u64 {
         match &self.source {

@@ -1,18 +1,19 @@
-//! Reads an ELF file's layout from its headers and tables: segments, where the unwind sections lie,
-//! function symbols (by where their names lie in the file, not the names themselves) and the
-//! functions that start threads. Works through any [`ReadRef`], so a file on disk is read in the
-//! pieces asked for, never whole.
+//! Reads an ELF file's layout: segments, where the unwind sections lie, function symbols (by where
+//! their names lie in the file, not the names themselves) and the functions that start threads.
+//!
+//! Headers come through a [`ReadRef`] (so a file on disk is read in the pieces asked for); the
+//! symbol and string tables, which reach tens of megabytes in large libraries, are streamed from
+//! [`ModuleBytes`] in fixed-size chunks and never held whole.
 
 use std::ops::Range;
 
-use object::read::elf::{ElfFile64, SectionHeader, Sym};
-use object::{
-    Endianness, Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadRef, SectionKind,
-    SymbolKind,
-};
+use object::elf::{FileHeader64, SectionHeader64};
+use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, SectionTable};
+use object::{Endianness, ReadRef, elf};
 
-use super::{NameRef, Segment, Symbol};
-use crate::unwind::policy;
+use super::bytes::ModuleBytes;
+use super::{ElfError, NameRef, Segment, Symbol};
+use crate::unwind::policy::THREAD_ENTRIES;
 
 /// Where a section lies: its link-time addresses and its bytes in the file.
 #[derive(Debug, Clone)]
@@ -34,7 +35,7 @@ pub(super) struct Layout {
     pub symbols: Vec<Symbol>,
     /// Function boundaries: symbols plus the start of every code section.
     pub functions: Vec<(u64, u64)>,
-    /// Address ranges of the functions that start threads ([`policy::is_thread_entry`]).
+    /// Address ranges of the functions that start threads ([`THREAD_ENTRIES`]).
     pub thread_entries: Vec<(u64, u64)>,
     pub build_id: Option<String>,
     /// Whether the file has DWARF debug information or names a separate debug file.
@@ -55,82 +56,80 @@ impl Layout {
     }
 }
 
-/// Reads the layout of the 64-bit ELF file `data`.
-pub(super) fn read<'d, R: ReadRef<'d>>(data: R) -> object::Result<Layout> {
-    let elf = ElfFile64::<Endianness, R>::parse(data)?;
+type Sections<'d, R> = SectionTable<'d, FileHeader64<Endianness>, R>;
+
+/// Size of one `Elf64_Sym`.
+const SYM_SIZE: usize = 24;
+/// Bytes of a symbol or string table read at once.
+const CHUNK: usize = 2048 * SYM_SIZE;
+
+/// Reads the layout of the 64-bit little-endian ELF file `data`, whose bytes `bytes` also reads.
+pub(super) fn read<'d, R: ReadRef<'d>>(data: R, bytes: &ModuleBytes) -> Result<Layout, ElfError> {
+    let header = FileHeader64::<Endianness>::parse(data)?;
+    let endian = header.endian()?;
+    if endian != Endianness::Little {
+        return Err(ElfError::Unsupported(
+            "big-endian ELF files are not supported",
+        ));
+    }
+    let sections = header.sections(endian, data)?;
+    let by_name = |name: &str| sections.section_by_name(endian, name.as_bytes());
     let placed = |name: &str| -> Option<Placed> {
-        let s = elf.section_by_name(name)?;
-        let (offset, size) = s.file_range()?;
+        let (_, s) = by_name(name)?;
+        let (offset, size) = s.file_range(endian)?;
+        let addr = s.sh_addr(endian);
         Some(Placed {
-            svma: s.address()..s.address().saturating_add(s.size()),
+            svma: addr..addr.saturating_add(s.sh_size(endian)),
             offset,
             size,
         })
     };
-    let svma = |name: &str| placed(name).map(|p| p.svma);
-    let segments = elf
-        .segments()
-        .map(|s| {
-            let (offset, filesz) = s.file_range();
-            let exec = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-            Segment {
-                vaddr: s.address(),
-                offset,
-                filesz,
-                exec,
-            }
+    let svma = |name: &str| {
+        by_name(name).map(|(_, s)| {
+            let addr = s.sh_addr(endian);
+            addr..addr.saturating_add(s.sh_size(endian))
+        })
+    };
+    let segments = header
+        .program_headers(endian, data)?
+        .iter()
+        .filter(|p| p.p_type(endian) == elf::PT_LOAD)
+        .map(|p| Segment {
+            vaddr: p.p_vaddr(endian),
+            offset: p.p_offset(endian),
+            filesz: p.p_filesz(endian),
+            exec: p.p_flags(endian) & elf::PF_X != 0,
         })
         .collect();
 
     let mut symbols = Vec::new();
     let mut thread_entries = Vec::new();
-    for dynamic in [false, true] {
-        let Some(table) = symbol_table(&elf, data, dynamic) else {
+    for table_type in [elf::SHT_SYMTAB, elf::SHT_DYNSYM] {
+        let Some(table) = sections.iter().find(|s| s.sh_type(endian) == table_type) else {
             continue;
         };
-        let iter = if dynamic {
-            elf.dynamic_symbols()
-        } else {
-            elf.symbols()
-        };
-        for s in iter.filter(|s| s.kind() == SymbolKind::Text && s.address() != 0) {
-            let st_name = s.elf_symbol().st_name(elf.endian());
-            let Some(name) = table.name(st_name) else {
-                continue;
-            };
-            let (start, end) = (s.address(), s.address().saturating_add(s.size().max(1)));
-            if std::str::from_utf8(name).is_ok_and(policy::is_thread_entry) {
-                thread_entries.push((start, end));
-            }
-            symbols.push(Symbol {
-                start,
-                end,
-                name: NameRef::At(table.offset + u64::from(st_name)),
-            });
-        }
+        function_symbols(&sections, table, bytes, &mut symbols, &mut thread_entries);
     }
-    symbols.extend(plt_symbols(&elf, data));
+    symbols.extend(plt_symbols(&sections, data, bytes));
     // Prefer sized, global symbols when several share an address.
     symbols.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
     symbols.dedup_by_key(|s| s.start);
     symbols.shrink_to_fit();
     thread_entries.sort_unstable();
+    thread_entries.dedup();
 
     let mut functions: Vec<(u64, u64)> = symbols.iter().map(|s| (s.start, s.end)).collect();
     // Sections of code without symbols still bound functions at their start (e.g. `.plt`).
-    for s in elf.sections() {
-        if s.kind() == SectionKind::Text && s.size() > 0 {
-            functions.push((s.address(), s.address()));
+    for s in sections.iter() {
+        let flags = s.sh_flags(endian);
+        let code = u64::from(elf::SHF_ALLOC | elf::SHF_EXECINSTR);
+        if s.sh_type(endian) == elf::SHT_PROGBITS && flags & code == code && s.sh_size(endian) > 0 {
+            functions.push((s.sh_addr(endian), s.sh_addr(endian)));
         }
     }
     functions.sort_unstable();
     functions.dedup_by_key(|f| f.0);
     functions.shrink_to_fit();
-    let build_id = elf
-        .build_id()
-        .ok()
-        .flatten()
-        .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
 
     Ok(Layout {
         segments,
@@ -142,96 +141,192 @@ pub(super) fn read<'d, R: ReadRef<'d>>(data: R) -> object::Result<Layout> {
         symbols,
         functions,
         thread_entries,
-        build_id,
-        debug_info: elf.section_by_name(".debug_info").is_some()
-            || elf.section_by_name(".gnu_debuglink").is_some(),
+        build_id: build_id(&sections, data),
+        debug_info: by_name(".debug_info").is_some() || by_name(".gnu_debuglink").is_some(),
     })
 }
 
-/// A symbol table's string table: its bytes (while parsing) and its offset in the file.
-struct Strings<'d> {
-    bytes: &'d [u8],
-    offset: u64,
+/// The GNU build id, in hex, from a note section.
+fn build_id<'d, R: ReadRef<'d>>(sections: &Sections<'d, R>, data: R) -> Option<String> {
+    let endian = Endianness::Little;
+    sections.iter().find_map(|s| {
+        let mut notes = s.notes(endian, data).ok()??;
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID {
+                return Some(note.desc().iter().map(|b| format!("{b:02x}")).collect());
+            }
+        }
+        None
+    })
 }
 
-impl<'d> Strings<'d> {
-    /// The non-empty name at `st_name`, without its NUL.
-    fn name(&self, st_name: u32) -> Option<&'d [u8]> {
-        let rest = self.bytes.get(usize::try_from(st_name).ok()?..)?;
-        let name = &rest[..rest.iter().position(|&b| b == 0)?];
-        (!name.is_empty()).then_some(name)
-    }
-}
-
-/// The string table of `.symtab` (or `.dynsym` when `dynamic`).
-fn symbol_table<'d, R: ReadRef<'d>>(
-    elf: &ElfFile64<'d, Endianness, R>,
-    data: R,
-    dynamic: bool,
-) -> Option<Strings<'d>> {
-    let table = if dynamic {
-        elf.elf_dynamic_symbol_table()
-    } else {
-        elf.elf_symbol_table()
+/// Appends the function symbols (`STT_FUNC`, `STT_GNU_IFUNC`, non-zero address and name) of one
+/// symbol table, streamed from the file, and the ranges of those that start threads.
+fn function_symbols<'d, R: ReadRef<'d>>(
+    sections: &Sections<'d, R>,
+    table: &SectionHeader64<Endianness>,
+    bytes: &ModuleBytes,
+    symbols: &mut Vec<Symbol>,
+    thread_entries: &mut Vec<(u64, u64)>,
+) {
+    let endian = Endianness::Little;
+    let Some((offset, size)) = table.file_range(endian) else {
+        return;
     };
-    if table.is_empty() {
-        return None;
+    let Some((strings_at, strings_len)) = linked_strings(sections, table) else {
+        return;
+    };
+    let entries = thread_entry_names(bytes, strings_at, strings_len);
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0;
+    while at < size {
+        let want = usize::try_from((size - at).min(CHUNK as u64)).unwrap_or(CHUNK);
+        let want = want - want % SYM_SIZE;
+        if want == 0 {
+            break;
+        }
+        let got = bytes.read_at(offset + at, &mut buf[..want]);
+        for sym in buf[..got - got % SYM_SIZE].chunks_exact(SYM_SIZE) {
+            let field = |r: Range<usize>| {
+                let mut v = [0u8; 8];
+                v[..r.len()].copy_from_slice(&sym[r]);
+                u64::from_le_bytes(v)
+            };
+            let (name, kind, value, len) = (field(0..4), sym[4] & 0xf, field(8..16), field(16..24));
+            let function = kind == elf::STT_FUNC || kind == elf::STT_GNU_IFUNC;
+            if !function || value == 0 || name == 0 || name >= strings_len {
+                continue;
+            }
+            let end = value.saturating_add(len.max(1));
+            if entries.contains(&name) {
+                thread_entries.push((value, end));
+            }
+            symbols.push(Symbol {
+                start: value,
+                end,
+                name: NameRef::At(strings_at + name),
+            });
+        }
+        if got < want {
+            break;
+        }
+        at += got as u64;
     }
-    let header = elf
-        .elf_section_table()
-        .section(table.string_section())
-        .ok()?;
-    Some(Strings {
-        bytes: header.data(elf.endian(), data).ok()?,
-        offset: header.sh_offset(elf.endian()),
-    })
+}
+
+/// Offsets in a string table (at `at`, `len` bytes in the file) of the names in
+/// [`THREAD_ENTRIES`], found by streaming it.
+fn thread_entry_names(bytes: &ModuleBytes, at: u64, len: u64) -> Vec<u64> {
+    const KEEP: usize = 32;
+    let mut found = Vec::new();
+    let mut window: Vec<u8> = Vec::with_capacity(CHUNK + KEEP);
+    let mut window_start = 0u64;
+    let mut read = 0u64;
+    while read < len {
+        let old = window.len();
+        let want = usize::try_from((len - read).min(CHUNK as u64)).unwrap_or(CHUNK);
+        window.resize(old + want, 0);
+        let got = bytes.read_at(at + read, &mut window[old..]);
+        window.truncate(old + got);
+        for end in (old..window.len()).filter(|&i| window[i] == 0) {
+            for name in THREAD_ENTRIES {
+                let n = name.len();
+                if end >= n && &window[end - n..end] == name.as_bytes() {
+                    found.push(window_start + (end - n) as u64);
+                }
+            }
+        }
+        if got < want {
+            break;
+        }
+        read += got as u64;
+        let drop = window.len().saturating_sub(KEEP);
+        window.drain(..drop);
+        window_start += drop as u64;
+    }
+    found
 }
 
 /// `name@plt` symbols for the PLT stubs: the i-th stub of `.plt.sec` and the i-th entry of `.plt`
 /// after its 16-byte header both go through the i-th `.rela.plt` relocation, whose symbol names
 /// them. The header itself (the lazy-binding trampoline) is `plt0@plt`.
-fn plt_symbols<'d, R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>, data: R) -> Vec<Symbol> {
+fn plt_symbols<'d, R: ReadRef<'d>>(
+    sections: &Sections<'d, R>,
+    data: R,
+    bytes: &ModuleBytes,
+) -> Vec<Symbol> {
+    let endian = Endianness::Little;
+    let by_name = |name: &str| {
+        sections
+            .section_by_name(endian, name.as_bytes())
+            .map(|s| s.1)
+    };
     let mut out = Vec::new();
-    let plt = elf.section_by_name(".plt");
-    if let Some(plt) = &plt {
+    let plt = by_name(".plt");
+    if let Some(plt) = plt {
+        let start = plt.sh_addr(endian);
         out.push(Symbol {
-            start: plt.address(),
-            end: plt.address() + 16,
+            start,
+            end: start + 16,
             name: NameRef::Plt0,
         });
     }
-    let (Some(rela), Some(strings)) = (
-        elf.section_by_name(".rela.plt").and_then(|s| s.data().ok()),
-        symbol_table(elf, data, true),
-    ) else {
+    let rela = by_name(".rela.plt").and_then(|s| s.data(endian, data).ok());
+    let dynsym = sections
+        .iter()
+        .find(|s| s.sh_type(endian) == elf::SHT_DYNSYM);
+    let (Some(rela), Some(dynsym)) = (rela, dynsym) else {
         return out;
     };
-    let dynsym = elf.elf_dynamic_symbol_table();
-    let tables = [
-        elf.section_by_name(".plt.sec").map(|s| (s, 0)),
-        plt.map(|s| (s, 16)),
-    ];
-    for (stubs, first) in tables.into_iter().flatten() {
-        for (i, entry) in rela.chunks_exact(24).enumerate() {
+    let (Some((dynsym_at, dynsym_len)), Some((strings_at, strings_len))) =
+        (dynsym.file_range(endian), linked_strings(sections, dynsym))
+    else {
+        return out;
+    };
+    // The name offset of each relocation's symbol, read entry by entry (a few thousand at most).
+    let names: Vec<Option<u64>> = rela
+        .chunks_exact(24)
+        .map(|entry| {
             let info = u64::from_le_bytes(entry[8..16].try_into().unwrap_or([0; 8]));
-            let index = object::SymbolIndex((info >> 32) as usize);
-            let Some(st_name) = dynsym
-                .symbol(index)
-                .ok()
-                .map(|s| s.st_name(elf.endian()))
-                .filter(|&n| strings.name(n).is_some())
-            else {
-                continue;
-            };
-            let start = stubs.address() + first + 16 * i as u64;
-            if start + 16 <= stubs.address() + stubs.size() {
+            let at = (info >> 32).checked_mul(SYM_SIZE as u64)?;
+            if at.checked_add(SYM_SIZE as u64)? > dynsym_len {
+                return None;
+            }
+            let mut name = [0u8; 4];
+            (bytes.read_at(dynsym_at + at, &mut name) == 4).then_some(())?;
+            let name = u64::from(u32::from_le_bytes(name));
+            (name != 0 && name < strings_len).then_some(strings_at + name)
+        })
+        .collect();
+    let tables = [by_name(".plt.sec").map(|s| (s, 0)), plt.map(|s| (s, 16))];
+    for (stubs, first) in tables.into_iter().flatten() {
+        let (base, size) = (stubs.sh_addr(endian), stubs.sh_size(endian));
+        for (i, name) in names.iter().enumerate() {
+            let start = base + first + 16 * i as u64;
+            if let Some(name) = *name
+                && start + 16 <= base + size
+            {
                 out.push(Symbol {
                     start,
                     end: start + 16,
-                    name: NameRef::Plt(strings.offset + u64::from(st_name)),
+                    name: NameRef::Plt(name),
                 });
             }
         }
     }
     out
+}
+
+/// The file range of the string table linked to symbol table `table`.
+fn linked_strings<'d, R: ReadRef<'d>>(
+    sections: &Sections<'d, R>,
+    table: &SectionHeader64<Endianness>,
+) -> Option<(u64, u64)> {
+    let endian = Endianness::Little;
+    let index = object::SectionIndex(table.sh_link(endian) as usize);
+    let strings = sections.section(index).ok()?;
+    if strings.sh_type(endian) != elf::SHT_STRTAB {
+        return None;
+    }
+    strings.file_range(endian)
 }

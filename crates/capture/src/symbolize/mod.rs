@@ -2,8 +2,7 @@
 //! `addr2line` (function names, inlined frames, Rust and C++ demangling, source lines; separate
 //! debug files through build id or debug link) and kernel addresses through `/proc/kallsyms`.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// One function frame at an address: the physical function first, then each inlined callee.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,10 +15,15 @@ pub struct SymbolFrame {
     pub line: Option<u32>,
 }
 
-/// Turns addresses into function names. Each binary is loaded once and kept.
+mod dwarf;
+
+use dwarf::DwarfCache;
+
+/// Turns addresses into function names. A binary's DWARF is loaded when first needed and kept
+/// while it is in use, within an optional memory budget (see [`Symbolizer::with_dwarf_budget`]).
 #[derive(Default)]
 pub struct Symbolizer {
-    loaders: HashMap<PathBuf, Option<addr2line::Loader>>,
+    dwarf: DwarfCache,
     kallsyms: Option<Kallsyms>,
 }
 
@@ -27,6 +31,26 @@ impl Symbolizer {
     /// An empty symbolizer.
     pub fn new() -> Symbolizer {
         Symbolizer::default()
+    }
+
+    /// An empty symbolizer that holds at most about `budget` bytes of parsed DWARF at once (None:
+    /// no limit). Binaries whose DWARF does not fit are named from their symbol tables (and a
+    /// separate debug file's), without inlined frames or source lines.
+    pub fn with_dwarf_budget(budget: Option<usize>) -> Symbolizer {
+        Symbolizer {
+            dwarf: DwarfCache::new(budget),
+            kallsyms: None,
+        }
+    }
+
+    /// Estimated bytes of the DWARF loaded now.
+    pub fn dwarf_bytes(&self) -> usize {
+        self.dwarf.bytes()
+    }
+
+    /// Binaries whose DWARF did not fit the budget so far.
+    pub fn dwarf_skipped(&self) -> u64 {
+        self.dwarf.skipped()
     }
 
     /// Symbolizes link-time addresses (SVMAs) within the ELF file at `path`. For each address:
@@ -39,7 +63,8 @@ impl Symbolizer {
     /// With a `build_id`, a separate debug file `/usr/lib/debug/.build-id/xx/yyyy.debug` (Debian's
     /// `-dbg` packages) is used for DWARF and the full symbol table when it exists. Without one,
     /// and without `debug_info` in the file itself (DWARF or a debug link), only `symbol` names
-    /// the addresses: the file is not mapped for a symbol map that would add nothing.
+    /// the addresses: the file is not mapped for a symbol map that would add nothing. DWARF past
+    /// the budget is not loaded (see [`Symbolizer::with_dwarf_budget`]).
     pub fn symbolize_file(
         &mut self,
         path: &Path,
@@ -48,28 +73,22 @@ impl Symbolizer {
         svmas: &[u64],
         symbol: impl Fn(u64) -> Option<String>,
     ) -> Vec<Vec<SymbolFrame>> {
-        let loader = self.loaders.entry(path.to_path_buf()).or_insert_with(|| {
-            build_id
-                .filter(|id| id.len() > 2)
-                .map(|id| {
-                    PathBuf::from(format!(
-                        "/usr/lib/debug/.build-id/{}/{}.debug",
-                        &id[..2],
-                        &id[2..]
-                    ))
-                })
-                .filter(|p| p.is_file())
-                .and_then(|p| addr2line::Loader::new(p).ok())
-                .or_else(|| {
-                    debug_info
-                        .then(|| addr2line::Loader::new(path).ok())
-                        .flatten()
-                })
-        });
+        let entry = self.dwarf.get(path, build_id, debug_info);
+        let loader = entry.loader.as_ref();
+        let debug_symbols = entry.symbols.as_ref();
         svmas
             .iter()
-            .map(|&a| symbolize_one(loader.as_ref(), a, symbol(a)))
+            .map(|&a| {
+                let name = symbol(a).or_else(|| debug_symbols.and_then(|m| m.symbol_name(a)));
+                symbolize_one(loader, a, name)
+            })
             .collect()
+    }
+
+    /// Ends a batch of symbolization: lets go of the DWARF of binaries not used in the last few
+    /// batches, and of the least recently used ones past a handful.
+    pub fn end_batch(&mut self) {
+        self.dwarf.end_batch();
     }
 
     /// The kernel function containing `addr`, from `/proc/kallsyms` (read on first use).
@@ -171,6 +190,49 @@ impl Kallsyms {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dwarf_is_let_go_after_a_few_unused_batches() {
+        use dwarf::KEEP_BATCHES;
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let other = Path::new("/nonexistent/for-this-test");
+        let mut s = Symbolizer::new();
+        let symbolize = |s: &mut Symbolizer, path: &Path| {
+            s.symbolize_file(path, None, true, &[0x1000], |_| None);
+        };
+        symbolize(&mut s, &exe);
+        assert!(s.dwarf.is_loaded(&exe), "the test binary has DWARF");
+        assert!(s.dwarf_bytes() > 0);
+        for _ in 0..KEEP_BATCHES - 1 {
+            s.end_batch();
+            symbolize(&mut s, other);
+        }
+        s.end_batch();
+        assert!(s.dwarf.is_loaded(&exe), "used {KEEP_BATCHES} batches ago");
+        symbolize(&mut s, other);
+        s.end_batch();
+        assert!(!s.dwarf.knows(&exe));
+        assert!(s.dwarf.knows(other));
+        assert_eq!(s.dwarf_bytes(), 0);
+        // Without DWARF in the file (and no separate debug file), nothing is loaded.
+        s.symbolize_file(&exe, None, false, &[0x1000], |_| None);
+        assert!(!s.dwarf.is_loaded(&exe));
+    }
+
+    #[test]
+    fn dwarf_past_the_budget_is_not_loaded() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let cost = dwarf::dwarf_cost(&exe).expect("ELF");
+        assert!(cost > 100_000, "the test binary's DWARF costs {cost}");
+        let mut s = Symbolizer::with_dwarf_budget(Some(cost - 1));
+        s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
+        assert!(!s.dwarf.is_loaded(&exe));
+        assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (0, 1));
+        let mut s = Symbolizer::with_dwarf_budget(Some(cost));
+        s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
+        assert!(s.dwarf.is_loaded(&exe));
+        assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (cost, 0));
+    }
 
     #[test]
     fn only_mangled_names_are_demangled() {
