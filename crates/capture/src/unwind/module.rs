@@ -19,8 +19,8 @@ use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 /// Memory held by every [`CodeModule`] alive in this process, in bytes.
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
-/// Memory held by every [`CodeModule`] alive in this process, in bytes (see
-/// [`CodeModule::heap_bytes`]).
+/// Memory held by every [`CodeModule`] alive in this process, in bytes: their
+/// [`CodeModule::heap_bytes`] and the code pages they have cached.
 pub fn live_module_bytes() -> usize {
     LIVE_BYTES.load(Ordering::Relaxed)
 }
@@ -204,7 +204,7 @@ impl CodeModule {
                 budget,
             })
         };
-        if let Some(refused) = over_budget(layout.estimate_bytes() + bytes.cache_capacity()) {
+        if let Some(refused) = over_budget(layout.estimate_bytes()) {
             return Err(refused);
         }
         let file_len = bytes.len();
@@ -272,8 +272,8 @@ impl CodeModule {
         self
     }
 
-    /// Memory this module holds (unwind sections, indexes, tables, the code page cache at its
-    /// fullest), plus framehop's index of its FDEs.
+    /// Memory this module holds (unwind sections, indexes, tables), plus framehop's index of its
+    /// FDEs.
     fn measure(&self) -> usize {
         let section = |s: &Option<Section>| s.as_ref().map_or(0, |s| s.data.len());
         std::mem::size_of::<CodeModule>()
@@ -288,7 +288,6 @@ impl CodeModule {
             + self.functions.capacity() * 16
             + self.symbols.capacity() * std::mem::size_of::<Symbol>()
             + self.thread_entries.capacity() * 16
-            + self.bytes.cache_capacity()
     }
 
     /// The open file the module reads from (None for bytes in memory).
@@ -297,7 +296,8 @@ impl CodeModule {
     }
 
     /// Memory this module holds, in bytes: its unwind sections, FDE indexes, symbol and function
-    /// tables and code page cache (at its fullest). The file itself is not read into memory.
+    /// tables (the code pages it caches, at most 128 KiB, are counted in [`live_module_bytes`]
+    /// while cached). The file itself is not read into memory.
     pub fn heap_bytes(&self) -> usize {
         self.heap_bytes
     }

@@ -1,12 +1,16 @@
 //! Where a module's bytes come from. A file stays on disk: its unwind sections are copied out once,
-//! and code bytes and symbol names are read on demand, with a few code pages cached. Bytes already
-//! in memory (the vDSO, tests) are used as they are.
+//! and code bytes and symbol names are read on demand, with a few code pages cached (counted in
+//! [`super::live_module_bytes`] while cached). Bytes already in memory (the vDSO, tests) are used as
+//! they are.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use foldhash::{HashMap as FastMap, HashMapExt};
+
+use super::LIVE_BYTES;
+use std::sync::atomic::Ordering;
 
 /// Size of a cached code page.
 const PAGE: u64 = 4096;
@@ -68,14 +72,6 @@ impl ModuleBytes {
         }
     }
 
-    /// The most memory the page cache can hold (nothing for bytes already in memory).
-    pub(crate) fn cache_capacity(&self) -> usize {
-        match self.source {
-            Source::File(_) => CACHED_PAGES * PAGE as usize,
-            Source::Memory(_) => 0,
-        }
-    }
-
     /// Fills `buf` from file offset `offset`, uncached; returns how many bytes were read (fewer at
     /// the end of the file or on a read error).
     pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> usize {
@@ -125,13 +121,16 @@ impl ModuleBytes {
             if !pages.contains_key(&page) {
                 if pages.len() >= CACHED_PAGES {
                     // Evict an arbitrary page: hot pages come back on their next use.
-                    if let Some(&victim) = pages.keys().next() {
-                        pages.remove(&victim);
+                    if let Some(&victim) = pages.keys().next()
+                        && let Some(old) = pages.remove(&victim)
+                    {
+                        LIVE_BYTES.fetch_sub(old.len(), Ordering::Relaxed);
                     }
                 }
                 let mut data = vec![0; PAGE as usize];
                 let n = self.read_at(page * PAGE, &mut data);
                 data.truncate(n);
+                LIVE_BYTES.fetch_add(n, Ordering::Relaxed);
                 pages.insert(page, data.into_boxed_slice());
             }
             let data = &pages[&page];
@@ -162,6 +161,16 @@ impl ModuleBytes {
             name.extend_from_slice(&chunk[..n]);
         }
         None
+    }
+}
+
+impl Drop for ModuleBytes {
+    fn drop(&mut self) {
+        let cached = match self.pages.get_mut() {
+            Ok(pages) => pages.values().map(|p| p.len()).sum(),
+            Err(poisoned) => poisoned.into_inner().values().map(|p| p.len()).sum(),
+        };
+        LIVE_BYTES.fetch_sub(cached, Ordering::Relaxed);
     }
 }
 
