@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 use rootline_capture::recorder::{RecordOptions, Target, record};
 use rootline_capture::unwind::CodeModule;
-use rootline_capture::unwind::module::live_module_bytes;
+use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, live_module_bytes};
 
 fn build_target() -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("module_budget_callgraph");
@@ -40,11 +40,11 @@ fn binaries_past_the_budget_end_stacks_explicitly() {
     .expect("libc parses")
     .heap_bytes();
     assert_eq!(live_module_bytes(), 0, "modules are freed when dropped");
-    // Room for the program (mapped first, at the lowest address) and the in-memory vDSO, not
-    // for libc.
+    // Room for the program (mapped first, at the lowest address), the in-memory vDSO and the
+    // code page cache, not for libc.
     let slack = 64 * 1024;
     assert!(libc > 2 * slack, "libc needs {libc} bytes");
-    let budget = own + slack;
+    let budget = own + slack + PAGE_CACHE_BYTES;
 
     let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "2".into(), "0".into()]));
     opts.module_budget = Some(budget);

@@ -401,7 +401,11 @@ impl Processes {
         }
         // The vDSO is the same image in every process of this kernel: read it once from memory.
         let bytes = read_process_memory(pid, start, (end - start) as usize);
-        let module = bytes.and_then(|b| CodeModule::parse("[vdso]", b.into()).ok().map(Arc::new));
+        let module = bytes.and_then(|b| {
+            CodeModule::parse("[vdso]", b.into(), self.module_budget)
+                .ok()
+                .map(Arc::new)
+        });
         let v = Arc::new(BinaryFile {
             path: "[vdso]".into(),
             file: None,

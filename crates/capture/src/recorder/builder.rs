@@ -15,7 +15,8 @@ use crate::symbolize::{SymbolFrame, Symbolizer};
 pub(crate) struct Builder {
     pub profile: Profile,
     symbolizer: Symbolizer,
-    dwarf_budget: Option<usize>,
+    /// DWARF and module budgets of the symbolizer.
+    budgets: (Option<usize>, Option<usize>),
     mappings: Vec<(RawMapping, Option<MappingId>)>,
     frame_map: Vec<Vec<FrameId>>,
     node_map: Vec<StackId>,
@@ -23,13 +24,13 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    /// A builder adding to `profile`, with at most about `dwarf_budget` bytes of DWARF loaded
-    /// at once (None: no limit).
-    pub fn new(profile: Profile, dwarf_budget: Option<usize>) -> Builder {
+    /// A builder adding to `profile`, with the symbolizer's budgets (see
+    /// [`Symbolizer::with_budgets`]).
+    pub fn new(profile: Profile, budgets: (Option<usize>, Option<usize>)) -> Builder {
         Builder {
             profile,
-            symbolizer: Symbolizer::with_dwarf_budget(dwarf_budget),
-            dwarf_budget,
+            symbolizer: Symbolizer::with_budgets(budgets.0, budgets.1),
+            budgets,
             mappings: Vec::new(),
             frame_map: Vec::new(),
             node_map: Vec::new(),
@@ -45,7 +46,7 @@ impl Builder {
         let mut fresh = Profile::new(self.profile.sample_types().to_vec());
         fresh.metadata = self.profile.metadata.clone();
         self.profile = fresh;
-        self.symbolizer = Symbolizer::with_dwarf_budget(self.dwarf_budget);
+        self.symbolizer = Symbolizer::with_budgets(self.budgets.0, self.budgets.1);
         self.mappings.clear();
         self.frame_map.clear();
         self.node_map.clear();

@@ -290,7 +290,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile, dwarf_budget);
+                let mut builder = builder::Builder::new(profile, (dwarf_budget, module_budget));
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {

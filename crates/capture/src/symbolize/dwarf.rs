@@ -53,15 +53,18 @@ pub(super) struct DwarfCache {
     entries: HashMap<PathBuf, Entry>,
     batch: u64,
     budget: Option<usize>,
+    module_budget: Option<usize>,
     bytes: usize,
     skipped: u64,
 }
 
 impl DwarfCache {
-    /// No DWARF loaded; at most `budget` bytes of it at once (None: no limit).
-    pub fn new(budget: Option<usize>) -> DwarfCache {
+    /// No DWARF loaded; at most `budget` bytes of it at once (None: no limit). Symbol tables of
+    /// separate debug files are modules, held to `module_budget` with the others.
+    pub fn new(budget: Option<usize>, module_budget: Option<usize>) -> DwarfCache {
         DwarfCache {
             budget,
+            module_budget,
             ..DwarfCache::default()
         }
     }
@@ -113,7 +116,9 @@ impl DwarfCache {
         self.skipped += 1;
         let symbols = debug_file
             .and_then(|f| File::open(&f).ok().map(|file| (f, file)))
-            .and_then(|(f, file)| CodeModule::open(&f.to_string_lossy(), file, None).ok());
+            .and_then(|(f, file)| {
+                CodeModule::open(&f.to_string_lossy(), file, self.module_budget).ok()
+            });
         Entry {
             loader: None,
             symbols,

@@ -20,7 +20,7 @@ mod dwarf;
 use dwarf::DwarfCache;
 
 /// Turns addresses into function names. A binary's DWARF is loaded when first needed and kept
-/// while it is in use, within an optional memory budget (see [`Symbolizer::with_dwarf_budget`]).
+/// while it is in use, within an optional memory budget (see [`Symbolizer::with_budgets`]).
 #[derive(Default)]
 pub struct Symbolizer {
     dwarf: DwarfCache,
@@ -33,12 +33,13 @@ impl Symbolizer {
         Symbolizer::default()
     }
 
-    /// An empty symbolizer that holds at most about `budget` bytes of parsed DWARF at once (None:
-    /// no limit). Binaries whose DWARF does not fit are named from their symbol tables (and a
-    /// separate debug file's), without inlined frames or source lines.
-    pub fn with_dwarf_budget(budget: Option<usize>) -> Symbolizer {
+    /// An empty symbolizer that holds at most about `dwarf_budget` bytes of parsed DWARF at once
+    /// (None: no limit). Binaries whose DWARF does not fit are named from their symbol tables (and
+    /// a separate debug file's, loaded as a module within `module_budget`), without inlined frames
+    /// or source lines.
+    pub fn with_budgets(dwarf_budget: Option<usize>, module_budget: Option<usize>) -> Symbolizer {
         Symbolizer {
-            dwarf: DwarfCache::new(budget),
+            dwarf: DwarfCache::new(dwarf_budget, module_budget),
             kallsyms: None,
         }
     }
@@ -64,7 +65,7 @@ impl Symbolizer {
     /// `-dbg` packages) is used for DWARF and the full symbol table when it exists. Without one,
     /// and without `debug_info` in the file itself (DWARF or a debug link), only `symbol` names
     /// the addresses: the file is not mapped for a symbol map that would add nothing. DWARF past
-    /// the budget is not loaded (see [`Symbolizer::with_dwarf_budget`]).
+    /// the budget is not loaded (see [`Symbolizer::with_budgets`]).
     pub fn symbolize_file(
         &mut self,
         path: &Path,
@@ -224,11 +225,11 @@ mod tests {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let cost = dwarf::dwarf_cost(&exe).expect("ELF");
         assert!(cost > 100_000, "the test binary's DWARF costs {cost}");
-        let mut s = Symbolizer::with_dwarf_budget(Some(cost - 1));
+        let mut s = Symbolizer::with_budgets(Some(cost - 1), None);
         s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
         assert!(!s.dwarf.is_loaded(&exe));
         assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (0, 1));
-        let mut s = Symbolizer::with_dwarf_budget(Some(cost));
+        let mut s = Symbolizer::with_budgets(Some(cost), None);
         s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
         assert!(s.dwarf.is_loaded(&exe));
         assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (cost, 0));

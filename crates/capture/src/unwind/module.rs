@@ -7,6 +7,8 @@
 mod bytes;
 mod layout;
 
+pub use bytes::PAGE_CACHE_BYTES;
+
 use std::fs::File;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
@@ -16,13 +18,16 @@ use super::cfi::CfiIndex;
 use bytes::ModuleBytes;
 use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 
-/// Memory held by every [`CodeModule`] alive in this process, in bytes.
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Memory held by the tables of every [`CodeModule`] alive in this process, in bytes.
+static TABLE_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Memory held by the code pages all modules have cached, in bytes (at most
+/// [`bytes::PAGE_CACHE_BYTES`] and a page).
+static PAGE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// Memory held by every [`CodeModule`] alive in this process, in bytes: their
 /// [`CodeModule::heap_bytes`] and the code pages they have cached.
 pub fn live_module_bytes() -> usize {
-    LIVE_BYTES.load(Ordering::Relaxed)
+    TABLE_BYTES.load(Ordering::Relaxed) + PAGE_BYTES.load(Ordering::Relaxed)
 }
 
 /// What is wrong with an ELF file.
@@ -153,7 +158,7 @@ impl std::fmt::Debug for CodeModule {
 
 impl Drop for CodeModule {
     fn drop(&mut self) {
-        LIVE_BYTES.fetch_sub(self.heap_bytes, Ordering::Relaxed);
+        TABLE_BYTES.fetch_sub(self.heap_bytes, Ordering::Relaxed);
     }
 }
 
@@ -163,8 +168,9 @@ impl CodeModule {
     /// framehop's module name.
     ///
     /// With a `budget`, the file is refused ([`ModuleError::OverBudget`]) when it would take the
-    /// memory of all live modules ([`live_module_bytes`]) past it: checked from the headers before
-    /// the unwind sections are read, and again once the module is built.
+    /// memory of all live modules ([`live_module_bytes`]) past it (the code page cache all modules
+    /// share, [`PAGE_CACHE_BYTES`], has its room set aside): checked from the headers before the
+    /// unwind sections are read, and again once the module is built.
     pub fn open(name: &str, file: File, budget: Option<usize>) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::from_file(file);
         let layout = match bytes.file() {
@@ -174,14 +180,19 @@ impl CodeModule {
         CodeModule::build(name, layout, bytes, budget)
     }
 
-    /// Parses an ELF file already in memory (the vDSO). `name` as for [`CodeModule::open`].
-    pub fn parse(name: &str, bytes: Arc<[u8]>) -> Result<CodeModule, ModuleError> {
+    /// Parses an ELF file already in memory (the vDSO). `name` and `budget` as for
+    /// [`CodeModule::open`].
+    pub fn parse(
+        name: &str,
+        bytes: Arc<[u8]>,
+        budget: Option<usize>,
+    ) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::memory(bytes);
         let layout = match bytes.in_memory() {
             Some(memory) => layout::read(memory, &bytes),
             None => Err(ElfError::Unsupported("no bytes to read")),
         };
-        CodeModule::build(name, layout, bytes, None)
+        CodeModule::build(name, layout, bytes, budget)
     }
 
     fn build(
@@ -194,10 +205,12 @@ impl CodeModule {
             name: name.to_string(),
             source,
         })?;
+        // The code page cache, shared by all modules, has its room in the budget set aside.
         let over_budget = |needed: usize| {
-            let live = live_module_bytes();
+            let live = TABLE_BYTES.load(Ordering::Relaxed);
             let budget = budget?;
-            (live.saturating_add(needed) > budget).then(|| ModuleError::OverBudget {
+            let room = budget.saturating_sub(bytes::PAGE_CACHE_BYTES);
+            (live.saturating_add(needed) > room).then(|| ModuleError::OverBudget {
                 name: name.to_string(),
                 needed,
                 live,
@@ -268,7 +281,7 @@ impl CodeModule {
         self.debug_cfi = self.cfi_index(true);
         self.hdr_complete = self.hdr_lists_every_fde();
         self.heap_bytes = self.measure();
-        LIVE_BYTES.fetch_add(self.heap_bytes, Ordering::Relaxed);
+        TABLE_BYTES.fetch_add(self.heap_bytes, Ordering::Relaxed);
         self
     }
 

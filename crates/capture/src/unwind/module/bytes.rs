@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use foldhash::{HashMap as FastMap, HashMapExt};
 
-use super::LIVE_BYTES;
+use super::PAGE_BYTES;
 use std::sync::atomic::Ordering;
 
 /// Size of a cached code page.
@@ -17,6 +17,8 @@ const PAGE: u64 = 4096;
 /// Code pages cached per file-backed module: the call sites that return addresses are checked
 /// against and the functions whose prologues are analysed. A miss costs one `pread`.
 pub(crate) const CACHED_PAGES: usize = 32;
+/// Most memory the code pages of all modules may take together (part of the module budget).
+pub const PAGE_CACHE_BYTES: usize = 4 << 20;
 /// Longest symbol name read from a file.
 const MAX_NAME: usize = 4096;
 
@@ -119,18 +121,24 @@ impl ModuleBytes {
             let at = offset + done as u64;
             let page = at / PAGE;
             if !pages.contains_key(&page) {
-                if pages.len() >= CACHED_PAGES {
+                let all_full =
+                    PAGE_BYTES.load(Ordering::Relaxed) + PAGE as usize > PAGE_CACHE_BYTES;
+                if pages.len() >= CACHED_PAGES || (all_full && !pages.is_empty()) {
                     // Evict an arbitrary page: hot pages come back on their next use.
                     if let Some(&victim) = pages.keys().next()
                         && let Some(old) = pages.remove(&victim)
                     {
-                        LIVE_BYTES.fetch_sub(old.len(), Ordering::Relaxed);
+                        PAGE_BYTES.fetch_sub(old.len(), Ordering::Relaxed);
                     }
+                } else if all_full {
+                    // Every module's cache together is full: read this without caching.
+                    drop(pages);
+                    return self.read_at(offset, buf);
                 }
                 let mut data = vec![0; PAGE as usize];
                 let n = self.read_at(page * PAGE, &mut data);
                 data.truncate(n);
-                LIVE_BYTES.fetch_add(n, Ordering::Relaxed);
+                PAGE_BYTES.fetch_add(n, Ordering::Relaxed);
                 pages.insert(page, data.into_boxed_slice());
             }
             let data = &pages[&page];
@@ -170,7 +178,7 @@ impl Drop for ModuleBytes {
             Ok(pages) => pages.values().map(|p| p.len()).sum(),
             Err(poisoned) => poisoned.into_inner().values().map(|p| p.len()).sum(),
         };
-        LIVE_BYTES.fetch_sub(cached, Ordering::Relaxed);
+        PAGE_BYTES.fetch_sub(cached, Ordering::Relaxed);
     }
 }
 
