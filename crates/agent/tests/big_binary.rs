@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{CollectingExporter, rss_bytes};
-use rootline_agent::{Agent, AgentConfig, AgentError, SourceError, TargetConfig};
+use common::{CollectingExporter, rss_bytes, stats_or_skip_without_perf_events};
+use rootline_agent::{Agent, AgentConfig, TargetConfig};
 use rootline_capture::unwind::module::live_module_bytes;
 
 /// Bytes of padding added to the target's file (a section that is never loaded).
@@ -82,15 +82,8 @@ fn a_binary_larger_than_the_memory_limit_is_profiled_within_it() {
     let result = agent.stop();
     let _ = target.kill();
     let _ = target.wait();
-    match result {
-        Ok(_) => {}
-        Err(AgentError::Source(SourceError::Permission(message)))
-            if std::env::var_os("CI").is_none() =>
-        {
-            eprintln!("skipping: perf events not permitted here: {message}");
-            return;
-        }
-        Err(e) => panic!("agent failed: {e}"),
+    if stats_or_skip_without_perf_events(result).is_none() {
+        return;
     }
 
     let collected = collected.lock().unwrap();

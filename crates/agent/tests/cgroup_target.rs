@@ -8,15 +8,12 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use common::receiver::Receiver;
-use common::{CollectingExporter, wait_for};
+use common::{CollectingExporter, run_synthetic_until_delivered};
 use rootline_agent::config::OtlpConfig;
-use rootline_agent::{
-    Agent, AgentConfig, SyntheticConfig, SyntheticSource, TargetConfig, build_exporters,
-};
+use rootline_agent::{AgentConfig, SyntheticConfig, TargetConfig, build_exporters};
 
 /// A fresh cgroup directory and its path as `/proc/PID/cgroup` shows it.
 fn make_cgroup(name: &str) -> std::io::Result<(PathBuf, String)> {
@@ -67,14 +64,13 @@ fn only_processes_in_the_target_cgroup_are_profiled() {
         rate_per_sec: 1000,
         limit: Some(600),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let (exporter, collected, _) = CollectingExporter::new();
-    let agent = Agent::start(&config, Box::new(source), vec![Box::new(exporter)]).unwrap();
-    assert!(wait_for(Duration::from_secs(20), || counters
-        .delivered
-        .load(Relaxed)
-        == 600));
-    let stats = agent.stop().unwrap();
+    let stats = run_synthetic_until_delivered(
+        &config,
+        synth,
+        vec![Box::new(exporter)],
+        Duration::from_secs(20),
+    );
     for child in [&mut inside, &mut outside] {
         let _ = child.kill();
         let _ = child.wait();
@@ -137,14 +133,8 @@ fn container_id_and_pod_uid_from_the_cgroup_reach_the_otlp_resource() {
         rate_per_sec: 1000,
         limit: Some(400),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let exporters = build_exporters(&config, |_| None).unwrap();
-    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(20), || counters
-        .delivered
-        .load(Relaxed)
-        == 400));
-    let stats = agent.stop().unwrap();
+    let stats = run_synthetic_until_delivered(&config, synth, exporters, Duration::from_secs(20));
     for child in [&mut inside, &mut outside] {
         let _ = child.kill();
         let _ = child.wait();

@@ -4,12 +4,11 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use common::wait_for;
+use common::run_synthetic_until_delivered;
 use rootline_agent::config::DirConfig;
-use rootline_agent::{Agent, AgentConfig, SyntheticConfig, SyntheticSource, build_exporters};
+use rootline_agent::{AgentConfig, SyntheticConfig, build_exporters};
 use rootline_formats::Format;
 
 fn files(dir: &Path, ending: &str) -> Vec<std::path::PathBuf> {
@@ -34,6 +33,7 @@ fn samples_in(path: &Path, format: Format) -> i64 {
     profile.samples().values[col].iter().sum()
 }
 
+/// Runs the agent on a synthetic source for `pids` until it has delivered `n` samples.
 fn run(config: &AgentConfig, pids: Vec<u32>, n: u64) -> rootline_agent::Stats {
     let synth = SyntheticConfig {
         pids,
@@ -42,14 +42,8 @@ fn run(config: &AgentConfig, pids: Vec<u32>, n: u64) -> rootline_agent::Stats {
         rate_per_sec: 2000,
         limit: Some(n),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let exporters = build_exporters(config, |_| None).unwrap();
-    let agent = Agent::start(config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(20), || counters
-        .delivered
-        .load(Relaxed)
-        == n));
-    agent.stop().unwrap()
+    run_synthetic_until_delivered(config, synth, exporters, Duration::from_secs(20))
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use common::receiver::Receiver;
-use common::{children, rss_bytes, wait_for};
+use common::{children, rss_bytes, run_synthetic_until_delivered, wait_for};
 use rootline_agent::config::OtlpConfig;
 use rootline_agent::{Agent, AgentConfig, SyntheticConfig, SyntheticSource, build_exporters};
 
@@ -40,14 +40,8 @@ fn receiver_gets_every_sample_over_several_intervals() {
         rate_per_sec: 1500,
         limit: Some(3000),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let exporters = build_exporters(&config, |_| None).unwrap();
-    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(20), || counters
-        .delivered
-        .load(Relaxed)
-        == 3000));
-    let stats = agent.stop().unwrap();
+    let stats = run_synthetic_until_delivered(&config, synth, exporters, Duration::from_secs(20));
     for kid in &mut kids {
         let _ = kid.kill();
         let _ = kid.wait();
@@ -159,14 +153,8 @@ fn stalled_receiver_costs_one_process_retries_per_export() {
         rate_per_sec: 500,
         limit: Some(1000),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let exporters = build_exporters(&config, |_| None).unwrap();
-    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(30), || counters
-        .delivered
-        .load(Relaxed)
-        == 1000));
-    let stats = agent.stop().unwrap();
+    let stats = run_synthetic_until_delivered(&config, synth, exporters, Duration::from_secs(30));
     for kid in &mut kids {
         let _ = kid.kill();
         let _ = kid.wait();
@@ -208,14 +196,8 @@ fn final_export_ends_by_the_shutdown_deadline() {
         rate_per_sec: 4000,
         limit: Some(400),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let exporters = build_exporters(&config, |_| None).unwrap();
-    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(10), || counters
-        .delivered
-        .load(Relaxed)
-        == 400));
-    let stats = agent.stop().unwrap();
+    let stats = run_synthetic_until_delivered(&config, synth, exporters, Duration::from_secs(10));
     for kid in &mut kids {
         let _ = kid.kill();
         let _ = kid.wait();
@@ -247,14 +229,8 @@ fn retry_after_is_honoured() {
         rate_per_sec: 3000,
         limit: Some(300),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let exporters = build_exporters(&config, |_| None).unwrap();
-    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(10), || counters
-        .delivered
-        .load(Relaxed)
-        == 300));
-    let stats = agent.stop().unwrap();
+    let stats = run_synthetic_until_delivered(&config, synth, exporters, Duration::from_secs(10));
     let e = &stats.exporters[0];
     assert_eq!((e.exported, e.failed, e.retries), (300, 0, 1), "{stats:?}");
     assert_eq!(receiver.state.throttled_requests.load(Relaxed), 1);
@@ -274,14 +250,8 @@ fn retry_after_longer_than_an_export_waits_gives_up() {
         rate_per_sec: 1000,
         limit: Some(600),
     };
-    let (source, counters) = SyntheticSource::new(synth);
     let exporters = build_exporters(&config, |_| None).unwrap();
-    let agent = Agent::start(&config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(10), || counters
-        .delivered
-        .load(Relaxed)
-        == 600));
-    let stats = agent.stop().unwrap();
+    let stats = run_synthetic_until_delivered(&config, synth, exporters, Duration::from_secs(10));
     let e = &stats.exporters[0];
     assert_eq!((e.exported, e.failed, e.retries), (0, 600, 0), "{stats:?}");
     assert!(e.batches_failed >= 2, "{stats:?}");

@@ -13,15 +13,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::receiver::Receiver;
-use common::{children, wait_for};
+use common::{children, run_synthetic_until_delivered, wait_for};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
 use rootline_agent::config::OtlpConfig;
-use rootline_agent::{
-    Agent, AgentConfig, Stats, SyntheticConfig, SyntheticSource, build_exporters,
-};
+use rootline_agent::{AgentConfig, Stats, SyntheticConfig, build_exporters};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 /// A CA, a server certificate for 127.0.0.1 it signed, and a client certificate it signed, as PEM
@@ -142,7 +140,8 @@ fn log_lines_with(needle: &str) -> Vec<String> {
         .collect()
 }
 
-/// Runs the agent on `pids` until the synthetic source has delivered `samples`, then stops it.
+/// Runs the agent on `pids`, with exporters from `config` and the environment `env`, until the
+/// synthetic source has delivered `samples`, then stops it.
 fn run(config: &AgentConfig, env: &[(&str, String)], pids: Vec<u32>, samples: u64) -> Stats {
     let _ = logs();
     let env: Vec<(String, String)> = env
@@ -151,19 +150,14 @@ fn run(config: &AgentConfig, env: &[(&str, String)], pids: Vec<u32>, samples: u6
         .collect();
     let lookup = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let exporters = build_exporters(config, lookup).unwrap();
-    let (source, counters) = SyntheticSource::new(SyntheticConfig {
+    let synth = SyntheticConfig {
         pids,
         stacks: 20,
         depth: 6,
         rate_per_sec: 2000,
         limit: Some(samples),
-    });
-    let agent = Agent::start(config, Box::new(source), exporters).unwrap();
-    assert!(wait_for(Duration::from_secs(20), || counters
-        .delivered
-        .load(Relaxed)
-        == samples));
-    agent.stop().unwrap()
+    };
+    run_synthetic_until_delivered(config, synth, exporters, Duration::from_secs(20))
 }
 
 fn config(otlp: OtlpConfig) -> AgentConfig {

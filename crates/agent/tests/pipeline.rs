@@ -4,10 +4,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use common::{CollectingExporter, wait_for};
+use common::{CollectingExporter, wait_until_delivered};
 use rootline_agent::{Agent, AgentConfig, SyntheticConfig, SyntheticSource};
 
 const PIDS: [u32; 3] = [4_100_001, 4_100_002, 4_100_003];
@@ -49,10 +48,7 @@ fn run_to_completion(
     let (source, counters) = SyntheticSource::new(synth);
     let (exporter, collected, _) = CollectingExporter::new();
     let agent = Agent::start(config, Box::new(source), vec![Box::new(exporter)]).unwrap();
-    assert!(wait_for(Duration::from_secs(30), || counters
-        .delivered
-        .load(Relaxed)
-        == limit));
+    wait_until_delivered(&counters, limit, Duration::from_secs(30));
     // Let at least one periodic export happen before the final one.
     std::thread::sleep(Duration::from_millis(300));
     let stats = agent.stop().unwrap();

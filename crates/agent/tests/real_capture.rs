@@ -8,8 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::receiver::Receiver;
+use common::stats_or_skip_without_perf_events;
 use rootline_agent::config::OtlpConfig;
-use rootline_agent::{Agent, AgentConfig, AgentError, SourceError, TargetConfig, build_exporters};
+use rootline_agent::{Agent, AgentConfig, TargetConfig, build_exporters};
 
 const MARKER: &str = "rootline-real-capture-target";
 
@@ -55,15 +56,8 @@ fn busy_targets_sampled_and_every_sample_exported() {
         let _ = kid.kill();
         let _ = kid.wait();
     }
-    let stats = match result {
-        Ok(stats) => stats,
-        Err(AgentError::Source(SourceError::Permission(message)))
-            if std::env::var_os("CI").is_none() =>
-        {
-            eprintln!("skipping: perf events not permitted here: {message}");
-            return;
-        }
-        Err(e) => panic!("agent failed: {e}"),
+    let Some(stats) = stats_or_skip_without_perf_events(result) else {
+        return;
     };
 
     let got = receiver.received();

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rootline_agent::{ExportBatch, ExportError, Exporter, ProcessProfile};
+use rootline_agent::{
+    Agent, AgentConfig, AgentError, ExportBatch, ExportError, Exporter, ProcessProfile,
+    SourceError, Stats, SyntheticConfig, SyntheticCounters, SyntheticSource,
+};
 
 /// What a [`CollectingExporter`] saw: samples per (pid, root-first stack of names).
 #[derive(Debug, Default)]
@@ -98,6 +101,49 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     cond()
+}
+
+/// Asserts that the synthetic source behind `counters` delivers exactly `n` samples within
+/// `within`.
+#[track_caller]
+pub fn wait_until_delivered(counters: &SyntheticCounters, n: u64, within: Duration) {
+    assert!(wait_for(within, || counters.delivered.load(Relaxed) == n));
+}
+
+/// Starts the agent with `config`, a [`SyntheticSource`] made from `synth` (which must set a
+/// `limit`) and `exporters`; waits until the source has delivered all `limit` samples (asserting
+/// that it does within `within`), then stops the agent and returns its final stats.
+#[track_caller]
+pub fn run_synthetic_until_delivered(
+    config: &AgentConfig,
+    synth: SyntheticConfig,
+    exporters: Vec<Box<dyn Exporter>>,
+    within: Duration,
+) -> Stats {
+    let limit = synth
+        .limit
+        .expect("the synthetic source needs a limit to run until");
+    let (source, counters) = SyntheticSource::new(synth);
+    let agent = Agent::start(config, Box::new(source), exporters).unwrap();
+    wait_until_delivered(&counters, limit, within);
+    agent.stop().unwrap()
+}
+
+/// The result of stopping an agent that ran the real sampler: its stats, or `None` after printing
+/// why the test is skipped when perf events are not permitted here and `CI` is not set (in CI
+/// that is a failure). Panics on any other error.
+#[track_caller]
+pub fn stats_or_skip_without_perf_events(result: Result<Stats, AgentError>) -> Option<Stats> {
+    match result {
+        Ok(stats) => Some(stats),
+        Err(AgentError::Source(SourceError::Permission(message)))
+            if std::env::var_os("CI").is_none() =>
+        {
+            eprintln!("skipping: perf events not permitted here: {message}");
+            None
+        }
+        Err(e) => panic!("agent failed: {e}"),
+    }
 }
 
 /// `n` real processes (`sleep 60`), so that resource attributes come from /proc; the caller
