@@ -211,7 +211,18 @@ fn check(profile: &Profile, allow_tail_edge: bool) -> Verdict {
         if let Some(why) = bad
             && v.examples.iter().filter(|e| e.starts_with(why)).count() < 3
         {
-            v.examples.push(format!("{why}: {}", names.join(";")));
+            // With each frame's address (and `L` for one read from live memory), to tell which
+            // instruction a wrong stack was sampled at.
+            let detail: Vec<String> = frames
+                .iter()
+                .zip(&names)
+                .map(|(&f, n)| {
+                    let frame = profile.frame(f);
+                    let live = if frame.from_live_memory { "L" } else { "" };
+                    format!("{n}@{:#x}{live}", frame.address)
+                })
+                .collect();
+            v.examples.push(format!("{why}: {}", detail.join(";")));
         }
     }
     v
