@@ -20,7 +20,7 @@ RUN_SECONDS="${RUN_SECONDS:-4}"
 FREQ="${FREQ:-999}"
 DEPTHS="${DEPTHS:-10 1000 10000}"
 TMP="$(mktemp -d)"
-trap 'kill "${PID:-0}" 2>/dev/null || true; rm -rf "$TMP"' EXIT
+trap 'if [ -n "${PID:-}" ]; then kill "$PID" 2>/dev/null || true; fi; rm -rf "$TMP"' EXIT
 
 cd "$ROOT"
 cargo build --quiet --release -p rootline-capture --example record_depth
