@@ -362,6 +362,15 @@ impl AgentConfig {
                 "shutdown_timeout must not be 0 (the final export needs some time)".into(),
             ));
         }
+        let page_cache = rootline_capture::unwind::module::PAGE_CACHE_BYTES;
+        if self.modules.byte_budget < 2 * page_cache {
+            return Err(ConfigError::Invalid(format!(
+                "modules.byte_budget = {} bytes is too small: {page_cache} bytes of it are the code \
+                 page cache; use at least {} (\"8MiB\"), 48MiB is the default",
+                self.modules.byte_budget,
+                2 * page_cache
+            )));
+        }
         let estimate = self.memory_estimate();
         if estimate > self.memory_limit {
             return Err(ConfigError::Invalid(format!(

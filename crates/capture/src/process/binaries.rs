@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender};
 
 use super::Processes;
-use crate::unwind::module::live_module_bytes;
+use crate::unwind::module::{fits_budget, live_module_bytes};
 use crate::unwind::{CodeModule, ModuleError, Region};
 
 /// A binary the profiler opened: the open file (kept so it stays readable after the target
@@ -196,7 +196,7 @@ impl Processes {
 
     pub(super) fn has_room_for(&self, needed: usize) -> bool {
         self.module_budget
-            .is_none_or(|budget| live_module_bytes().saturating_add(needed) <= budget)
+            .is_none_or(|budget| fits_budget(needed, budget))
     }
 
     /// Under a module budget, once modules hold more than three quarters of it: forgets the
@@ -236,9 +236,7 @@ impl Processes {
         if !refused_any {
             return;
         }
-        let budget = self.module_budget;
-        let room =
-            |needed: usize| budget.is_none_or(|b| live_module_bytes().saturating_add(needed) <= b);
+        let room = |needed: usize| fits_budget(needed, budget);
         for state in self.procs.values_mut() {
             let retry: Vec<(u64, u64)> = state
                 .space

@@ -400,9 +400,11 @@ impl Processes {
             return v.clone();
         }
         // The vDSO is the same image in every process of this kernel: read it once from memory.
+        // It is a few KiB and is never refused (a refusal would leave its frames unwound by
+        // guesswork): it is counted in the modules' memory but not held to the budget.
         let bytes = read_process_memory(pid, start, (end - start) as usize);
         let module = bytes.and_then(|b| {
-            CodeModule::parse("[vdso]", b.into(), self.module_budget)
+            CodeModule::parse("[vdso]", b.into(), None)
                 .ok()
                 .map(Arc::new)
         });

@@ -650,12 +650,13 @@ impl Pipeline {
         batch
     }
 
-    /// Whether modules no tracked process maps any more, kept alive only by the mappings of
-    /// recorded frames, hold a quarter of the module budget: starting the tables over frees them.
+    /// Whether, under pressure (the sweep just measured the modules in use), modules no tracked
+    /// process maps any more, kept alive only by the mappings of recorded frames, hold a quarter
+    /// of the module budget: starting the tables over frees them.
     fn modules_held_only_by_tables(&self) -> bool {
         self.processes.module_budget().is_some_and(|budget| {
             let live = live_module_bytes();
-            live > budget / 2
+            live > budget / 4 * 3
                 && live.saturating_sub(self.processes.module_bytes_in_use()) > budget / 4
         })
     }

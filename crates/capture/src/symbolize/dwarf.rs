@@ -106,8 +106,14 @@ impl DwarfCache {
         };
         let cost = dwarf_cost(source).unwrap_or(0);
         if self.make_room(cost) {
+            let loader = addr2line::Loader::new(source).ok().or_else(|| {
+                // A separate debug file that does not load: the binary's own DWARF, if any.
+                (debug_file.is_some() && debug_info)
+                    .then(|| addr2line::Loader::new(path).ok())
+                    .flatten()
+            });
             return Entry {
-                loader: addr2line::Loader::new(source).ok(),
+                loader,
                 symbols: None,
                 cost,
                 used: self.batch,

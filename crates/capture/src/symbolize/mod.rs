@@ -1,6 +1,6 @@
 //! Symbolization of distinct addresses, off the sampling path: ELF symbols and DWARF through
 //! `addr2line` (function names, inlined frames, Rust and C++ demangling, source lines; separate
-//! debug files through build id or debug link) and kernel addresses through `/proc/kallsyms`.
+//! debug files through build id) and kernel addresses through `/proc/kallsyms`.
 
 use std::path::Path;
 
@@ -63,7 +63,7 @@ impl Symbolizer {
     ///
     /// With a `build_id`, a separate debug file `/usr/lib/debug/.build-id/xx/yyyy.debug` (Debian's
     /// `-dbg` packages) is used for DWARF and the full symbol table when it exists. Without one,
-    /// and without `debug_info` in the file itself (DWARF or a debug link), only `symbol` names
+    /// and without `debug_info` (DWARF) in the file itself, only `symbol` names
     /// the addresses: the file is not mapped for a symbol map that would add nothing. DWARF past
     /// the budget is not loaded (see [`Symbolizer::with_budgets`]).
     pub fn symbolize_file(

@@ -30,6 +30,13 @@ pub fn live_module_bytes() -> usize {
     TABLE_BYTES.load(Ordering::Relaxed) + PAGE_BYTES.load(Ordering::Relaxed)
 }
 
+/// Whether a module holding `needed` bytes fits in `budget` next to the live ones (the code page
+/// cache all modules share, [`PAGE_CACHE_BYTES`], has its room set aside).
+pub fn fits_budget(needed: usize, budget: usize) -> bool {
+    let room = budget.saturating_sub(PAGE_CACHE_BYTES);
+    TABLE_BYTES.load(Ordering::Relaxed).saturating_add(needed) <= room
+}
+
 /// What is wrong with an ELF file.
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
@@ -205,15 +212,12 @@ impl CodeModule {
             name: name.to_string(),
             source,
         })?;
-        // The code page cache, shared by all modules, has its room in the budget set aside.
         let over_budget = |needed: usize| {
-            let live = TABLE_BYTES.load(Ordering::Relaxed);
             let budget = budget?;
-            let room = budget.saturating_sub(bytes::PAGE_CACHE_BYTES);
-            (live.saturating_add(needed) > room).then(|| ModuleError::OverBudget {
+            (!fits_budget(needed, budget)).then(|| ModuleError::OverBudget {
                 name: name.to_string(),
                 needed,
-                live,
+                live: live_module_bytes(),
                 budget,
             })
         };
@@ -331,8 +335,8 @@ impl CodeModule {
         self.build_id.as_deref()
     }
 
-    /// Whether the file has DWARF debug information (`.debug_info`) or names a separate debug
-    /// file (`.gnu_debuglink`). A separate file found through the build id is not counted.
+    /// Whether the file has DWARF debug information (`.debug_info`). A separate debug file (found
+    /// through the build id) is not counted.
     pub fn has_debug_info(&self) -> bool {
         self.debug_info
     }
@@ -431,7 +435,8 @@ impl CodeModule {
     }
 
     /// Fills `buf` with code bytes from link-time address `svma` and returns them (fewer at the
-    /// end of a segment); None when no segment maps `svma` from the file.
+    /// end of a segment); None when no segment maps `svma` from the file or the file cannot be
+    /// read there.
     pub fn code<'b>(&self, svma: u64, buf: &'b mut [u8]) -> Option<&'b [u8]> {
         let seg = self
             .segments
@@ -440,8 +445,9 @@ impl CodeModule {
         let offset = svma - seg.vaddr + seg.offset;
         let in_segment = usize::try_from(seg.offset + seg.filesz - offset).unwrap_or(usize::MAX);
         let len = buf.len().min(in_segment);
+        // A read that falls short of the segment's bytes is a failure, not shorter code.
         let n = self.bytes.read_cached(offset, &mut buf[..len]);
-        Some(&buf[..n])
+        (n == len).then_some(&buf[..n])
     }
 
     /// framehop section info exposing `.eh_frame` (+ header) only, or `.debug_frame` only.
@@ -669,6 +675,21 @@ mod tests {
         };
         assert_eq!(module.svma_of_file_offset(0x249000), Some(0x24a000));
         assert_eq!(module.svma_of_file_offset(0x1000), Some(0x1000));
+    }
+
+    #[test]
+    fn code_is_shorter_only_at_a_segment_end_and_missing_where_the_file_is_short() {
+        let code: Vec<u8> = (0..0x10).collect();
+        let m = CodeModule::synthetic(0x1000, &code, 0, &[], &[]);
+        let mut buf = [0u8; 16];
+        // The segment ends after 16 bytes: 8 are there.
+        assert_eq!(m.code(0x1008, &mut buf), Some(&code[8..]));
+        assert_eq!(m.code(0x1010, &mut buf), None, "past the segment");
+        // A segment the file is too short for: its bytes cannot be read, so there are none.
+        let mut short = CodeModule::synthetic(0x1000, &code, 0, &[], &[]);
+        short.segments[0].filesz = 0x100;
+        assert_eq!(short.code(0x1008, &mut buf), None);
+        assert_eq!(short.code(0x1000, &mut buf[..8]), Some(&code[..8]));
     }
 
     #[test]

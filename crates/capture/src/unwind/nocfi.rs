@@ -40,7 +40,10 @@ pub(crate) fn frame(
         Some(m) => {
             let svma = region.svma(lookup);
             may_end = m.in_thread_entry(svma) || m.function_start(svma).is_none();
-            let at_ip = m.code(svma, &mut at_ip_buf).unwrap_or(&[]);
+            // Code that cannot be read gives no rule (guessing could skip a frame).
+            let at_ip = m
+                .code(svma, &mut at_ip_buf)
+                .ok_or(TruncateReason::NoUnwindInfo)?;
             let byte = |a: u64| m.code(a, &mut [0]).and_then(|b| b.first().copied());
             let prev = [byte(svma.wrapping_sub(2)), byte(svma.wrapping_sub(1))];
             let function = m.function_start(svma).and_then(|start| {

@@ -137,7 +137,11 @@ impl ModuleBytes {
                 }
                 let mut data = vec![0; PAGE as usize];
                 let n = self.read_at(page * PAGE, &mut data);
-                data.truncate(n);
+                if n < PAGE as usize {
+                    // The file's last page, or a failed read: not cached (a failure is not kept).
+                    drop(pages);
+                    return self.read_at(offset, buf);
+                }
                 PAGE_BYTES.fetch_add(n, Ordering::Relaxed);
                 pages.insert(page, data.into_boxed_slice());
             }

@@ -38,7 +38,7 @@ pub(super) struct Layout {
     /// Address ranges of the functions that start threads ([`THREAD_ENTRIES`]).
     pub thread_entries: Vec<(u64, u64)>,
     pub build_id: Option<String>,
-    /// Whether the file has DWARF debug information or names a separate debug file.
+    /// Whether the file has DWARF debug information (`.debug_info`).
     pub debug_info: bool,
 }
 
@@ -47,12 +47,17 @@ impl Layout {
     /// are read (their FDE indexes are taken as half the section size, about what they take).
     pub fn estimate_bytes(&self) -> usize {
         let size = |p: &Option<Placed>| p.as_ref().map_or(0, |p| p.size as usize);
-        let cfi = size(&self.eh_frame) + size(&self.debug_frame);
-        cfi + cfi / 2
-            + size(&self.eh_frame_hdr)
-            + self.functions.len() * 16
-            + self.symbols.len() * std::mem::size_of::<Symbol>()
-            + self.thread_entries.len() * 16
+        let cfi = size(&self.eh_frame).saturating_add(size(&self.debug_frame));
+        [
+            cfi,
+            cfi / 2,
+            size(&self.eh_frame_hdr),
+            self.functions.len() * 16,
+            self.symbols.len() * std::mem::size_of::<Symbol>(),
+            self.thread_entries.len() * 16,
+        ]
+        .into_iter()
+        .fold(0usize, usize::saturating_add)
     }
 }
 
@@ -118,7 +123,12 @@ pub(super) fn read<'d, R: ReadRef<'d>>(data: R, bytes: &ModuleBytes) -> Result<L
     thread_entries.sort_unstable();
     thread_entries.dedup();
 
-    let mut functions: Vec<(u64, u64)> = symbols.iter().map(|s| (s.start, s.end)).collect();
+    // Function bounds for the unwinder: a sizeless symbol covers only its first byte.
+    let mut functions: Vec<(u64, u64)> = symbols
+        .iter()
+        .map(|s| (s.start, s.end.max(s.start.saturating_add(1))))
+        .collect();
+    name_ranges(&mut symbols);
     // Sections of code without symbols still bound functions at their start (e.g. `.plt`).
     for s in sections.iter() {
         let flags = s.sh_flags(endian);
@@ -142,8 +152,20 @@ pub(super) fn read<'d, R: ReadRef<'d>>(data: R, bytes: &ModuleBytes) -> Result<L
         functions,
         thread_entries,
         build_id: build_id(&sections, data),
-        debug_info: by_name(".debug_info").is_some() || by_name(".gnu_debuglink").is_some(),
+        debug_info: by_name(".debug_info").is_some(),
     })
+}
+
+/// Gives each sizeless symbol (an assembly entry such as `_start`) the addresses up to the next
+/// symbol for naming, as symbolizers do; the last one keeps a single byte.
+fn name_ranges(symbols: &mut [Symbol]) {
+    for i in 0..symbols.len() {
+        if symbols[i].end <= symbols[i].start {
+            let start = symbols[i].start;
+            let next = symbols.get(i + 1).map_or(start, |n| n.start);
+            symbols[i].end = next.max(start.saturating_add(1));
+        }
+    }
 }
 
 /// The GNU build id, in hex, from a note section.
@@ -197,14 +219,18 @@ fn function_symbols<'d, R: ReadRef<'d>>(
             if !function || value == 0 || name == 0 || name >= strings_len {
                 continue;
             }
-            let end = value.saturating_add(len.max(1));
             if entries.contains(&name) {
-                thread_entries.push((value, end));
+                thread_entries.push((value, value.saturating_add(len.max(1))));
             }
+            // A sizeless symbol ends where it starts for now (see `name_ranges`).
+            let end = value.saturating_add(len);
+            let Some(name_at) = strings_at.checked_add(name) else {
+                continue;
+            };
             symbols.push(Symbol {
                 start: value,
                 end,
-                name: NameRef::At(strings_at + name),
+                name: NameRef::At(name_at),
             });
         }
         if got < want {
@@ -293,9 +319,11 @@ fn plt_symbols<'d, R: ReadRef<'d>>(
                 return None;
             }
             let mut name = [0u8; 4];
-            (bytes.read_at(dynsym_at + at, &mut name) == 4).then_some(())?;
+            (bytes.read_at(dynsym_at.checked_add(at)?, &mut name) == 4).then_some(())?;
             let name = u64::from(u32::from_le_bytes(name));
-            (name != 0 && name < strings_len).then_some(strings_at + name)
+            (name != 0 && name < strings_len)
+                .then(|| strings_at.checked_add(name))
+                .flatten()
         })
         .collect();
     let tables = [by_name(".plt.sec").map(|s| (s, 0)), plt.map(|s| (s, 16))];
