@@ -180,10 +180,7 @@ impl CodeModule {
     /// unwind sections are read, and again once the module is built.
     pub fn open(name: &str, file: File, budget: Option<usize>) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::from_file(file);
-        let layout = match bytes.file() {
-            Some(file) => layout::read(&object::ReadCache::new(file), &bytes),
-            None => Err(ElfError::Unsupported("no file to read")),
-        };
+        let layout = bytes.read_layout();
         CodeModule::build(name, layout, bytes, budget)
     }
 
@@ -195,10 +192,7 @@ impl CodeModule {
         budget: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::memory(bytes);
-        let layout = match bytes.in_memory() {
-            Some(memory) => layout::read(memory, &bytes),
-            None => Err(ElfError::Unsupported("no bytes to read")),
-        };
+        let layout = bytes.read_layout();
         CodeModule::build(name, layout, bytes, budget)
     }
 

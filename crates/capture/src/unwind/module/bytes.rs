@@ -58,11 +58,12 @@ impl ModuleBytes {
         }
     }
 
-    /// The bytes, when they are in memory.
-    pub(crate) fn in_memory(&self) -> Option<&[u8]> {
+    /// The ELF layout of these bytes (headers through a read cache for a file, the bytes
+    /// themselves in memory; symbol tables streamed through [`ModuleBytes::read_at`]).
+    pub(super) fn read_layout(&self) -> Result<super::layout::Layout, super::ElfError> {
         match &self.source {
-            Source::File(_) => None,
-            Source::Memory(bytes) => Some(bytes),
+            Source::File(file) => super::layout::read(&object::ReadCache::new(file), self),
+            Source::Memory(bytes) => super::layout::read(&bytes[..], self),
         }
     }
 
