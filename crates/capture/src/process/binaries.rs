@@ -34,6 +34,19 @@ impl BinaryFile {
             .or(self.file.as_ref())
     }
 
+    /// The region `start..end` mapping this binary from `file_offset`: with its module, or marked
+    /// refused when the budget for binaries refused it.
+    pub fn region(&self, start: u64, end: u64, file_offset: u64) -> Region {
+        Region::new(
+            start,
+            end,
+            file_offset,
+            self.path.clone(),
+            self.module.clone(),
+        )
+        .refused(self.refused.is_some())
+    }
+
     /// Whether the file could be opened.
     pub fn is_open(&self) -> bool {
         self.open_file().is_some()
@@ -162,15 +175,7 @@ impl Processes {
             let Some(r) = state.space.region(start).filter(|r| r.start == start) else {
                 continue;
             };
-            let (end, offset) = (r.end, r.file_offset);
-            let region = Region::new(
-                start,
-                end,
-                offset,
-                binary.path.clone(),
-                binary.module.clone(),
-            )
-            .refused(binary.refused.is_some());
+            let region = binary.region(start, r.end, r.file_offset);
             state.space.add_region(region);
             state.binaries.insert(start, binary.clone());
             self.installed_pids.push(pid);

@@ -23,7 +23,7 @@ mod binaries;
 pub use binaries::{BinaryFile, FileKey};
 use binaries::{FileEntry, LoadRequest, Loader, open_file, parse_binary, placeholder};
 
-use crate::unwind::{AddressSpace, CodeModule, Region};
+use crate::unwind::{AddressSpace, CodeModule};
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -383,15 +383,7 @@ impl Processes {
                 }
             }
         };
-        let region = Region::new(
-            start,
-            end,
-            offset,
-            binary.path.clone(),
-            binary.module.clone(),
-        )
-        .refused(binary.refused.is_some());
-        state.space.add_region(region);
+        state.space.add_region(binary.region(start, end, offset));
         state.binaries.insert(start, binary);
     }
 
