@@ -2,12 +2,15 @@
 //! binaries are never read whole (only their unwind tables and symbol tables are kept, within
 //! `modules.byte_budget`), and stacks through them stay whole.
 
+#[path = "../../capture/tests/common/callgraph.rs"]
+mod callgraph;
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use callgraph::build_callgraph;
 use common::{CollectingExporter, rss_bytes, stats_or_skip_without_perf_events};
 use rootline_agent::{Agent, AgentConfig, TargetConfig};
 use rootline_capture::unwind::module::live_module_bytes;
@@ -18,17 +21,7 @@ const PADDING: u64 = 384 << 20;
 /// The ground-truth call graph program, with `PADDING` bytes of unloaded section added.
 fn padded_target() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/c");
-    let base = dir.join("big_binary_base");
-    let status = Command::new("cc")
-        .args(["-O0", "-fno-omit-frame-pointer", "-g", "-o"])
-        .arg(&base)
-        .arg(c.join("callgraph_main.c"))
-        .arg(c.join("callgraph_b.c"))
-        .arg("-lpthread")
-        .status()
-        .expect("cc runs");
-    assert!(status.success());
+    let base = build_callgraph("big_binary_base", &["-O0", "-fno-omit-frame-pointer"]);
     let pad = dir.join("big_binary_pad");
     std::fs::File::create(&pad)
         .and_then(|f| f.set_len(PADDING))

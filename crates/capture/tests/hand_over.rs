@@ -2,31 +2,16 @@
 //! flush delivers only new samples, the recording keeps none, its tables start over when they
 //! pass the limit, and stacks stay whole and true across every start-over.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "common/callgraph.rs"]
+mod callgraph;
+
+use callgraph::build_callgraph;
 use rootline_capture::recorder::{ChunkSink, RecordOptions, Retention, Target, record};
 use rootline_profile::Profile;
-
-fn build_target() -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hand_over_callgraph");
-    let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-    // Bound at load time (-z now), as in the ground-truth builds: ld.so's lazy-binding
-    // trampoline is a known unwinding gap that this test is not about.
-    let status = Command::new("cc")
-        .args(["-O0", "-fno-omit-frame-pointer", "-g", "-Wl,-z,now", "-o"])
-        .arg(&out)
-        .arg(c.join("callgraph_main.c"))
-        .arg(c.join("callgraph_b.c"))
-        .arg("-lpthread")
-        .status()
-        .expect("cc runs");
-    assert!(status.success());
-    out
-}
 
 #[derive(Default)]
 struct Seen {
@@ -83,7 +68,12 @@ impl ChunkSink for Collect {
 
 #[test]
 fn handed_over_samples_are_new_each_flush_and_tables_start_over() {
-    let binary = build_target();
+    // Bound at load time (-z now): the lazy-binding trampoline is the ground truth's subject, not
+    // this test's.
+    let binary = build_callgraph(
+        "hand_over_callgraph",
+        &["-O0", "-fno-omit-frame-pointer", "-Wl,-z,now"],
+    );
     let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "2".into(), "1".into()]));
     opts.flush_interval = Duration::from_millis(100);
     // Without live stack reads a launched command's binaries are parsed on the loader thread,

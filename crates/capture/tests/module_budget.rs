@@ -3,32 +3,22 @@
 //! (Alone in its test binary: the budget counts every module this process holds.)
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
+#[path = "common/callgraph.rs"]
+mod callgraph;
+
+use callgraph::build_callgraph;
 use rootline_capture::recorder::{RecordOptions, Target, record};
 use rootline_capture::unwind::CodeModule;
 use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, live_module_bytes};
 
-fn build_target() -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("module_budget_callgraph");
-    let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-    let status = Command::new("cc")
-        .args(["-O0", "-fno-omit-frame-pointer", "-g", "-o"])
-        .arg(&out)
-        .arg(c.join("callgraph_main.c"))
-        .arg(c.join("callgraph_b.c"))
-        .arg("-lpthread")
-        .status()
-        .expect("cc runs");
-    assert!(status.success());
-    out
-}
-
 #[test]
 fn binaries_past_the_budget_end_stacks_explicitly() {
-    let binary = build_target();
+    let binary = build_callgraph(
+        "module_budget_callgraph",
+        &["-O0", "-fno-omit-frame-pointer"],
+    );
     let own = CodeModule::open("prog", File::open(&binary).unwrap(), None)
         .expect("the test program parses")
         .heap_bytes();
