@@ -55,6 +55,16 @@ fn build(name: &str, main_flags: &[&str], b_flags: &[&str]) -> PathBuf {
         .status()
         .expect("cc links");
     assert!(status.success());
+    if main_flags.contains(&"-fno-asynchronous-unwind-tables") {
+        // Without unwind tables, -g still writes the CFI to .debug_frame: remove it, so that the
+        // program's code truly has no CFI (its other debug info stays).
+        let status = Command::new("objcopy")
+            .arg("--remove-section=.debug_frame")
+            .arg(&out)
+            .status()
+            .expect("objcopy runs");
+        assert!(status.success(), "objcopy failed");
+    }
     out
 }
 

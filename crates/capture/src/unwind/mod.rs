@@ -99,14 +99,18 @@ pub struct SampleStack<'a> {
 
 impl Memory for SampleStack<'_> {
     fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
-        if addr >= self.base {
-            let off = addr - self.base;
-            if let Some(word) = usize::try_from(off)
-                .ok()
-                .and_then(|o| self.bytes.get(o..o.checked_add(8)?))
-            {
-                return Ok(u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
-            }
+        // Below the sampled stack pointer lies no frame's memory: only a slot an epilogue has
+        // already popped (whose value the register now holds), which the live process may have
+        // overwritten since. framehop and the full evaluator take the register's value when
+        // such a read is refused.
+        if addr < self.base {
+            return Err(ReadFailure::Unreadable);
+        }
+        if let Some(word) = usize::try_from(addr - self.base)
+            .ok()
+            .and_then(|o| self.bytes.get(o..o.checked_add(8)?))
+        {
+            return Ok(u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
         }
         let mut buf = [0u8; 8];
         match self.fallback.as_mut().map(|r| r.read(addr, &mut buf)) {
@@ -116,8 +120,7 @@ impl Memory for SampleStack<'_> {
                 .as_ref()
                 .and_then(|r| r.failure())
                 .unwrap_or(ReadFailure::Unreadable)),
-            None if addr >= self.base => Err(ReadFailure::BeyondCopy),
-            None => Err(ReadFailure::Unreadable),
+            None => Err(ReadFailure::BeyondCopy),
         }
     }
 

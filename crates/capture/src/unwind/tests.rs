@@ -8,7 +8,9 @@ use gimli::write::CallFrameInstruction as I;
 
 use super::cfi::tests::eh_frame_rows;
 use super::regs::{self, Registers};
-use super::{AddressSpace, CodeModule, Region, SampleStack, StackEnd, TruncateReason};
+use super::{
+    AddressSpace, CodeModule, MemoryReader, Region, SampleStack, StackEnd, TruncateReason,
+};
 
 const TEXT: u64 = 0x1000;
 /// `root` (CFI: return address undefined) calls `tramp` and returns to `ROOT_RA`.
@@ -24,6 +26,8 @@ const LEAF: u64 = 0x1200;
 const FP_NOCFI: u64 = 0x1300;
 /// `fp_cfi`: a frame-pointer function with CFI (CFA = rbp+16 from +4).
 const FP_CFI: u64 = 0x1400;
+/// A return address in `fp_cfi`'s body.
+const FP_CFI_RA: u64 = FP_CFI + 0x80;
 /// 0x1500..0x1600: code without a symbol or CFI (function start unknown).
 const NAMELESS: u64 = 0x1500;
 /// `clone3`, without CFI.
@@ -56,6 +60,8 @@ fn eh_frame() -> Vec<u8> {
                 (1, I::CfaOffset(16)),
                 (1, I::Offset(X86_64::RBP, -16)),
                 (4, I::CfaRegister(X86_64::RBP)),
+                // After `leave`, at the `ret`: gcc's CFI still names rbp's popped save slot.
+                (0x90, I::Cfa(X86_64::RSP, 8)),
             ],
         ),
     ];
@@ -77,6 +83,9 @@ fn space() -> AddressSpace {
     put(TRAMP_RA - 5, &[0xe8, 0, 0, 0, 0]);
     put(FP_NOCFI, &[0x55, 0x48, 0x89, 0xe5]);
     put(FP_CFI, &[0x55, 0x48, 0x89, 0xe5]);
+    // fp_cfi calls itself and returns to `FP_CFI_RA`; `leave; ret` at +0x8f.
+    put(FP_CFI_RA - 5, &[0xe8, 0, 0, 0, 0]);
+    put(FP_CFI + 0x8f, &[0xc9, 0xc3]);
     put(BIG_FP, &[0x55, 0x48, 0x89, 0xe5]);
     let module = CodeModule::synthetic(
         TEXT,
@@ -251,4 +260,60 @@ fn a_new_thread_in_clone3_ends_at_its_root() {
     // The same code under another name is an explicit truncation.
     let (end, _) = unwind(&mut s, &regs(FP_NOCFI + 0x2, 0, None), &[]);
     assert!(matches!(end, StackEnd::Truncated(_)), "{end:?}");
+}
+
+/// Live memory that has changed since the sample: every word reads as `CHANGED`.
+struct ChangedSince;
+
+const CHANGED: u64 = 0x7777_0000;
+
+impl MemoryReader for ChangedSince {
+    fn read(&mut self, _addr: u64, buf: &mut [u8]) -> bool {
+        for chunk in buf.chunks_mut(8) {
+            chunk.copy_from_slice(&CHANGED.to_le_bytes()[..chunk.len()]);
+        }
+        true
+    }
+}
+
+#[test]
+fn a_save_slot_already_popped_is_never_read_from_live_memory() {
+    let mut s = space();
+    // Sampled at fp_cfi's `ret`, after `leave` popped the caller's rbp (SP + 16) into rbp. The
+    // CFI row still says "rbp saved at CFA-16" = SP - 8, below the stack pointer: not in the copy,
+    // and in the live process possibly overwritten since. The register holds the value.
+    let words = stack(&[FP_CFI_RA, 0xbad, 0, ROOT_RA]);
+    // Both walks: framehop's (rip/rsp/rbp) and the full-register evaluator's.
+    for full in [false, true] {
+        let mut live = ChangedSince;
+        let mut mem = SampleStack {
+            base: SP,
+            bytes: &words,
+            fallback: Some(&mut live),
+        };
+        let mut out = Vec::new();
+        let end = if full {
+            s.walk(
+                true,
+                regs(FP_CFI + 0x90, SP + 16, None),
+                &mut mem,
+                &mut out,
+                None,
+            )
+            .expect("the full walk always ends")
+        } else {
+            s.unwind_with_sps(
+                &regs(FP_CFI + 0x90, SP + 16, None),
+                &mut mem,
+                &mut out,
+                None,
+            )
+        };
+        assert_eq!(
+            (end, out),
+            (StackEnd::Root, vec![FP_CFI + 0x90, FP_CFI_RA, ROOT_RA]),
+            "full-register walk: {full}"
+        );
+    }
+    assert_eq!(s.full_register_unwinds(), 0);
 }
