@@ -13,12 +13,14 @@
 //! parses each runtime's name style ([`names`]); reads the jitdump file the process maps
 //! ([`jitdump`]); for .NET, reads the image loads of `perfinfo-NSPID.map` ([`perfinfo`], found
 //! and checked like the perf map) and names the precompiled code of each ReadyToRun image from
-//! the image itself ([`r2r`], [`ecma`]; each image read once for all processes); reads JIT
+//! the image itself ([`r2r`], [`ecma`]; each image read once for all processes and held to the
+//! module memory budget, [`images`]); reads JIT
 //! code from `/proc/PID/mem`, caching each function's bytes; and decides the frame state in JIT
 //! code ([`frame_state`]).
 
 pub mod ecma;
 pub mod frame_state;
+pub mod images;
 pub mod jitdump;
 pub mod names;
 pub mod perfinfo;
@@ -30,9 +32,10 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use images::{ImageCache, ImageError};
 pub use names::{JitName, parse_name};
 pub use perfmap::{JitSymbol, PerfMap, SymbolTable};
 
@@ -150,6 +153,8 @@ pub struct JitProcess {
     precompiled: SymbolTable,
     /// Images whose precompiled code could not be named, and why.
     pub image_errors: Vec<String>,
+    /// Images refused for the module budget, tried again once it has room.
+    refused_images: Vec<RefusedImage>,
     last_open_try: Option<Instant>,
     last_read: Option<Instant>,
     /// Why the perf map was last refused, when it exists but was not used.
@@ -171,6 +176,7 @@ impl JitProcess {
             image_cache,
             precompiled: SymbolTable::default(),
             image_errors: Vec::new(),
+            refused_images: Vec::new(),
             last_open_try: None,
             last_read: None,
             refused: None,
@@ -289,32 +295,71 @@ impl JitProcess {
     fn load_image(&mut self, image: &perfinfo::ImageLoad, maps: &[crate::process::MapsEntry]) {
         let pid = self.pid;
         let mapped = maps.iter().find(|m| m.start == image.base && m.offset == 0);
-        let result = match mapped {
-            None => Err(format!("not mapped at its perfinfo base {:#x}", image.base)),
+        let m = match mapped {
+            None => {
+                self.image_error(
+                    image,
+                    format!("not mapped at its perfinfo base {:#x}", image.base),
+                );
+                return;
+            }
             Some(m) if m.path.trim_end_matches(" (deleted)") != image.path => {
-                Err(format!("{:#x} maps {}, not this image", image.base, m.path))
+                let e = format!("{:#x} maps {}, not this image", image.base, m.path);
+                self.image_error(image, e);
+                return;
             }
-            Some(m) => {
-                let via_map = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-                if std::fs::metadata(&via_map).is_ok() {
-                    self.image_cache.get(&via_map)
-                } else {
-                    self.image_cache
-                        .get(&format!("/proc/{pid}/root{}", image.path))
-                }
-            }
+            Some(m) => m,
+        };
+        let via_map = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        let result = if std::fs::metadata(&via_map).is_ok() {
+            self.image_cache.get(&via_map)
+        } else {
+            self.image_cache
+                .get(&format!("/proc/{pid}/root{}", image.path))
         };
         match result {
             Ok(r2r) => {
                 let end = image.base.saturating_add(u64::from(r2r.size));
                 self.images.insert(image.base, (end, r2r));
             }
-            Err(e) => {
-                if self.image_errors.len() < 16 {
-                    self.image_errors.push(format!("{}: {e}", image.path));
-                }
+            Err(ImageError::OverBudget { needed, size, .. }) => {
+                self.refused_images.push(RefusedImage {
+                    load: image.clone(),
+                    end: image.base.saturating_add(u64::from(size)),
+                    needed,
+                });
             }
+            Err(e) => self.image_error(image, e.to_string()),
         }
+    }
+
+    /// Notes why `image` could not be named from (the first 16 reasons are kept).
+    fn image_error(&mut self, image: &perfinfo::ImageLoad, error: String) {
+        if self.image_errors.len() < 16 {
+            self.image_errors.push(format!("{}: {error}", image.path));
+        }
+    }
+
+    /// Whether `addr` lies in a ReadyToRun image refused for the module budget: without its
+    /// method table the bounds of its functions are unknown, so its frames cannot be unwound
+    /// exactly. An image the budget now has room for is loaded first.
+    pub fn image_refused(&mut self, addr: u64) -> bool {
+        let Some(i) = self
+            .refused_images
+            .iter()
+            .position(|r| r.load.base <= addr && addr < r.end)
+        else {
+            return false;
+        };
+        if !self.image_cache.has_room_for(self.refused_images[i].needed) {
+            return true;
+        }
+        let refused = self.refused_images.swap_remove(i);
+        let maps = crate::process::read_maps(self.pid).unwrap_or_default();
+        self.load_image(&refused.load, &maps);
+        self.refused_images
+            .iter()
+            .any(|r| r.load.base <= addr && addr < r.end)
     }
 
     fn open(&mut self, path: PathBuf) -> Option<File> {
@@ -385,30 +430,14 @@ impl JitProcess {
     }
 }
 
-/// ReadyToRun images already read, shared by every process that maps them (the same
-/// CoreLib serves every .NET process of a host), by file identity.
-#[derive(Debug, Default, Clone)]
-pub struct ImageCache {
-    images: Arc<Mutex<HashMap<FileIdentity, Arc<r2r::R2rImage>>>>,
-}
-
-/// A file's device, inode, modification time and size.
-type FileIdentity = (u64, u64, i64, u64);
-
-impl ImageCache {
-    /// The image at `path`, read and parsed on first use.
-    pub fn get(&self, path: &str) -> Result<Arc<r2r::R2rImage>, String> {
-        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-        let key = (meta.dev(), meta.ino(), meta.mtime(), meta.size());
-        let mut images = self.images.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = images.get(&key) {
-            return Ok(i.clone());
-        }
-        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-        let image = Arc::new(r2r::R2rImage::parse(&bytes).map_err(|e| e.to_string())?);
-        images.insert(key, image.clone());
-        Ok(image)
-    }
+/// A ReadyToRun image refused for the module budget.
+#[derive(Debug)]
+struct RefusedImage {
+    load: perfinfo::ImageLoad,
+    /// One past the image's last mapped byte.
+    end: u64,
+    /// Memory its method table needs.
+    needed: usize,
 }
 
 /// JIT state of every process seen.
@@ -434,6 +463,21 @@ impl JitMaps {
     /// The process exec'd: its old JIT state no longer applies.
     pub fn exec(&mut self, pid: u32) {
         self.procs.remove(&pid);
+    }
+
+    /// Holds the ReadyToRun images to the module budget (see [`ImageCache::set_module_budget`]).
+    pub fn set_module_budget(&mut self, bytes: usize) {
+        self.images.set_module_budget(bytes);
+    }
+
+    /// Lets go of images no process holds, under budget pressure (see [`ImageCache::sweep`]).
+    pub fn sweep_images(&mut self) {
+        self.images.sweep();
+    }
+
+    /// Memory the cached ReadyToRun images hold, in bytes.
+    pub fn image_bytes(&self) -> usize {
+        self.images.bytes()
     }
 }
 
@@ -464,6 +508,10 @@ impl Memory for JitMemory<'_> {
             .symbol(addr)
             .filter(|s| s.name.single_function)
             .map(|s| s.start..s.end)
+    }
+
+    fn image_refused(&mut self, addr: u64) -> bool {
+        self.jit.image_refused(addr)
     }
 
     fn jit_pushed_return(&mut self, ra: u64) -> bool {

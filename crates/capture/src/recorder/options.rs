@@ -44,10 +44,10 @@ pub struct RecordOptions {
     /// [`MAX_USER_CALLCHAIN`] entries, capped by `kernel.perf_event_max_stack`) and cross-check
     /// frames read from live memory against it (see [`crate::unwind::callchain`]).
     pub user_callchain: bool,
-    /// Most memory the loaded binaries (their unwind tables and symbols) may hold (None: no
-    /// limit). A binary that does not fit is not loaded; stacks end at its frames with
-    /// `[truncated: module-memory-limit]` until there is room (see
-    /// [`crate::process::Processes::set_module_budget`]).
+    /// Most memory the loaded binaries (ELF unwind tables and symbols, .NET ReadyToRun images'
+    /// method tables) may hold (None: no limit). A binary that does not fit is not loaded; stacks
+    /// end at its frames with `[truncated: module-memory-limit]` until there is room (see
+    /// [`crate::process::Processes::set_module_budget`], [`crate::jit::ImageCache`]).
     pub module_budget: Option<usize>,
     /// Leave the recording process's own samples out, unread (for a host-wide profiler that
     /// should not spend time and memory unwinding itself).

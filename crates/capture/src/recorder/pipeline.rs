@@ -399,9 +399,11 @@ impl Pipeline {
         self.callchain
     }
 
-    /// Limits the memory of loaded binaries (see [`Processes::set_module_budget`]).
+    /// Limits the memory of loaded binaries and .NET images (see
+    /// [`Processes::set_module_budget`], [`crate::jit::ImageCache`]).
     pub fn set_module_budget(&mut self, bytes: usize) {
         self.processes.set_module_budget(bytes);
+        self.jit.set_module_budget(bytes);
     }
 
     /// Continues unwinding past each sample's copied stack by reading the live process, at most
@@ -640,6 +642,7 @@ impl Pipeline {
             start_over: false,
         };
         self.processes.sweep_files();
+        self.jit.sweep_images();
         if self.table_limit.is_some_and(|limit| {
             self.frames.len() + self.nodes.len() + self.new_threads > limit
                 || self.modules_held_only_by_tables()
@@ -650,14 +653,15 @@ impl Pipeline {
         batch
     }
 
-    /// Whether, under pressure (the sweep just measured the modules in use), modules no tracked
-    /// process maps any more, kept alive only by the mappings of recorded frames, hold a quarter
-    /// of the module budget: starting the tables over frees them.
+    /// Whether, under pressure (the sweeps just measured the modules in use and let go of the
+    /// images no process holds), modules no tracked process maps any more, kept alive only by
+    /// the mappings of recorded frames, hold a quarter of the module budget: starting the tables
+    /// over frees them.
     fn modules_held_only_by_tables(&self) -> bool {
         self.processes.module_budget().is_some_and(|budget| {
             let live = live_module_bytes();
-            live > budget / 4 * 3
-                && live.saturating_sub(self.processes.module_bytes_in_use()) > budget / 4
+            let in_use = self.processes.module_bytes_in_use() + self.jit.image_bytes();
+            live > budget / 4 * 3 && live.saturating_sub(in_use) > budget / 4
         })
     }
 

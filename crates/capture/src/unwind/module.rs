@@ -37,6 +37,31 @@ pub fn fits_budget(needed: usize, budget: usize) -> bool {
     TABLE_BYTES.load(Ordering::Relaxed).saturating_add(needed) <= room
 }
 
+/// Memory held for unwinding and naming by tables other than a [`CodeModule`]'s (a ReadyToRun
+/// image's methods), counted in [`live_module_bytes`] from [`TableCharge::new`] until dropped:
+/// every kind of module shares one budget.
+#[derive(Debug)]
+pub struct TableCharge(usize);
+
+impl TableCharge {
+    /// Counts `bytes` in [`live_module_bytes`].
+    pub fn new(bytes: usize) -> TableCharge {
+        TABLE_BYTES.fetch_add(bytes, Ordering::Relaxed);
+        TableCharge(bytes)
+    }
+
+    /// The bytes counted.
+    pub fn bytes(&self) -> usize {
+        self.0
+    }
+}
+
+impl Drop for TableCharge {
+    fn drop(&mut self) {
+        TABLE_BYTES.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
+
 /// What is wrong with an ELF file.
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {

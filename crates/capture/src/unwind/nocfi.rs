@@ -62,6 +62,10 @@ pub(crate) fn frame(
                     may_end: false,
                 });
             }
+            // (Asked after the JIT lookup, which reads the runtime's newly loaded images.)
+            if mem.image_refused(lookup) {
+                return Err(TruncateReason::ModuleMemoryLimit);
+            }
             let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
                 &at_ip_buf
             } else {

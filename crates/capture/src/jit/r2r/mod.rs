@@ -222,12 +222,25 @@ impl R2rImage {
             }
         }
         methods.sort_by_key(|m| m.start);
+        methods.shrink_to_fit();
         Ok(R2rImage {
             assembly,
             size,
             methods,
             runtime_functions: functions.len() as u32,
         })
+    }
+
+    /// Memory the image's tables hold, in bytes.
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<R2rImage>()
+            + self.assembly.capacity()
+            + self.methods.capacity() * std::mem::size_of::<R2rMethod>()
+            + self
+                .methods
+                .iter()
+                .map(|m| m.name.capacity())
+                .sum::<usize>()
     }
 
     /// The method whose main code range holds `rva`.

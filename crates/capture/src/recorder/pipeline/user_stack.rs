@@ -347,6 +347,10 @@ impl<M: Memory> Memory for NotPending<'_, M> {
         !self.pending(ra) && self.inner.jit_pushed_return(ra)
     }
 
+    fn image_refused(&mut self, addr: u64) -> bool {
+        self.inner.image_refused(addr)
+    }
+
     fn copied_len(&self) -> Option<usize> {
         self.inner.copied_len()
     }

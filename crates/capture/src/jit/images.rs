@@ -1,0 +1,138 @@
+//! ReadyToRun images read once for every process that maps them (the same CoreLib serves every
+//! .NET process of a host), held to the module memory budget: while cached, an image's method
+//! table counts in [`live_module_bytes`] next to the ELF modules'. An image that does not fit is
+//! refused (its frames then end their stacks, see [`super::JitProcess::image_refused`]); images
+//! no process holds any more are let go when the budget is under pressure.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Mutex};
+
+use super::r2r::{R2rError, R2rImage};
+use crate::unwind::module::{TableCharge, fits_budget, live_module_bytes};
+
+/// A file's device, inode, modification time and size.
+type FileIdentity = (u64, u64, i64, u64);
+
+/// Why an image could not be named from.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The file could not be read.
+    #[error("cannot read the image: {0}")]
+    Read(#[from] std::io::Error),
+    /// The file is not a ReadyToRun image the reader understands.
+    #[error(transparent)]
+    Parse(#[from] R2rError),
+    /// Its method table would take the memory of all modules past the budget.
+    #[error(
+        "not loaded: its methods need {needed} bytes and modules already hold {live} of the \
+         {budget}-byte budget"
+    )]
+    OverBudget {
+        /// Memory the image's method table needs.
+        needed: usize,
+        /// Size of the image as mapped (`SizeOfImage`).
+        size: u32,
+        /// Memory all modules held when it was refused.
+        live: usize,
+        /// The budget.
+        budget: usize,
+    },
+}
+
+/// One cached image and its count in the module memory.
+#[derive(Debug)]
+struct Cached {
+    image: Arc<R2rImage>,
+    charge: TableCharge,
+}
+
+#[derive(Debug, Default)]
+struct Images {
+    entries: HashMap<FileIdentity, Cached>,
+    budget: Option<usize>,
+}
+
+impl Images {
+    /// Forgets the images only the cache holds.
+    fn release_unheld(&mut self) {
+        self.entries.retain(|_, c| Arc::strong_count(&c.image) > 1);
+    }
+}
+
+/// ReadyToRun images already read, by file identity, shared by every process (clones share one
+/// cache).
+#[derive(Debug, Default, Clone)]
+pub struct ImageCache {
+    inner: Arc<Mutex<Images>>,
+}
+
+impl ImageCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Images> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds the images' method tables to the module budget `bytes` (shared with the ELF
+    /// modules, see [`crate::process::Processes::set_module_budget`]).
+    pub fn set_module_budget(&self, bytes: usize) {
+        self.lock().budget = Some(bytes);
+    }
+
+    /// The image at `path`, read and parsed on first use. Under a budget, an image that does not
+    /// fit once the images no process holds are let go is refused.
+    pub fn get(&self, path: &str) -> Result<Arc<R2rImage>, ImageError> {
+        let meta = std::fs::metadata(path)?;
+        let key = (meta.dev(), meta.ino(), meta.mtime(), meta.size());
+        let mut images = self.lock();
+        if let Some(c) = images.entries.get(&key) {
+            return Ok(c.image.clone());
+        }
+        let image = R2rImage::parse(&std::fs::read(path)?)?;
+        let needed = image.heap_bytes();
+        if let Some(budget) = images.budget
+            && !fits_budget(needed, budget)
+        {
+            images.release_unheld();
+            if !fits_budget(needed, budget) {
+                return Err(ImageError::OverBudget {
+                    needed,
+                    size: image.size,
+                    live: live_module_bytes(),
+                    budget,
+                });
+            }
+        }
+        let image = Arc::new(image);
+        images.entries.insert(
+            key,
+            Cached {
+                image: image.clone(),
+                charge: TableCharge::new(needed),
+            },
+        );
+        Ok(image)
+    }
+
+    /// Whether an image needing `needed` bytes fits the budget now (always without one).
+    pub fn has_room_for(&self, needed: usize) -> bool {
+        self.lock()
+            .budget
+            .is_none_or(|budget| fits_budget(needed, budget))
+    }
+
+    /// Under a budget, once modules hold more than three quarters of it: lets go of the images
+    /// no process holds any more. Otherwise they stay cached for the next process that maps them.
+    pub fn sweep(&self) {
+        let mut images = self.lock();
+        if let Some(budget) = images.budget
+            && live_module_bytes() > budget / 4 * 3
+        {
+            images.release_unheld();
+        }
+    }
+
+    /// Memory the cached images' method tables hold, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.lock().entries.values().map(|c| c.charge.bytes()).sum()
+    }
+}

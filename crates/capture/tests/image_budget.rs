@@ -1,0 +1,168 @@
+//! .NET ReadyToRun images share the module memory budget with the ELF binaries: an image whose
+//! method table does not fit is not loaded, and stacks reaching its code end there with an
+//! explicit `[truncated: module-memory-limit]` — never a frame-pointer guess through code whose
+//! function bounds are unknown. (Alone in its test binary: the budget counts every module this
+//! process holds.)
+
+mod jit;
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use jit::{Running, dotnet};
+use rootline_capture::jit::{ImageCache, ImageError};
+use rootline_capture::process::read_maps;
+use rootline_capture::recorder::{RecordOptions, Target, record};
+use rootline_capture::unwind::CodeModule;
+use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, live_module_bytes};
+
+/// The memory the ELF binaries `pid` maps executable take as modules.
+fn elf_module_bytes(pid: u32) -> usize {
+    let paths: BTreeSet<String> = read_maps(pid)
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.exec && m.path.starts_with('/'))
+        .map(|m| m.path)
+        .collect();
+    paths
+        .iter()
+        .filter_map(|p| CodeModule::open(p, File::open(p).ok()?, None).ok())
+        .map(|m| m.heap_bytes())
+        .sum()
+}
+
+#[test]
+fn images_past_the_budget_end_stacks_explicitly() {
+    let Some((dotnet, exe, _setup)) = dotnet::coreclr_program(
+        "images_past_the_budget_end_stacks_explicitly",
+        "Precompiled",
+    ) else {
+        return;
+    };
+    let corelib_file = dotnet
+        .parent()
+        .unwrap()
+        .join("shared/Microsoft.NETCore.App");
+    let corelib_file = std::fs::read_dir(&corelib_file)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("System.Private.CoreLib.dll"))
+        .find(|p| p.exists())
+        .expect("CoreLib in the runtime");
+    let corelib_file = corelib_file.to_str().unwrap();
+
+    // The cache on its own: an image is counted while cached, refused past the budget, and let
+    // go when another image needs the room and no process holds it.
+    let xml_file = corelib_file.replace("System.Private.CoreLib.dll", "System.Private.Xml.dll");
+    let cache = ImageCache::default();
+    let image = cache
+        .get(corelib_file)
+        .expect("CoreLib is a ReadyToRun image");
+    let needed = image.heap_bytes();
+    assert_eq!(live_module_bytes(), needed, "the cached image is counted");
+    assert!(needed > 1 << 20, "CoreLib's methods take {needed} bytes");
+    drop(image);
+    let tight = ImageCache::default();
+    tight.set_module_budget(PAGE_CACHE_BYTES + needed);
+    match tight.get(corelib_file) {
+        Err(ImageError::OverBudget { needed: n, .. }) => assert_eq!(n, needed),
+        other => panic!("refused while the other cache holds it: {other:?}"),
+    }
+    drop(cache);
+    assert_eq!(
+        live_module_bytes(),
+        0,
+        "dropping the cache returns its memory"
+    );
+    let held = tight
+        .get(corelib_file)
+        .expect("fits once the other cache let go");
+    assert_eq!(live_module_bytes(), needed);
+    match tight.get(&xml_file) {
+        Err(ImageError::OverBudget { .. }) => {}
+        other => panic!("no room next to CoreLib, which a process holds: {other:?}"),
+    }
+    drop(held);
+    tight.sweep();
+    assert_eq!(
+        live_module_bytes(),
+        needed,
+        "kept for the next process without pressure"
+    );
+    let xml = tight.get(&xml_file).expect("room once CoreLib is let go");
+    assert_eq!(live_module_bytes(), xml.heap_bytes(), "CoreLib let go");
+    drop((xml, tight));
+    assert_eq!(live_module_bytes(), 0);
+
+    // A recording with room for every ELF binary of the target but not for CoreLib's image.
+    let mut cmd = Command::new(&dotnet);
+    cmd.arg(&exe)
+        .arg("60")
+        .env("COMPlus_PerfMapEnabled", "1")
+        .env("COMPlus_TieredCompilation", "0")
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
+    let target = Running::start(cmd);
+    let pid = target.pid();
+    let elf = elf_module_bytes(pid);
+    let slack = 1 << 20;
+    assert!(needed > 2 * slack);
+    let budget = PAGE_CACHE_BYTES + elf + slack;
+    let mut opts = RecordOptions::new(Target::Pids(vec![pid]));
+    opts.frequency_hz = 5_000;
+    opts.stack_bytes = 32 * 1024;
+    opts.duration = Some(Duration::from_secs(3));
+    opts.module_budget = Some(budget);
+    let recording = record(&opts, &AtomicBool::new(false), None).expect("records");
+
+    let p = &recording.profile;
+    let samples = p.samples();
+    let (mut in_corelib, mut whole_in_work) = (0, 0);
+    let mut frames = Vec::new();
+    for i in 0..samples.len() {
+        p.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().rev().map(|&f| p.frame_name(f)).collect();
+        let is_corelib = |&f: &rootline_profile::FrameId| {
+            p.frame(f).mapping.is_some_and(|m| {
+                p.string(p.mapping(m).path)
+                    .ends_with("/System.Private.CoreLib.dll")
+            })
+        };
+        // Leaf first: the first frame in CoreLib's code is the last one, followed by the
+        // explicit end (JIT frames above it, e.g. a callback, are allowed).
+        if let Some(j) = frames.iter().rev().position(is_corelib) {
+            in_corelib += 1;
+            assert!(names[j].contains("+0x"), "not named: {names:?}");
+            assert_eq!(names.len(), j + 2, "{names:?}");
+            assert_eq!(
+                names[j + 1],
+                "[truncated: module-memory-limit]",
+                "{names:?}"
+            );
+            continue;
+        }
+        if names.first() == Some(&"Precompiled::Work(int32)") {
+            assert!(names.contains(&"Precompiled::Main(string[])"), "{names:?}");
+            assert!(
+                !names.iter().any(|n| n.starts_with("[truncated")),
+                "{names:?}"
+            );
+            whole_in_work += 1;
+        }
+    }
+    println!(
+        "budget {budget} bytes (ELF {elf}, CoreLib's methods {needed}): {} samples, {in_corelib} \
+         ending at CoreLib, {whole_in_work} whole in Work",
+        samples.len()
+    );
+    assert!(in_corelib > 1000, "{in_corelib} samples in CoreLib");
+    assert!(whole_in_work > 100, "{whole_in_work} samples whole in Work");
+    drop(recording);
+    assert_eq!(
+        live_module_bytes(),
+        0,
+        "the recording's modules and images are freed with it"
+    );
+}
