@@ -1,7 +1,7 @@
 //! One loaded ELF file as the unwinder sees it: its unwind sections, CFI coverage, function starts
 //! and symbols. The file stays on disk: only the unwind sections (`.eh_frame`, `.eh_frame_hdr`,
 //! `.debug_frame`) and compact tables are kept in memory; code bytes and symbol names are read
-//! when asked for ([`bytes`]). Every module's memory is counted ([`live_module_bytes`]) so a
+//! when asked for (module `bytes`). Every module's memory is counted ([`live_module_bytes`]) so a
 //! long-running profiler can bound it. Nothing here touches a process.
 
 mod bytes;
