@@ -37,6 +37,14 @@ pub fn fits_budget(needed: usize, budget: usize) -> bool {
     TABLE_BYTES.load(Ordering::Relaxed).saturating_add(needed) <= room
 }
 
+/// The memory `budget` has room for next to the live modules (the code page cache's room set
+/// aside).
+fn room_in_budget(budget: usize) -> usize {
+    budget
+        .saturating_sub(PAGE_CACHE_BYTES)
+        .saturating_sub(TABLE_BYTES.load(Ordering::Relaxed))
+}
+
 /// Memory held for unwinding and naming by tables other than a [`CodeModule`]'s (a ReadyToRun
 /// image's methods), counted in [`live_module_bytes`] from [`TableCharge::new`] until dropped:
 /// every kind of module shares one budget.
@@ -205,7 +213,7 @@ impl CodeModule {
     /// unwind sections are read, and again once the module is built.
     pub fn open(name: &str, file: File, budget: Option<usize>) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::from_file(file);
-        let layout = bytes.read_layout();
+        let layout = bytes.read_layout(budget.map(room_in_budget));
         CodeModule::build(name, layout, bytes, budget)
     }
 
@@ -217,7 +225,7 @@ impl CodeModule {
         budget: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::memory(bytes);
-        let layout = bytes.read_layout();
+        let layout = bytes.read_layout(budget.map(room_in_budget));
         CodeModule::build(name, layout, bytes, budget)
     }
 
@@ -240,8 +248,19 @@ impl CodeModule {
                 budget,
             })
         };
-        if let Some(refused) = over_budget(layout.estimate_bytes()) {
+        // A layout read only up to the room left carries the extrapolated need, past the room.
+        let estimate = layout.over_limit.unwrap_or_else(|| layout.estimate_bytes());
+        if let Some(refused) = over_budget(estimate) {
             return Err(refused);
+        }
+        if layout.over_limit.is_some() {
+            // (Only if the room grew meanwhile; the next attempt reads it all.)
+            return Err(ModuleError::OverBudget {
+                name: name.to_string(),
+                needed: estimate,
+                live: live_module_bytes(),
+                budget: budget.unwrap_or(0),
+            });
         }
         let file_len = bytes.len();
         let section = |p: Option<layout::Placed>| -> Option<Section> {

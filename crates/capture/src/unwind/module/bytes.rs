@@ -59,11 +59,15 @@ impl ModuleBytes {
     }
 
     /// The ELF layout of these bytes (headers through a read cache for a file, the bytes
-    /// themselves in memory; symbol tables streamed through [`ModuleBytes::read_at`]).
-    pub(super) fn read_layout(&self) -> Result<super::layout::Layout, super::ElfError> {
+    /// themselves in memory; symbol tables streamed through [`ModuleBytes::read_at`]), read only
+    /// while the module's estimated memory stays within `limit` (see [`super::layout::read`]).
+    pub(super) fn read_layout(
+        &self,
+        limit: Option<usize>,
+    ) -> Result<super::layout::Layout, super::ElfError> {
         match &self.source {
-            Source::File(file) => super::layout::read(&object::ReadCache::new(file), self),
-            Source::Memory(bytes) => super::layout::read(&bytes[..], self),
+            Source::File(file) => super::layout::read(&object::ReadCache::new(file), self, limit),
+            Source::Memory(bytes) => super::layout::read(&bytes[..], self, limit),
         }
     }
 

@@ -40,6 +40,10 @@ pub(super) struct Layout {
     pub build_id: Option<String>,
     /// Whether the file has DWARF debug information (`.debug_info`).
     pub debug_info: bool,
+    /// When reading stopped at the memory limit given (the symbol tables would pass it): the
+    /// module's memory extrapolated from the part of the symbol tables read. The layout is then
+    /// incomplete and must not be used.
+    pub over_limit: Option<usize>,
 }
 
 impl Layout {
@@ -68,8 +72,18 @@ const SYM_SIZE: usize = 24;
 /// Bytes of a symbol or string table read at once.
 const CHUNK: usize = 2048 * SYM_SIZE;
 
+/// Memory one function symbol takes in a module: its [`Symbol`] and its function bounds.
+const SYMBOL_COST: usize = std::mem::size_of::<Symbol>() + 16;
+
 /// Reads the layout of the 64-bit little-endian ELF file `data`, whose bytes `bytes` also reads.
-pub(super) fn read<'d, R: ReadRef<'d>>(data: R, bytes: &ModuleBytes) -> Result<Layout, ElfError> {
+/// With a `limit`, the symbol tables are streamed only while the module's estimated memory stays
+/// within it: past it the layout comes back marked [`Layout::over_limit`], so that a file with
+/// millions of symbols is refused before its table is built.
+pub(super) fn read<'d, R: ReadRef<'d>>(
+    data: R,
+    bytes: &ModuleBytes,
+    limit: Option<usize>,
+) -> Result<Layout, ElfError> {
     let header = FileHeader64::<Endianness>::parse(data)?;
     let endian = header.endian()?;
     if endian != Endianness::Little {
@@ -107,13 +121,51 @@ pub(super) fn read<'d, R: ReadRef<'d>>(data: R, bytes: &ModuleBytes) -> Result<L
         })
         .collect();
 
+    let mut layout = Layout {
+        segments,
+        text: svma(".text"),
+        got: svma(".got"),
+        eh_frame: placed(".eh_frame"),
+        eh_frame_hdr: placed(".eh_frame_hdr"),
+        debug_frame: placed(".debug_frame"),
+        symbols: Vec::new(),
+        functions: Vec::new(),
+        thread_entries: Vec::new(),
+        build_id: build_id(&sections, data),
+        debug_info: by_name(".debug_info").is_some(),
+        over_limit: None,
+    };
+    // How many function symbols fit in the limit next to the unwind sections.
+    let max_symbols = limit.map_or(usize::MAX, |limit| {
+        limit.saturating_sub(layout.estimate_bytes()) / SYMBOL_COST
+    });
+    let tables: Vec<_> = [elf::SHT_SYMTAB, elf::SHT_DYNSYM]
+        .into_iter()
+        .filter_map(|t| sections.iter().find(|s| s.sh_type(endian) == t))
+        .collect();
+    let table_bytes = |t: &&SectionHeader64<Endianness>| t.file_range(endian).map_or(0, |r| r.1);
+    let all_tables: u64 = tables.iter().map(table_bytes).sum();
     let mut symbols = Vec::new();
     let mut thread_entries = Vec::new();
-    for table_type in [elf::SHT_SYMTAB, elf::SHT_DYNSYM] {
-        let Some(table) = sections.iter().find(|s| s.sh_type(endian) == table_type) else {
-            continue;
-        };
-        function_symbols(&sections, table, bytes, &mut symbols, &mut thread_entries);
+    let mut scanned = 0u64;
+    for table in &tables {
+        let stopped = function_symbols(
+            &sections,
+            table,
+            bytes,
+            max_symbols,
+            &mut symbols,
+            &mut thread_entries,
+        );
+        if let Some(read) = stopped {
+            scanned += read;
+            let part =
+                (symbols.len() * SYMBOL_COST) as f64 * all_tables as f64 / scanned.max(1) as f64;
+            layout.over_limit = Some(layout.estimate_bytes().saturating_add(part as usize));
+            layout.symbols = symbols;
+            return Ok(layout);
+        }
+        scanned += table_bytes(table);
     }
     symbols.extend(plt_symbols(&sections, data, bytes));
     // Prefer sized, global symbols when several share an address.
@@ -141,19 +193,10 @@ pub(super) fn read<'d, R: ReadRef<'d>>(data: R, bytes: &ModuleBytes) -> Result<L
     functions.dedup_by_key(|f| f.0);
     functions.shrink_to_fit();
 
-    Ok(Layout {
-        segments,
-        text: svma(".text"),
-        got: svma(".got"),
-        eh_frame: placed(".eh_frame"),
-        eh_frame_hdr: placed(".eh_frame_hdr"),
-        debug_frame: placed(".debug_frame"),
-        symbols,
-        functions,
-        thread_entries,
-        build_id: build_id(&sections, data),
-        debug_info: by_name(".debug_info").is_some(),
-    })
+    layout.symbols = symbols;
+    layout.functions = functions;
+    layout.thread_entries = thread_entries;
+    Ok(layout)
 }
 
 /// Gives each sizeless symbol (an assembly entry such as `_start`) the addresses up to the next
@@ -183,21 +226,19 @@ fn build_id<'d, R: ReadRef<'d>>(sections: &Sections<'d, R>, data: R) -> Option<S
 }
 
 /// Appends the function symbols (`STT_FUNC`, `STT_GNU_IFUNC`, non-zero address and name) of one
-/// symbol table, streamed from the file, and the ranges of those that start threads.
+/// symbol table, streamed from the file, and the ranges of those that start threads. When
+/// `symbols` would grow past `max_symbols` it stops there: Some(bytes of the table read).
 fn function_symbols<'d, R: ReadRef<'d>>(
     sections: &Sections<'d, R>,
     table: &SectionHeader64<Endianness>,
     bytes: &ModuleBytes,
+    max_symbols: usize,
     symbols: &mut Vec<Symbol>,
     thread_entries: &mut Vec<(u64, u64)>,
-) {
+) -> Option<u64> {
     let endian = Endianness::Little;
-    let Some((offset, size)) = table.file_range(endian) else {
-        return;
-    };
-    let Some((strings_at, strings_len)) = linked_strings(sections, table) else {
-        return;
-    };
+    let (offset, size) = table.file_range(endian)?;
+    let (strings_at, strings_len) = linked_strings(sections, table)?;
     let entries = thread_entry_names(bytes, strings_at, strings_len);
     let mut buf = vec![0u8; CHUNK];
     let mut at = 0;
@@ -208,7 +249,10 @@ fn function_symbols<'d, R: ReadRef<'d>>(
             break;
         }
         let got = bytes.read_at(offset + at, &mut buf[..want]);
-        for sym in buf[..got - got % SYM_SIZE].chunks_exact(SYM_SIZE) {
+        for (i, sym) in buf[..got - got % SYM_SIZE]
+            .chunks_exact(SYM_SIZE)
+            .enumerate()
+        {
             let field = |r: Range<usize>| {
                 let mut v = [0u8; 8];
                 v[..r.len()].copy_from_slice(&sym[r]);
@@ -227,6 +271,9 @@ fn function_symbols<'d, R: ReadRef<'d>>(
             let Some(name_at) = strings_at.checked_add(name) else {
                 continue;
             };
+            if symbols.len() >= max_symbols {
+                return Some(at + (i * SYM_SIZE) as u64);
+            }
             symbols.push(Symbol {
                 start: value,
                 end,
@@ -238,6 +285,7 @@ fn function_symbols<'d, R: ReadRef<'d>>(
         }
         at += got as u64;
     }
+    None
 }
 
 /// Offsets in a string table (at `at`, `len` bytes in the file) of the names in
@@ -357,4 +405,43 @@ fn linked_strings<'d, R: ReadRef<'d>>(
         return None;
     }
     strings.file_range(endian)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbol_tables_are_read_only_up_to_the_limit() {
+        let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+        let bytes = ModuleBytes::from_file(libc);
+        let whole = bytes.read_layout(None).expect("libc's layout");
+        assert_eq!(whole.over_limit, None);
+        let functions = whole.functions.len();
+        assert!(functions > 1000, "{functions} functions");
+        let exact = whole.estimate_bytes();
+        let roomy = bytes.read_layout(Some(usize::MAX)).expect("libc's layout");
+        assert_eq!(roomy.over_limit, None);
+        assert_eq!(roomy.functions.len(), functions);
+        // Room for the unwind sections and a hundred symbols: reading stops there.
+        let sections_only = Layout {
+            symbols: Vec::new(),
+            functions: Vec::new(),
+            thread_entries: Vec::new(),
+            ..whole
+        };
+        let limit = sections_only.estimate_bytes() + 100 * SYMBOL_COST;
+        let cut = bytes.read_layout(Some(limit)).expect("libc's layout");
+        assert_eq!(cut.symbols.len(), 100);
+        assert!(
+            cut.symbols.capacity() < 1000,
+            "no table built past the limit"
+        );
+        // What the whole module would need, extrapolated from the part read: about right.
+        let needed = cut.over_limit.expect("stopped at the limit");
+        assert!(
+            needed > exact / 2 && needed < exact * 2,
+            "{needed} for {exact}"
+        );
+    }
 }
