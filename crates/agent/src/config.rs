@@ -132,9 +132,10 @@ pub struct BufferConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ModulesConfig {
     /// Most memory all loaded binaries may hold (ELF files' unwind and symbol tables, .NET
-    /// ReadyToRun images' method tables). A binary that does not fit is not loaded; its frames
-    /// end their stacks as `[truncated: module-memory-limit]` until there is room (binaries of
-    /// exited processes are freed). Default 48 MiB (rustc's 150 MB driver library needs 16, .NET
+    /// ReadyToRun images' method tables, JIT runtimes' perf map and jitdump symbols). A binary
+    /// that does not fit is not loaded; its frames end their stacks as
+    /// `[truncated: module-memory-limit]` until there is room (binaries of exited processes are
+    /// freed). Default 48 MiB (rustc's 150 MB driver library needs 16, .NET
     /// 3.1's CoreLib 4).
     #[serde(deserialize_with = "de_bytes")]
     pub byte_budget: usize,

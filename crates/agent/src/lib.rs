@@ -18,8 +18,8 @@
 //!
 //! Memory is capped: the cache and the buffers have byte budgets, the exporter's mirror of the cache
 //! is bounded by them, the binaries being profiled are held to `modules.byte_budget` (their unwind
-//! and symbol tables, .NET images' method tables; a binary past it is not loaded and its frames
-//! end stacks explicitly),
+//! and symbol tables, .NET images' method tables, JIT symbols; a binary past it is not loaded and
+//! its frames end stacks explicitly),
 //! and [`AgentConfig::validate`] refuses budgets whose sum with the sampler's working set exceeds
 //! `memory_limit`.
 

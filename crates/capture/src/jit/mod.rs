@@ -18,6 +18,7 @@
 //! code from `/proc/PID/mem`, caching each function's bytes; and decides the frame state in JIT
 //! code ([`frame_state`]).
 
+mod budget;
 pub mod ecma;
 mod files;
 pub mod frame_state;
@@ -41,6 +42,7 @@ pub use images::{ImageCache, ImageError};
 pub use names::{JitName, parse_name};
 pub use perfmap::{JitSymbol, PerfMap, SymbolTable};
 
+use crate::unwind::module::TableCharge;
 use crate::unwind::{Memory, NoCfiRule, ReadFailure, SampleStack};
 
 /// How often a missing perf map is looked for again.
@@ -49,6 +51,8 @@ const OPEN_RETRY: Duration = Duration::from_millis(250);
 const REREAD_INTERVAL: Duration = Duration::from_millis(10);
 /// Function code cached per symbol, at most.
 const CODE_CACHE_BYTES: u64 = 16 * 1024;
+/// Memory one cached function's entry takes besides its code.
+const CODE_ENTRY_BYTES: usize = 64;
 /// Frame rules cached per process, at most (the cache starts over when full).
 const RULE_CACHE_ENTRIES: usize = 1 << 16;
 
@@ -77,11 +81,19 @@ pub struct JitProcess {
     pub refused: Option<String>,
     mem: Option<File>,
     code: HashMap<u64, (u64, Arc<[u8]>)>,
+    /// Memory of the cached code.
+    code_bytes: usize,
     rules: HashMap<(u64, bool), (Range<u64>, Option<NoCfiRule>)>,
+    /// The module memory budget the state is held to (see the `budget` module).
+    budget: Option<usize>,
+    /// The state's count in the module memory.
+    charge: Option<TableCharge>,
+    /// The tables were let go for the budget: the memory they needed.
+    tables_refused: Option<usize>,
 }
 
 impl JitProcess {
-    fn new(pid: u32, image_cache: ImageCache) -> JitProcess {
+    fn new(pid: u32, image_cache: ImageCache, budget: Option<usize>) -> JitProcess {
         JitProcess {
             pid,
             map: None,
@@ -98,7 +110,11 @@ impl JitProcess {
             refused: None,
             mem: None,
             code: HashMap::new(),
+            code_bytes: 0,
             rules: HashMap::new(),
+            budget,
+            charge: None,
+            tables_refused: None,
         }
     }
 
@@ -143,12 +159,16 @@ impl JitProcess {
             name: image.jit_name(m),
         };
         self.precompiled.insert(symbol);
+        self.account();
         true
     }
 
     /// Reads what the runtime appended to its perf map and jitdump file, opening them first
     /// when they are not open yet (looked for again at most every 250 ms).
     pub fn refresh(&mut self) {
+        if self.tables_still_refused() {
+            return;
+        }
         let now = Instant::now();
         let missing = self.map.is_none() || self.dump.is_none() || self.info.is_none();
         if missing
@@ -185,9 +205,11 @@ impl JitProcess {
         if let Some(m) = self.map.as_mut() {
             let _ = m.read_more();
         }
+        self.account();
         if let Some(d) = self.dump.as_mut() {
             let _ = d.read_more();
         }
+        self.account();
         if let Some(info) = self.info.as_mut()
             && info.read_more().is_ok()
             && info.images.len() > self.images_done
@@ -318,7 +340,13 @@ impl JitProcess {
                     let mut bytes = vec![0u8; n as usize];
                     if self.read_mem(sym.start, &mut bytes) {
                         let bytes: Arc<[u8]> = bytes.into();
-                        self.code.insert(sym.start, (sym.end, bytes.clone()));
+                        self.code_bytes += bytes.len() + CODE_ENTRY_BYTES;
+                        if let Some((_, old)) =
+                            self.code.insert(sym.start, (sym.end, bytes.clone()))
+                        {
+                            self.code_bytes -= old.len() + CODE_ENTRY_BYTES;
+                        }
+                        self.account();
                         Some(bytes)
                     } else {
                         None
@@ -361,6 +389,7 @@ struct RefusedImage {
 pub struct JitMaps {
     procs: HashMap<u32, JitProcess>,
     images: ImageCache,
+    budget: Option<usize>,
 }
 
 impl JitMaps {
@@ -373,7 +402,7 @@ impl JitMaps {
     pub fn process(&mut self, pid: u32) -> &mut JitProcess {
         self.procs
             .entry(pid)
-            .or_insert_with(|| JitProcess::new(pid, self.images.clone()))
+            .or_insert_with(|| JitProcess::new(pid, self.images.clone(), self.budget))
     }
 
     /// The process exec'd: its old JIT state no longer applies.
@@ -381,9 +410,14 @@ impl JitMaps {
         self.procs.remove(&pid);
     }
 
-    /// Holds the ReadyToRun images to the module budget (see [`ImageCache::set_module_budget`]).
+    /// Holds every process's JIT state and the ReadyToRun images to the module budget (see
+    /// [`JitProcess::heap_bytes`], [`ImageCache::set_module_budget`]).
     pub fn set_module_budget(&mut self, bytes: usize) {
+        self.budget = Some(bytes);
         self.images.set_module_budget(bytes);
+        for p in self.procs.values_mut() {
+            p.budget = Some(bytes);
+        }
     }
 
     /// Lets go of images no process holds, under budget pressure (see [`ImageCache::sweep`]).
@@ -391,9 +425,15 @@ impl JitMaps {
         self.images.sweep();
     }
 
-    /// Memory the cached ReadyToRun images hold, in bytes.
-    pub fn image_bytes(&self) -> usize {
+    /// Memory the JIT state of every process and the cached ReadyToRun images hold, in bytes
+    /// (as counted in the module memory).
+    pub fn bytes(&self) -> usize {
         self.images.bytes()
+            + self
+                .procs
+                .values()
+                .map(|p| p.charge.as_ref().map_or(0, TableCharge::bytes))
+                .sum::<usize>()
     }
 }
 
@@ -426,8 +466,8 @@ impl Memory for JitMemory<'_> {
             .map(|s| s.start..s.end)
     }
 
-    fn image_refused(&mut self, addr: u64) -> bool {
-        self.jit.image_refused(addr)
+    fn code_refused(&mut self, addr: u64) -> bool {
+        self.jit.code_refused(addr)
     }
 
     fn jit_pushed_return(&mut self, ra: u64) -> bool {
@@ -446,6 +486,7 @@ impl Memory for JitMemory<'_> {
             self.jit.rules.clear();
         }
         self.jit.rules.insert((lookup, leaf), (function, rule));
+        self.jit.account();
         Some(rule)
     }
 }

@@ -81,10 +81,23 @@ pub struct JitSymbol {
     pub name: JitName,
 }
 
+impl JitSymbol {
+    /// Memory the symbol takes in a [`SymbolTable`]: its entry (with the tree's slack) and its
+    /// strings.
+    fn heap_bytes(&self) -> usize {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::capacity);
+        (8 + std::mem::size_of::<JitSymbol>()) * 3 / 2
+            + self.name.name.capacity()
+            + text(&self.name.module)
+            + text(&self.name.file)
+    }
+}
+
 /// Non-overlapping JIT symbols by start address; a newer symbol replaces the ones it overlaps.
 #[derive(Debug, Default, Clone)]
 pub struct SymbolTable {
     by_start: BTreeMap<u64, JitSymbol>,
+    bytes: usize,
 }
 
 impl SymbolTable {
@@ -94,13 +107,25 @@ impl SymbolTable {
         if let Some((&s, prev)) = self.by_start.range(..start).next_back()
             && prev.end > start
         {
-            self.by_start.remove(&s);
+            self.remove(s);
         }
         let covered: Vec<u64> = self.by_start.range(start..end).map(|(&s, _)| s).collect();
         for s in covered {
-            self.by_start.remove(&s);
+            self.remove(s);
         }
+        self.bytes += symbol.heap_bytes();
         self.by_start.insert(start, symbol);
+    }
+
+    fn remove(&mut self, start: u64) {
+        if let Some(old) = self.by_start.remove(&start) {
+            self.bytes -= old.heap_bytes();
+        }
+    }
+
+    /// Memory the table holds, in bytes (estimated from its entries and their strings).
+    pub fn heap_bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The symbol containing `addr`.
@@ -241,6 +266,27 @@ impl<R: Read + Seek> PerfMap<R> {
 mod tests {
     use super::*;
     use std::io::Cursor;
+
+    #[test]
+    fn a_symbol_tables_memory_follows_its_entries() {
+        let symbol = |start: u64, end: u64, name: &str| JitSymbol {
+            start,
+            end,
+            name: parse_name(name),
+        };
+        let mut t = SymbolTable::default();
+        assert_eq!(t.heap_bytes(), 0);
+        t.insert(symbol(0x100, 0x200, "LazyCompile:*a /x.js:1:1"));
+        t.insert(symbol(0x200, 0x300, "LazyCompile:*b /x.js:2:1"));
+        let two = t.heap_bytes();
+        assert!(two > 2 * std::mem::size_of::<JitSymbol>(), "{two}");
+        // Code memory reused: one new symbol over both old ones.
+        t.insert(symbol(0x180, 0x280, "c"));
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.heap_bytes(), t.lookup(0x200).unwrap().heap_bytes());
+        t.insert(symbol(0x180, 0x280, "c"));
+        assert_eq!(t.heap_bytes(), t.lookup(0x200).unwrap().heap_bytes());
+    }
 
     #[test]
     fn every_runtime_style_parses() {

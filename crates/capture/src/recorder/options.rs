@@ -45,7 +45,7 @@ pub struct RecordOptions {
     /// frames read from live memory against it (see [`crate::unwind::callchain`]).
     pub user_callchain: bool,
     /// Most memory the loaded binaries (ELF unwind tables and symbols, .NET ReadyToRun images'
-    /// method tables) may hold (None: no limit). A binary that does not fit is not loaded; stacks
+    /// method tables, JIT runtimes' symbols) may hold (None: no limit). A binary that does not fit is not loaded; stacks
     /// end at its frames with `[truncated: module-memory-limit]` until there is room (see
     /// [`crate::process::Processes::set_module_budget`], [`crate::jit::ImageCache`]).
     pub module_budget: Option<usize>,

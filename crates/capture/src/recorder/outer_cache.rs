@@ -269,8 +269,8 @@ impl Memory for Observed<'_, '_> {
     fn jit_pushed_return(&mut self, ra: u64) -> bool {
         self.inner.jit_pushed_return(ra)
     }
-    fn image_refused(&mut self, addr: u64) -> bool {
-        self.inner.image_refused(addr)
+    fn code_refused(&mut self, addr: u64) -> bool {
+        self.inner.code_refused(addr)
     }
     fn copied_len(&self) -> Option<usize> {
         self.inner.copied_len()

@@ -654,13 +654,13 @@ impl Pipeline {
     }
 
     /// Whether, under pressure (the sweeps just measured the modules in use and let go of the
-    /// images no process holds), modules no tracked process maps any more, kept alive only by
-    /// the mappings of recorded frames, hold a quarter of the module budget: starting the tables
-    /// over frees them.
+    /// images no process holds; JIT state is held by its live process), modules no tracked
+    /// process maps any more, kept alive only by the mappings of recorded frames, hold a quarter
+    /// of the module budget: starting the tables over frees them.
     fn modules_held_only_by_tables(&self) -> bool {
         self.processes.module_budget().is_some_and(|budget| {
             let live = live_module_bytes();
-            let in_use = self.processes.module_bytes_in_use() + self.jit.image_bytes();
+            let in_use = self.processes.module_bytes_in_use() + self.jit.bytes();
             live > budget / 4 * 3 && live.saturating_sub(in_use) > budget / 4
         })
     }

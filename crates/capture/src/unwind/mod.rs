@@ -60,10 +60,10 @@ pub trait Memory {
     fn jit_pushed_return(&mut self, _ra: u64) -> bool {
         false
     }
-    /// Whether `addr` lies in precompiled code without a file image the unwinder reads (a .NET
-    /// ReadyToRun image) whose function table was not loaded for the module memory budget: the
-    /// bounds of its functions are unknown, so its frames cannot be unwound exactly.
-    fn image_refused(&mut self, _addr: u64) -> bool {
+    /// Whether `addr` lies in code without a file image the unwinder reads (JIT code, a .NET
+    /// ReadyToRun image) whose tables were not loaded for the module memory budget: the bounds
+    /// of its functions are unknown, so its frames cannot be unwound exactly.
+    fn code_refused(&mut self, _addr: u64) -> bool {
         false
     }
     /// How many stack bytes the sample carries, when it carries a copy.

@@ -63,7 +63,7 @@ pub(crate) fn frame(
                 });
             }
             // (Asked after the JIT lookup, which reads the runtime's newly loaded images.)
-            if mem.image_refused(lookup) {
+            if mem.code_refused(lookup) {
                 return Err(TruncateReason::ModuleMemoryLimit);
             }
             let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {

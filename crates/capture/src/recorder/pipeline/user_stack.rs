@@ -347,8 +347,8 @@ impl<M: Memory> Memory for NotPending<'_, M> {
         !self.pending(ra) && self.inner.jit_pushed_return(ra)
     }
 
-    fn image_refused(&mut self, addr: u64) -> bool {
-        self.inner.image_refused(addr)
+    fn code_refused(&mut self, addr: u64) -> bool {
+        self.inner.code_refused(addr)
     }
 
     fn copied_len(&self) -> Option<usize> {

@@ -1,8 +1,8 @@
-//! .NET ReadyToRun images share the module memory budget with the ELF binaries: an image whose
-//! method table does not fit is not loaded, and stacks reaching its code end there with an
-//! explicit `[truncated: module-memory-limit]` — never a frame-pointer guess through code whose
-//! function bounds are unknown. (Alone in its test binary: the budget counts every module this
-//! process holds.)
+//! JIT state shares the module memory budget with the ELF binaries: a runtime's symbol tables
+//! (perf map, jitdump) or a .NET ReadyToRun image's method table that does not fit is not kept,
+//! and stacks reaching that code end there with an explicit `[truncated: module-memory-limit]` —
+//! never a frame-pointer guess through code whose function bounds are unknown. (Alone in their
+//! test binary, one at a time: the budget counts every module this process holds.)
 
 mod jit;
 
@@ -12,8 +12,8 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use jit::{Running, dotnet};
-use rootline_capture::jit::{ImageCache, ImageError};
+use jit::{Running, Setup, dotnet, node};
+use rootline_capture::jit::{ImageCache, ImageError, PerfMap};
 use rootline_capture::process::read_maps;
 use rootline_capture::recorder::{RecordOptions, Target, record};
 use rootline_capture::unwind::CodeModule;
@@ -34,8 +34,12 @@ fn elf_module_bytes(pid: u32) -> usize {
         .sum()
 }
 
+/// One test at a time: each measures the memory of all modules of this process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn images_past_the_budget_end_stacks_explicitly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some((dotnet, exe, _setup)) = dotnet::coreclr_program(
         "images_past_the_budget_end_stacks_explicitly",
         "Precompiled",
@@ -164,5 +168,77 @@ fn images_past_the_budget_end_stacks_explicitly() {
         live_module_bytes(),
         0,
         "the recording's modules and images are freed with it"
+    );
+}
+
+#[test]
+fn jit_tables_past_the_budget_end_stacks_explicitly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(node) = node::node("jit_tables_past_the_budget_end_stacks_explicitly") else {
+        return;
+    };
+    let setup = Setup::new();
+    let mut cmd = Command::new(node);
+    cmd.current_dir(setup.path())
+        .args(node::args(&["--perf-basic-prof"], 20, 60));
+    let target = Running::start(cmd);
+    let pid = target.pid();
+    // What the JIT symbols need now (the map only grows).
+    let mut map = PerfMap::new(File::open(format!("/tmp/perf-{pid}.map")).expect("perf map"));
+    map.read_more().unwrap();
+    let needed = map.symbols.heap_bytes();
+    let elf = elf_module_bytes(pid);
+    let slack = 16 << 10;
+    assert!(needed > 4 * slack, "the JIT symbols need {needed} bytes");
+    let budget = PAGE_CACHE_BYTES + elf + slack;
+    assert_eq!(live_module_bytes(), 0);
+
+    let mut opts = RecordOptions::new(Target::Pids(vec![pid]));
+    opts.frequency_hz = 5_000;
+    opts.stack_bytes = 16 * 1024;
+    opts.duration = Some(Duration::from_secs(3));
+    opts.module_budget = Some(budget);
+    let recording = record(&opts, &AtomicBool::new(false), None).expect("records");
+    let p = &recording.profile;
+    let samples = p.samples();
+    let (mut ended_in_jit, mut whole) = (0, 0);
+    let mut frames = Vec::new();
+    for i in 0..samples.len() {
+        p.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().rev().map(|&f| p.frame_name(f)).collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| ["main", "down", "spin", "step"].contains(n)),
+            "a JIT frame was named without the JIT tables: {names:?}"
+        );
+        match names.last() {
+            Some(&"[truncated: module-memory-limit]") => {
+                // Leaf first: the last real frame is the first one in JIT code (unnamed), whose
+                // tables were let go.
+                assert!(names[names.len() - 2].starts_with("[anon]"), "{names:?}");
+                ended_in_jit += 1;
+            }
+            Some(n) if n.starts_with("[truncated") => panic!("{names:?}"),
+            _ => whole += 1,
+        }
+        if i < 5 {
+            println!("{names:?}");
+        }
+    }
+    println!(
+        "budget {budget} bytes (ELF {elf}, JIT symbols {needed}): {} samples, {ended_in_jit} \
+         ending in JIT code, {whole} whole",
+        samples.len()
+    );
+    assert!(
+        ended_in_jit > 1000,
+        "{ended_in_jit} samples ending in JIT code"
+    );
+    drop(recording);
+    assert_eq!(
+        live_module_bytes(),
+        0,
+        "the recording's modules are freed with it"
     );
 }
