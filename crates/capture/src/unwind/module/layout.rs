@@ -136,9 +136,9 @@ pub(super) fn read<'d, R: ReadRef<'d>>(
         over_limit: None,
     };
     // How many function symbols fit in the limit next to the unwind sections.
-    let max_symbols = limit.map_or(usize::MAX, |limit| {
+    let mut cap = SymbolCap::new(limit.map_or(usize::MAX, |limit| {
         limit.saturating_sub(layout.estimate_bytes()) / SYMBOL_COST
-    });
+    }));
     let tables: Vec<_> = [elf::SHT_SYMTAB, elf::SHT_DYNSYM]
         .into_iter()
         .filter_map(|t| sections.iter().find(|s| s.sh_type(endian) == t))
@@ -153,7 +153,7 @@ pub(super) fn read<'d, R: ReadRef<'d>>(
             &sections,
             table,
             bytes,
-            max_symbols,
+            &mut cap,
             &mut symbols,
             &mut thread_entries,
         );
@@ -168,9 +168,7 @@ pub(super) fn read<'d, R: ReadRef<'d>>(
         scanned += table_bytes(table);
     }
     symbols.extend(plt_symbols(&sections, data, bytes));
-    // Prefer sized, global symbols when several share an address.
-    symbols.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
-    symbols.dedup_by_key(|s| s.start);
+    one_per_address(&mut symbols);
     symbols.shrink_to_fit();
     thread_entries.sort_unstable();
     thread_entries.dedup();
@@ -197,6 +195,37 @@ pub(super) fn read<'d, R: ReadRef<'d>>(
     layout.functions = functions;
     layout.thread_entries = thread_entries;
     Ok(layout)
+}
+
+/// Keeps one symbol per start address, sorted: the sized one when several share it.
+fn one_per_address(symbols: &mut Vec<Symbol>) {
+    symbols.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
+    symbols.dedup_by_key(|s| s.start);
+}
+
+/// The most function symbols a module may keep (one per address, as the module keeps them),
+/// checked as they are streamed: aliases (several names of one function, a function in both
+/// `.symtab` and `.dynsym`) are only counted once, by deduplicating what was read whenever it
+/// grows past `check_at` (at least `max / 2` symbols apart, so the sorts cost O(log n) a symbol).
+struct SymbolCap {
+    max: usize,
+    check_at: usize,
+}
+
+impl SymbolCap {
+    fn new(max: usize) -> SymbolCap {
+        SymbolCap { max, check_at: max }
+    }
+
+    /// Whether `symbols` holds more distinct addresses than the cap allows.
+    fn exceeded(&mut self, symbols: &mut Vec<Symbol>) -> bool {
+        if symbols.len() <= self.check_at {
+            return false;
+        }
+        one_per_address(symbols);
+        self.check_at = self.max.max(symbols.len().saturating_add(self.max / 2));
+        symbols.len() > self.max
+    }
 }
 
 /// Gives each sizeless symbol (an assembly entry such as `_start`) the addresses up to the next
@@ -226,13 +255,13 @@ fn build_id<'d, R: ReadRef<'d>>(sections: &Sections<'d, R>, data: R) -> Option<S
 }
 
 /// Appends the function symbols (`STT_FUNC`, `STT_GNU_IFUNC`, non-zero address and name) of one
-/// symbol table, streamed from the file, and the ranges of those that start threads. When
-/// `symbols` would grow past `max_symbols` it stops there: Some(bytes of the table read).
+/// symbol table, streamed from the file, and the ranges of those that start threads. Once
+/// `symbols` holds more addresses than `cap` allows it stops: Some(bytes of the table read).
 fn function_symbols<'d, R: ReadRef<'d>>(
     sections: &Sections<'d, R>,
     table: &SectionHeader64<Endianness>,
     bytes: &ModuleBytes,
-    max_symbols: usize,
+    cap: &mut SymbolCap,
     symbols: &mut Vec<Symbol>,
     thread_entries: &mut Vec<(u64, u64)>,
 ) -> Option<u64> {
@@ -271,14 +300,14 @@ fn function_symbols<'d, R: ReadRef<'d>>(
             let Some(name_at) = strings_at.checked_add(name) else {
                 continue;
             };
-            if symbols.len() >= max_symbols {
-                return Some(at + (i * SYM_SIZE) as u64);
-            }
             symbols.push(Symbol {
                 start: value,
                 end,
                 name: NameRef::At(name_at),
             });
+            if cap.exceeded(symbols) {
+                return Some(at + ((i + 1) * SYM_SIZE) as u64);
+            }
         }
         if got < want {
             break;
@@ -432,7 +461,9 @@ mod tests {
         };
         let limit = sections_only.estimate_bytes() + 100 * SYMBOL_COST;
         let cut = bytes.read_layout(Some(limit)).expect("libc's layout");
-        assert_eq!(cut.symbols.len(), 100);
+        // (Aliases are let go every half a limit's symbols, when it is checked.)
+        let kept = cut.symbols.len();
+        assert!((101..=151).contains(&kept), "{kept} symbols kept");
         assert!(
             cut.symbols.capacity() < 1000,
             "no table built past the limit"
@@ -443,5 +474,24 @@ mod tests {
             needed > exact / 2 && needed < exact * 2,
             "{needed} for {exact}"
         );
+        // More than the limit: the binary is retried only once the room grew.
+        assert!(needed > limit, "{needed} within the limit {limit}");
+    }
+
+    #[test]
+    fn a_module_that_fits_is_read_whole_despite_aliases() {
+        // libc names many functions several times (`malloc` and `__libc_malloc`, versions of one
+        // symbol): the module keeps one symbol per address, so only those count to the limit.
+        let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+        let bytes = ModuleBytes::from_file(libc);
+        let whole = bytes.read_layout(None).expect("libc's layout");
+        let exact = whole.estimate_bytes();
+        let fitting = bytes.read_layout(Some(exact)).expect("libc's layout");
+        assert_eq!(
+            fitting.over_limit, None,
+            "refused with room for {exact} bytes"
+        );
+        assert_eq!(fitting.functions, whole.functions);
+        assert_eq!(fitting.symbols.len(), whole.symbols.len());
     }
 }
