@@ -13,11 +13,12 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use jit::{Running, Setup, dotnet, node};
-use rootline_capture::jit::{ImageCache, ImageError, PerfMap};
+use rootline_capture::jit::{ImageCache, ImageError, JitMaps, PerfMap};
+
 use rootline_capture::process::read_maps;
 use rootline_capture::recorder::{RecordOptions, Target, record};
 use rootline_capture::unwind::CodeModule;
-use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, live_module_bytes};
+use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, TableCharge, live_module_bytes};
 
 /// The memory the ELF binaries `pid` maps executable take as modules.
 fn elf_module_bytes(pid: u32) -> usize {
@@ -36,6 +37,74 @@ fn elf_module_bytes(pid: u32) -> usize {
 
 /// One test at a time: each measures the memory of all modules of this process.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A .NET target that runs for a minute (with its perfinfo file), started once it is ready.
+fn start(dotnet: &std::path::Path, exe: &std::path::Path) -> Running {
+    let mut cmd = Command::new(dotnet);
+    cmd.arg(exe)
+        .arg("60")
+        .env("COMPlus_PerfMapEnabled", "1")
+        .env("COMPlus_TieredCompilation", "0")
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
+    Running::start(cmd)
+}
+
+/// Where `pid` maps CoreLib's image.
+fn corelib_base(pid: u32) -> u64 {
+    read_maps(pid)
+        .unwrap()
+        .into_iter()
+        .find(|m| m.offset == 0 && m.path.ends_with("/System.Private.CoreLib.dll"))
+        .expect("CoreLib is mapped")
+        .start
+}
+
+/// Calls `f` until it says yes (the runtime writes its perfinfo file as it loads images).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("never: {what}");
+}
+
+/// A process whose CoreLib was refused uses it once another process has loaded it, even when the
+/// budget has no room for a second copy (the processes share one).
+fn an_image_another_process_loaded_is_shared(
+    dotnet: &std::path::Path,
+    exe: &std::path::Path,
+    needed: usize,
+) {
+    let (first, second) = (start(dotnet, exe), start(dotnet, exe));
+    let mut jit = JitMaps::new();
+    // Room for CoreLib and the other, small images both targets load, but not for two CoreLibs.
+    let others = needed / 2;
+    jit.set_module_budget(PAGE_CACHE_BYTES + needed + others);
+    let at = corelib_base(first.pid()) + 0x1000;
+    let blocker = TableCharge::new(others + 1);
+    eventually("CoreLib refused in the first target", || {
+        let p = jit.process(first.pid());
+        p.refresh();
+        p.image_refused(at)
+    });
+    drop(blocker);
+    eventually("CoreLib loaded for the second target", || {
+        jit.process(second.pid()).refresh();
+        jit.image_bytes() >= needed
+    });
+    assert!(
+        jit.image_bytes() <= needed + others,
+        "the other images take {} bytes",
+        jit.image_bytes() - needed
+    );
+    assert!(
+        !jit.process(first.pid()).image_refused(at),
+        "the first target still refuses the CoreLib the second one loaded"
+    );
+    assert!(jit.image_bytes() < 2 * needed, "one CoreLib for both");
+}
 
 #[test]
 fn images_past_the_budget_end_stacks_explicitly() {
@@ -100,15 +169,11 @@ fn images_past_the_budget_end_stacks_explicitly() {
     assert_eq!(live_module_bytes(), xml.heap_bytes(), "CoreLib let go");
     drop((xml, tight));
     assert_eq!(live_module_bytes(), 0);
+    an_image_another_process_loaded_is_shared(&dotnet, &exe, needed);
+    assert_eq!(live_module_bytes(), 0);
 
     // A recording with room for every ELF binary of the target but not for CoreLib's image.
-    let mut cmd = Command::new(&dotnet);
-    cmd.arg(&exe)
-        .arg("60")
-        .env("COMPlus_PerfMapEnabled", "1")
-        .env("COMPlus_TieredCompilation", "0")
-        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
-    let target = Running::start(cmd);
+    let target = start(&dotnet, &exe);
     let pid = target.pid();
     let elf = elf_module_bytes(pid);
     let slack = 1 << 20;

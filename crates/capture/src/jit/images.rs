@@ -113,6 +113,14 @@ impl ImageCache {
         Ok(image)
     }
 
+    /// Whether the image at `path` is cached (it then costs a process that maps it nothing).
+    pub fn holds(&self, path: &str) -> bool {
+        std::fs::metadata(path).is_ok_and(|meta| {
+            let key = (meta.dev(), meta.ino(), meta.mtime(), meta.size());
+            self.lock().entries.contains_key(&key)
+        })
+    }
+
     /// Whether an image needing `needed` bytes fits the budget now (always without one).
     pub fn has_room_for(&self, needed: usize) -> bool {
         self.lock()

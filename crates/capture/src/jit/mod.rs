@@ -249,13 +249,12 @@ impl JitProcess {
             Some(m) => m,
         };
         let via_map = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-        let result = if std::fs::metadata(&via_map).is_ok() {
-            self.image_cache.get(&via_map)
+        let path = if std::fs::metadata(&via_map).is_ok() {
+            via_map
         } else {
-            self.image_cache
-                .get(&format!("/proc/{pid}/root{}", image.path))
+            format!("/proc/{pid}/root{}", image.path)
         };
-        match result {
+        match self.image_cache.get(&path) {
             Ok(r2r) => {
                 let end = image.base.saturating_add(u64::from(r2r.size));
                 self.images.insert(image.base, (end, r2r));
@@ -263,6 +262,7 @@ impl JitProcess {
             Err(ImageError::OverBudget { needed, size, .. }) => {
                 self.refused_images.push(RefusedImage {
                     load: image.clone(),
+                    path,
                     end: image.base.saturating_add(u64::from(size)),
                     needed,
                 });
@@ -280,7 +280,8 @@ impl JitProcess {
 
     /// Whether `addr` lies in a ReadyToRun image refused for the module budget: without its
     /// method table the bounds of its functions are unknown, so its frames cannot be unwound
-    /// exactly. An image the budget now has room for is loaded first.
+    /// exactly. An image the budget now has room for, or that another process loaded since, is
+    /// loaded first.
     pub fn image_refused(&mut self, addr: u64) -> bool {
         let Some(i) = self
             .refused_images
@@ -289,7 +290,8 @@ impl JitProcess {
         else {
             return false;
         };
-        if !self.image_cache.has_room_for(self.refused_images[i].needed) {
+        let r = &self.refused_images[i];
+        if !self.image_cache.has_room_for(r.needed) && !self.image_cache.holds(&r.path) {
             return true;
         }
         let refused = self.refused_images.swap_remove(i);
@@ -378,6 +380,8 @@ impl JitProcess {
 #[derive(Debug)]
 struct RefusedImage {
     load: perfinfo::ImageLoad,
+    /// The path it was read through.
+    path: String,
     /// One past the image's last mapped byte.
     end: u64,
     /// Memory its method table needs.
@@ -423,6 +427,11 @@ impl JitMaps {
     /// Lets go of images no process holds, under budget pressure (see [`ImageCache::sweep`]).
     pub fn sweep_images(&mut self) {
         self.images.sweep();
+    }
+
+    /// Memory the cached ReadyToRun images hold, in bytes.
+    pub fn image_bytes(&self) -> usize {
+        self.images.bytes()
     }
 
     /// Memory the JIT state of every process and the cached ReadyToRun images hold, in bytes
