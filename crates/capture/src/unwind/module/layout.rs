@@ -144,7 +144,8 @@ pub(super) fn read<'d, R: ReadRef<'d>>(
         .filter_map(|t| sections.iter().find(|s| s.sh_type(endian) == t))
         .collect();
     let table_bytes = |t: &&SectionHeader64<Endianness>| t.file_range(endian).map_or(0, |r| r.1);
-    let all_tables: u64 = tables.iter().map(table_bytes).sum();
+    // (Sizes come from the file: added without overflowing.)
+    let all_tables = tables.iter().map(table_bytes).fold(0, u64::saturating_add);
     let mut symbols = Vec::new();
     let mut thread_entries = Vec::new();
     let mut scanned = 0u64;
@@ -158,14 +159,14 @@ pub(super) fn read<'d, R: ReadRef<'d>>(
             &mut thread_entries,
         );
         if let Some(read) = stopped {
-            scanned += read;
+            scanned = scanned.saturating_add(read);
             let part =
                 (symbols.len() * SYMBOL_COST) as f64 * all_tables as f64 / scanned.max(1) as f64;
             layout.over_limit = Some(layout.estimate_bytes().saturating_add(part as usize));
             layout.symbols = symbols;
             return Ok(layout);
         }
-        scanned += table_bytes(table);
+        scanned = scanned.saturating_add(table_bytes(table));
     }
     symbols.extend(plt_symbols(&sections, data, bytes));
     one_per_address(&mut symbols);
@@ -493,5 +494,33 @@ mod tests {
         );
         assert_eq!(fitting.functions, whole.functions);
         assert_eq!(fitting.symbols.len(), whole.symbols.len());
+    }
+
+    #[test]
+    fn symbol_tables_claiming_every_byte_do_not_panic() {
+        // libc with a second symbol table (the section before `.shstrtab`, as `.symtab` over
+        // `.dynsym`'s strings) claiming 2^64 - 1 bytes: the tables' sizes add past u64.
+        let mut elf = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+        let word = |b: &[u8], at: usize, n: usize| {
+            let mut v = [0u8; 8];
+            v[..n].copy_from_slice(&b[at..at + n]);
+            u64::from_le_bytes(v) as usize
+        };
+        let (shoff, shnum) = (word(&elf, 0x28, 8), word(&elf, 0x3c, 2));
+        let header = |i: usize| shoff + i * 64;
+        let dynsym = (0..shnum)
+            .find(|&i| word(&elf, header(i) + 4, 4) == elf::SHT_DYNSYM as usize)
+            .expect("libc has .dynsym");
+        let strings = elf[header(dynsym) + 40..header(dynsym) + 44].to_vec();
+        let fake = header(shnum - 2);
+        elf[fake + 4..fake + 8].copy_from_slice(&elf::SHT_SYMTAB.to_le_bytes());
+        elf[fake + 32..fake + 40].copy_from_slice(&u64::MAX.to_le_bytes());
+        elf[fake + 40..fake + 44].copy_from_slice(&strings);
+        let bytes = ModuleBytes::memory(elf.into());
+        for limit in [None, Some(0), Some(1 << 20)] {
+            let layout = bytes.read_layout(limit).expect("still an ELF file");
+            assert!(!layout.symbols.is_empty());
+            assert_eq!(layout.over_limit.is_some(), limit == Some(0), "{limit:?}");
+        }
     }
 }
