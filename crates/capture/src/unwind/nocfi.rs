@@ -54,17 +54,23 @@ pub(crate) fn frame(
             (at_ip, prev, function)
         }
         None => {
-            if let Some(rule) = mem.jit_rule(lookup, first) {
+            // (A refusal is asked after the JIT lookup, which reads the runtime's newly loaded
+            // images; an image the budget now has room for is loaded when asked, and its
+            // method is then looked up again rather than guessed at.)
+            let jit = match mem.jit_rule(lookup, first) {
+                Some(rule) => Some(rule),
+                None if mem.code_refused(lookup) => {
+                    return Err(TruncateReason::ModuleMemoryLimit);
+                }
+                None => mem.jit_rule(lookup, first),
+            };
+            if let Some(rule) = jit {
                 // JIT code is never a thread's root.
                 let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;
                 return Ok(Frame {
                     rule,
                     may_end: false,
                 });
-            }
-            // (Asked after the JIT lookup, which reads the runtime's newly loaded images.)
-            if mem.code_refused(lookup) {
-                return Err(TruncateReason::ModuleMemoryLimit);
             }
             let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
                 &at_ip_buf

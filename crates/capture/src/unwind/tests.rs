@@ -9,7 +9,8 @@ use gimli::write::CallFrameInstruction as I;
 use super::cfi::tests::eh_frame_rows;
 use super::regs::{self, Registers};
 use super::{
-    AddressSpace, CodeModule, MemoryReader, Region, SampleStack, StackEnd, TruncateReason,
+    AddressSpace, CodeModule, Memory, MemoryReader, NoCfiRule, ReadFailure, Region, SampleStack,
+    StackEnd, TruncateReason,
 };
 
 const TEXT: u64 = 0x1000;
@@ -316,4 +317,55 @@ fn a_save_slot_already_popped_is_never_read_from_live_memory() {
         );
     }
     assert_eq!(s.full_register_unwinds(), 0);
+}
+
+/// Precompiled code in anonymous memory (a ReadyToRun image the unwinder does not read).
+const IMAGE: u64 = 0x10_0000;
+const IMAGE_END: u64 = 0x10_1000;
+
+/// A sample's memory in which the image at `IMAGE` was refused for the module budget and loads
+/// when the unwinder asks (the budget has room now): from then on its methods are known.
+struct ImageLoadsWhenAsked<'a> {
+    stack: SampleStack<'a>,
+    loaded: bool,
+}
+
+impl Memory for ImageLoadsWhenAsked<'_> {
+    fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
+        self.stack.read_stack_u64(addr)
+    }
+
+    fn jit_rule(&mut self, lookup: u64, _leaf: bool) -> Option<Option<NoCfiRule>> {
+        // A method without a frame of its own: the return address is at [sp].
+        (self.loaded && (IMAGE..IMAGE_END).contains(&lookup)).then_some(Some(NoCfiRule::ReturnAtSp))
+    }
+
+    fn code_refused(&mut self, addr: u64) -> bool {
+        self.loaded |= (IMAGE..IMAGE_END).contains(&addr);
+        false
+    }
+}
+
+#[test]
+fn a_frame_in_an_image_loaded_as_it_is_reached_follows_its_method() {
+    let mut s = space();
+    s.add_region(Region::new(IMAGE, IMAGE_END, 0, "image.dll".into(), None));
+    // Sampled in a precompiled method without a frame, called from fp_cfi's body (whose frame
+    // pointer rbp still holds), itself called from root.
+    let words = stack(&[FP_CFI_RA, 0xbad, 0, ROOT_RA]);
+    let mut mem = ImageLoadsWhenAsked {
+        stack: SampleStack {
+            base: SP,
+            bytes: &words,
+            fallback: None,
+        },
+        loaded: false,
+    };
+    let mut out = Vec::new();
+    let end = s.unwind_with_sps(&regs(IMAGE + 0x20, SP + 16, None), &mut mem, &mut out, None);
+    // Not a frame-pointer guess, which would skip fp_cfi (its return address at [rbp + 8]).
+    assert_eq!(
+        (end, out),
+        (StackEnd::Root, vec![IMAGE + 0x20, FP_CFI_RA, ROOT_RA])
+    );
 }
