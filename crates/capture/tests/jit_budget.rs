@@ -144,6 +144,25 @@ fn images_past_the_budget_end_stacks_explicitly() {
         Err(ImageError::OverBudget { needed: n, .. }) => assert_eq!(n, needed),
         other => panic!("refused while the other cache holds it: {other:?}"),
     }
+    // A refused image is not read again until it fits (each .NET process that starts would
+    // parse CoreLib again to refuse it): a copy refused, then overwritten with zeros at the same
+    // size and time, is still refused rather than found broken.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("System.Private.CoreLib.dll");
+    std::fs::copy(corelib_file, &copy).unwrap();
+    let copy = copy.to_str().unwrap();
+    assert!(matches!(
+        tight.get(copy),
+        Err(ImageError::OverBudget { .. })
+    ));
+    let file = std::fs::OpenOptions::new().write(true).open(copy).unwrap();
+    let time = file.metadata().unwrap().modified().unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0; 4096], 0).unwrap();
+    file.set_modified(time).unwrap();
+    match tight.get(copy) {
+        Err(ImageError::OverBudget { needed: n, .. }) => assert_eq!(n, needed),
+        other => panic!("read again while it still does not fit: {other:?}"),
+    }
     drop(cache);
     assert_eq!(
         live_module_bytes(),

@@ -47,9 +47,14 @@ struct Cached {
     charge: TableCharge,
 }
 
+/// Most refused images remembered (their need, so that they are not read again until they fit).
+const MAX_REFUSED: usize = 1024;
+
 #[derive(Debug, Default)]
 struct Images {
     entries: HashMap<FileIdentity, Cached>,
+    /// Images refused for the budget: the memory their methods need and their mapped size.
+    refused: HashMap<FileIdentity, (usize, u32)>,
     budget: Option<usize>,
 }
 
@@ -57,6 +62,26 @@ impl Images {
     /// Forgets the images only the cache holds.
     fn release_unheld(&mut self) {
         self.entries.retain(|_, c| Arc::strong_count(&c.image) > 1);
+    }
+
+    /// Whether an image needing `needed` bytes (`size` mapped) fits the budget, once the images
+    /// only the cache holds are let go if need be.
+    fn room_for(&mut self, needed: usize, size: u32) -> Result<(), ImageError> {
+        let Some(budget) = self.budget else {
+            return Ok(());
+        };
+        if !fits_budget(needed, budget) {
+            self.release_unheld();
+            if !fits_budget(needed, budget) {
+                return Err(ImageError::OverBudget {
+                    needed,
+                    size,
+                    live: live_module_bytes(),
+                    budget,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -79,7 +104,8 @@ impl ImageCache {
     }
 
     /// The image at `path`, read and parsed on first use. Under a budget, an image that does not
-    /// fit once the images no process holds are let go is refused.
+    /// fit once the images no process holds are let go is refused (and not read again until its
+    /// need fits).
     pub fn get(&self, path: &str) -> Result<Arc<R2rImage>, ImageError> {
         let meta = std::fs::metadata(path)?;
         let key = (meta.dev(), meta.ino(), meta.mtime(), meta.size());
@@ -87,21 +113,19 @@ impl ImageCache {
         if let Some(c) = images.entries.get(&key) {
             return Ok(c.image.clone());
         }
+        if let Some(&(needed, size)) = images.refused.get(&key) {
+            images.room_for(needed, size)?;
+        }
         let image = R2rImage::parse(&std::fs::read(path)?)?;
         let needed = image.heap_bytes();
-        if let Some(budget) = images.budget
-            && !fits_budget(needed, budget)
-        {
-            images.release_unheld();
-            if !fits_budget(needed, budget) {
-                return Err(ImageError::OverBudget {
-                    needed,
-                    size: image.size,
-                    live: live_module_bytes(),
-                    budget,
-                });
+        if let Err(refused) = images.room_for(needed, image.size) {
+            if images.refused.len() >= MAX_REFUSED {
+                images.refused.clear();
             }
+            images.refused.insert(key, (needed, image.size));
+            return Err(refused);
         }
+        images.refused.remove(&key);
         let image = Arc::new(image);
         images.entries.insert(
             key,
