@@ -152,12 +152,13 @@ impl ImageCache {
             .is_none_or(|budget| fits_budget(needed, budget))
     }
 
-    /// Under a budget, once modules hold more than three quarters of it: lets go of the images
-    /// no process holds any more. Otherwise they stay cached for the next process that maps them.
-    pub fn sweep(&self) {
+    /// Under a budget, once modules hold more than three quarters of it or something was
+    /// refused for it (`refused`): lets go of the images no process holds any more. Otherwise
+    /// they stay cached for the next process that maps them.
+    pub fn sweep(&self, refused: bool) {
         let mut images = self.lock();
         if let Some(budget) = images.budget
-            && live_module_bytes() > budget / 4 * 3
+            && (refused || live_module_bytes() > budget / 4 * 3)
         {
             images.release_unheld();
         }

@@ -424,9 +424,17 @@ impl JitMaps {
         }
     }
 
-    /// Lets go of images no process holds, under budget pressure (see [`ImageCache::sweep`]).
-    pub fn sweep_images(&mut self) {
-        self.images.sweep();
+    /// Lets go of images no process holds, under budget pressure or when something was
+    /// `refused` for the budget (see [`ImageCache::sweep`]).
+    pub fn sweep_images(&mut self, refused: bool) {
+        self.images.sweep(refused);
+    }
+
+    /// Whether a process's ReadyToRun image or JIT tables were refused for the module budget.
+    pub fn refuses_any(&self) -> bool {
+        self.procs
+            .values()
+            .any(|p| !p.refused_images.is_empty() || p.tables_refused.is_some())
     }
 
     /// Memory the cached ReadyToRun images hold, in bytes.

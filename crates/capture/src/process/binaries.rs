@@ -194,6 +194,13 @@ impl Processes {
         self.module_budget
     }
 
+    /// Whether a binary some tracked process maps was refused for the module budget.
+    pub fn refuses_any(&self) -> bool {
+        self.procs
+            .values()
+            .any(|p| p.space.regions().any(|r| r.refused))
+    }
+
     /// Memory of the modules tracked processes mapped at the last [`Processes::sweep_files`].
     pub fn module_bytes_in_use(&self) -> usize {
         self.module_bytes_in_use
@@ -204,22 +211,20 @@ impl Processes {
             .is_none_or(|budget| fits_budget(needed, budget))
     }
 
-    /// Under a module budget, once modules hold more than three quarters of it: forgets the
-    /// cached binaries no tracked process maps any more (their memory is freed once no recorded
-    /// frame refers to them either) and measures the modules still in use. Binaries stay cached
-    /// otherwise, so that processes started one after another (a build's compilers) share one
-    /// parse. And wherever the budget now has room, drops the regions it refused so that the next
-    /// read of the process's maps loads them.
-    pub fn sweep_files(&mut self) {
+    /// Under a module budget, once modules hold more than three quarters of it, or something
+    /// was refused for it (here, or elsewhere when `refused_elsewhere`: a .NET image, a process's
+    /// JIT tables): forgets the cached binaries no tracked process maps any more (their memory is
+    /// freed once no recorded frame refers to them either) and measures the modules still in use.
+    /// Binaries stay cached otherwise, so that processes started one after another (a build's
+    /// compilers) share one parse. And wherever the budget now has room, drops the regions it
+    /// refused so that the next read of the process's maps loads them.
+    pub fn sweep_files(&mut self, refused_elsewhere: bool) {
         let Some(budget) = self.module_budget else {
             return;
         };
-        let pressure = live_module_bytes() > budget / 4 * 3;
-        let refused_any = self
-            .procs
-            .values()
-            .any(|p| p.space.regions().any(|r| r.refused));
-        if !pressure && !refused_any {
+        let refused_any = self.refuses_any();
+        let pressure = live_module_bytes() > budget / 4 * 3 || refused_any || refused_elsewhere;
+        if !pressure {
             return;
         }
         let mut used: foldhash::HashSet<*const BinaryFile> = foldhash::HashSet::default();
@@ -334,10 +339,10 @@ mod tests {
             .expect("test function is mapped");
         assert!(region.refused && region.module.is_none());
         // Still no room: the sweep keeps the refusal.
-        p.sweep_files();
+        p.sweep_files(false);
         assert!(p.get(pid).space.region(here).is_some_and(|r| r.refused));
         p.set_module_budget(usize::MAX);
-        p.sweep_files();
+        p.sweep_files(false);
         let region = p.get(pid).space.region(here).expect("mapped again");
         assert!(!region.refused);
         let module = region.module.as_ref().expect("loaded now");

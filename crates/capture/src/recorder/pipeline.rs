@@ -641,11 +641,13 @@ impl Pipeline {
             },
             start_over: false,
         };
-        self.processes.sweep_files();
-        self.jit.sweep_images();
+        // Whatever was refused for the module budget, unused binaries and images make room.
+        let refused = self.processes.refuses_any() || self.jit.refuses_any();
+        self.processes.sweep_files(refused);
+        self.jit.sweep_images(refused);
         if self.table_limit.is_some_and(|limit| {
             self.frames.len() + self.nodes.len() + self.new_threads > limit
-                || self.modules_held_only_by_tables()
+                || self.modules_held_only_by_tables(refused)
         }) {
             batch.start_over = true;
             self.start_over();
@@ -653,15 +655,16 @@ impl Pipeline {
         batch
     }
 
-    /// Whether, under pressure (the sweeps just measured the modules in use and let go of the
-    /// images no process holds; JIT state is held by its live process), modules no tracked
-    /// process maps any more, kept alive only by the mappings of recorded frames, hold a quarter
-    /// of the module budget: starting the tables over frees them.
-    fn modules_held_only_by_tables(&self) -> bool {
+    /// Whether, under pressure or with something `refused` for the module budget (the sweeps
+    /// just measured the modules in use and let go of the images no process holds; JIT state is
+    /// held by its live process), modules no tracked process maps any more, kept alive only by
+    /// the mappings of recorded frames, hold a quarter of the module budget: starting the tables
+    /// over frees them.
+    fn modules_held_only_by_tables(&self, refused: bool) -> bool {
         self.processes.module_budget().is_some_and(|budget| {
             let live = live_module_bytes();
             let in_use = self.processes.module_bytes_in_use() + self.jit.bytes();
-            live > budget / 4 * 3 && live.saturating_sub(in_use) > budget / 4
+            (refused || live > budget / 4 * 3) && live.saturating_sub(in_use) > budget / 4
         })
     }
 
