@@ -17,6 +17,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rootline_profile::FrameKind;
+
 use crate::batch::{BatchBuilder, Resolver};
 use crate::buffer::{RECORD_COST, Record, SampleBuffer, SampleRecord, define_cost};
 use crate::cache::{InsertPlan, Lookup, StackCache};
@@ -26,6 +28,9 @@ use crate::process::ProcessInfo;
 use crate::source::{RawSample, SampleSource, SourceError};
 use crate::stats::{Counters, Stats};
 use crate::targets::{TargetError, Targets};
+
+/// The frame that ends a stack at code whose tables did not fit the module budget.
+const MODULE_LIMIT_FRAME: &str = "[truncated: module-memory-limit]";
 
 /// Longest a capture poll waits, so a stop request is seen quickly.
 const POLL_TIMEOUT: Duration = Duration::from_millis(50);
@@ -133,6 +138,7 @@ impl Agent {
             sample_rate_hz: config.frequency_hz,
             sequence: 0,
             last_status: Stats::default(),
+            module_budget: config.modules.byte_budget,
         };
         let exporter = std::thread::Builder::new()
             .name("rootline-export".into())
@@ -292,6 +298,17 @@ impl Capture {
             return;
         };
         counters.captured.fetch_add(1, Relaxed);
+        // Root first: a stack cut short starts with its `[truncated: reason]` frame.
+        if let Some(cut) = sample
+            .frames
+            .first()
+            .filter(|f| f.kind == FrameKind::Truncated)
+        {
+            counters.truncated.fetch_add(1, Relaxed);
+            if &*cut.name == MODULE_LIMIT_FRAME {
+                counters.module_limited.fetch_add(1, Relaxed);
+            }
+        }
         let mut hand = shared.lock();
         if !make_room(&shared, &mut hand, 1, RECORD_COST) {
             counters.dropped.fetch_add(1, Relaxed);
@@ -366,6 +383,8 @@ struct ExportLoop {
     sample_rate_hz: u32,
     sequence: u64,
     last_status: Stats,
+    /// `modules.byte_budget`, named in the warning when stacks end at it.
+    module_budget: usize,
 }
 
 enum Take {
@@ -510,6 +529,15 @@ impl ExportLoop {
                     e.name
                 );
             }
+        }
+        let module_limited = now.module_limited - prev.module_limited;
+        if module_limited > 0 {
+            tracing::warn!(
+                module_limited,
+                "{module_limited} stacks in the last period end at {MODULE_LIMIT_FRAME}: binaries \
+                 or JIT tables did not fit modules.byte_budget ({} MiB); raise it for whole stacks",
+                self.module_budget >> 20
+            );
         }
         let export_latency_ms = now
             .exporters

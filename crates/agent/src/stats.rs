@@ -26,6 +26,8 @@ pub(crate) struct ExporterCounters {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub captured: AtomicU64,
+    pub truncated: AtomicU64,
+    pub module_limited: AtomicU64,
     pub lost: AtomicU64,
     pub dropped: AtomicU64,
     pub ignored: AtomicU64,
@@ -67,6 +69,11 @@ pub struct ExporterStats {
 pub struct Stats {
     /// Samples of target processes received from the source.
     pub captured: u64,
+    /// Of those, stacks that end in an explicit `[truncated: reason]` frame.
+    pub truncated: u64,
+    /// Of those, stacks cut at `[truncated: module-memory-limit]`: code whose tables did not
+    /// fit `modules.byte_budget`.
+    pub module_limited: u64,
     /// Samples the source or kernel lost before the agent saw them.
     pub lost: u64,
     /// Samples dropped by the escape hatch because both buffers were full.
@@ -111,6 +118,8 @@ impl Counters {
     pub fn snapshot(&self) -> Stats {
         Stats {
             captured: self.captured.load(Relaxed),
+            truncated: self.truncated.load(Relaxed),
+            module_limited: self.module_limited.load(Relaxed),
             lost: self.lost.load(Relaxed),
             dropped: self.dropped.load(Relaxed),
             ignored: self.ignored.load(Relaxed),
@@ -147,9 +156,10 @@ impl Stats {
     /// The one-line status the agent logs every period.
     pub fn status_line(&self) -> String {
         let mut line = format!(
-            "samples={} lost={} dropped={} ignored={} cache: hits={} misses={} evictions={} \
-             entries={} bytes={}",
+            "samples={} truncated={} lost={} dropped={} ignored={} cache: hits={} misses={} \
+             evictions={} entries={} bytes={}",
             self.captured,
+            self.truncated,
             self.lost,
             self.dropped,
             self.ignored,
