@@ -14,6 +14,11 @@ use crate::unwind::module::{TableCharge, fits_budget, live_module_bytes};
 /// A file's device, inode, modification time and size.
 type FileIdentity = (u64, u64, i64, u64);
 
+fn identity(path: &str) -> std::io::Result<FileIdentity> {
+    let meta = std::fs::metadata(path)?;
+    Ok((meta.dev(), meta.ino(), meta.mtime(), meta.size()))
+}
+
 /// Why an image could not be named from.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -107,8 +112,7 @@ impl ImageCache {
     /// fit once the images no process holds are let go is refused (and not read again until its
     /// need fits).
     pub fn get(&self, path: &str) -> Result<Arc<R2rImage>, ImageError> {
-        let meta = std::fs::metadata(path)?;
-        let key = (meta.dev(), meta.ino(), meta.mtime(), meta.size());
+        let key = identity(path)?;
         let mut images = self.lock();
         if let Some(c) = images.entries.get(&key) {
             return Ok(c.image.clone());
@@ -139,10 +143,7 @@ impl ImageCache {
 
     /// Whether the image at `path` is cached (it then costs a process that maps it nothing).
     pub fn holds(&self, path: &str) -> bool {
-        std::fs::metadata(path).is_ok_and(|meta| {
-            let key = (meta.dev(), meta.ino(), meta.mtime(), meta.size());
-            self.lock().entries.contains_key(&key)
-        })
+        identity(path).is_ok_and(|key| self.lock().entries.contains_key(&key))
     }
 
     /// Whether an image needing `needed` bytes fits the budget now (always without one).

@@ -283,11 +283,12 @@ impl JitProcess {
     /// exactly. An image the budget now has room for, or that another process loaded since, is
     /// loaded first.
     pub fn image_refused(&mut self, addr: u64) -> bool {
-        let Some(i) = self
-            .refused_images
-            .iter()
-            .position(|r| r.load.base <= addr && addr < r.end)
-        else {
+        let refused_at = |p: &JitProcess| {
+            p.refused_images
+                .iter()
+                .position(|r| r.load.base <= addr && addr < r.end)
+        };
+        let Some(i) = refused_at(self) else {
             return false;
         };
         let r = &self.refused_images[i];
@@ -297,9 +298,7 @@ impl JitProcess {
         let refused = self.refused_images.swap_remove(i);
         let maps = crate::process::read_maps(self.pid).unwrap_or_default();
         self.load_image(&refused.load, &maps);
-        self.refused_images
-            .iter()
-            .any(|r| r.load.base <= addr && addr < r.end)
+        refused_at(self).is_some()
     }
 
     fn open(&mut self, path: PathBuf) -> Option<File> {
