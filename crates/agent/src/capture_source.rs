@@ -69,6 +69,7 @@ impl CaptureSource {
     pub fn start(config: &AgentConfig) -> Result<CaptureSource, SourceError> {
         let mut options = RecordOptions::new(Target::System);
         options.frequency_hz = config.frequency_hz;
+        options.stack_bytes = config.stack_bytes as u32;
         options.flush_interval = FLUSH_EVERY;
         // Continuous mode bounds each sample's live stack reads more tightly than `record`:
         // 8 MiB still covers the default main-thread and pthread stack sizes whole.

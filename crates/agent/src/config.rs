@@ -3,6 +3,7 @@
 //!
 //! ```toml
 //! frequency_hz = 99
+//! stack_bytes = "16KiB"  # user stack copied per sample, at most 65528
 //! export_interval = "10s"
 //! export_timeout = "5s"
 //! memory_limit = "160MiB"
@@ -71,6 +72,13 @@ pub enum ConfigError {
 pub struct AgentConfig {
     /// Sampling frequency per CPU (or per thread), Hz. Default 99.
     pub frequency_hz: u32,
+    /// User stack bytes the kernel copies with each sample. Default 16 KiB, at most 65528 (the
+    /// kernel's limit). Frames past the copy are read from the live process only where a watch
+    /// proves them unchanged, else the stack ends `[truncated: live-unproven]`: raise it (e.g.
+    /// 65528) for deep, varying stacks such as compilers'. Each CPU's ring buffer grows with it
+    /// (counted in `memory_limit`).
+    #[serde(deserialize_with = "de_bytes")]
+    pub stack_bytes: usize,
     /// How often the exporter thread exports. Default 10 s.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub export_interval: Duration,
@@ -135,7 +143,7 @@ pub struct ModulesConfig {
     /// ReadyToRun images' method tables, JIT runtimes' perf map and jitdump symbols). A binary
     /// that does not fit is not loaded; its frames end their stacks as
     /// `[truncated: module-memory-limit]` until there is room (binaries of exited processes are
-    /// freed). Default 48 MiB (rustc's 150 MB driver library needs 16, .NET
+    /// freed). Default 48 MiB (rustc's 150 MB driver library needs 16 and libLLVM 24, .NET
     /// 3.1's CoreLib 4).
     #[serde(deserialize_with = "de_bytes")]
     pub byte_budget: usize,
@@ -228,6 +236,7 @@ impl Default for AgentConfig {
     fn default() -> AgentConfig {
         AgentConfig {
             frequency_hz: 99,
+            stack_bytes: DEFAULT_STACK_BYTES,
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
             memory_limit: 160 << 20,
@@ -291,9 +300,15 @@ impl CacheConfig {
 pub const WORKING_ALLOWANCE: usize = 4 << 20;
 
 /// Fixed allowance for the sampler besides the binaries' tables: its tables of distinct frames
-/// and stack nodes (bounded by the capture source's table limit), the per-CPU ring buffers, the
-/// symbolizer's working set and the batches in flight.
+/// and stack nodes (bounded by the capture source's table limit), the per-CPU ring buffers at
+/// the default stack copy, the symbolizer's working set and the batches in flight.
 pub const CAPTURE_ALLOWANCE: usize = 40 << 20;
+
+/// The default `stack_bytes`.
+pub const DEFAULT_STACK_BYTES: usize = 16 << 10;
+
+/// The kernel's largest user stack copy per sample.
+pub const MAX_STACK_BYTES: usize = 65528;
 
 impl AgentConfig {
     /// Parses TOML text; `path` is only used in messages.
@@ -341,6 +356,17 @@ impl AgentConfig {
             + self.modules.byte_budget
             + self.modules.dwarf_budget
             + CAPTURE_ALLOWANCE
+            + self.ring_growth()
+    }
+
+    /// What the per-CPU ring buffers take beyond the allowance's (made for the default stack
+    /// copy), on this host's CPUs.
+    fn ring_growth(&self) -> usize {
+        let ring =
+            |stack: usize| rootline_capture::recorder::ring_bytes(self.frequency_hz, stack as u32);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let stack = self.stack_bytes.min(MAX_STACK_BYTES);
+        cpus * ring(stack).saturating_sub(ring(DEFAULT_STACK_BYTES))
     }
 
     /// Checks that the values fit together, in particular that [`Self::memory_estimate`] is within
@@ -364,6 +390,16 @@ impl AgentConfig {
             return Err(ConfigError::Invalid(
                 "shutdown_timeout must not be 0 (the final export needs some time)".into(),
             ));
+        }
+        if self.stack_bytes < 8
+            || self.stack_bytes > MAX_STACK_BYTES
+            || !self.stack_bytes.is_multiple_of(8)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "stack_bytes = {} is out of range; use a multiple of 8 up to {MAX_STACK_BYTES} (the \
+                 kernel's limit; 16KiB is the default)",
+                self.stack_bytes
+            )));
         }
         let page_cache = rootline_capture::unwind::module::PAGE_CACHE_BYTES;
         if self.modules.byte_budget < 2 * page_cache {
@@ -488,6 +524,30 @@ mod tests {
         assert_eq!(c.frequency_hz, 99);
         assert_eq!(c.export_interval, Duration::from_secs(10));
         assert!(c.exporters.otlp.is_none());
+    }
+
+    #[test]
+    fn the_stack_copy_is_checked_and_its_rings_counted() {
+        let c = AgentConfig::from_toml("", Path::new("x.toml")).unwrap();
+        assert_eq!(c.stack_bytes, DEFAULT_STACK_BYTES);
+        let deep = AgentConfig::from_toml("stack_bytes = 65528\n", Path::new("x.toml")).unwrap();
+        assert_eq!(deep.stack_bytes, 65528);
+        // Bigger rings on every CPU: counted beyond the allowance.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let ring = |stack| rootline_capture::recorder::ring_bytes(99, stack);
+        assert_eq!(
+            deep.memory_estimate() - c.memory_estimate(),
+            cpus * (ring(65528) - ring(16 << 10))
+        );
+        assert!(deep.memory_estimate() > c.memory_estimate());
+        for bad in [
+            "stack_bytes = \"64KiB\"",
+            "stack_bytes = 1001",
+            "stack_bytes = 0",
+        ] {
+            let e = AgentConfig::from_toml(bad, Path::new("x.toml")).unwrap_err();
+            assert!(e.to_string().contains("stack_bytes"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -50,9 +50,22 @@ fn online_cpus() -> Vec<u32> {
 
 /// Ring size: room for about a quarter second of samples at full rate from `cpus` CPUs.
 fn ring_pages(cfg: &EventConfig, cpus: usize) -> usize {
-    let per_sample = cfg.stack_bytes as usize + 256 + 8 * cfg.user_callchain as usize;
-    let bytes = cfg.frequency_hz as usize * per_sample * cpus / 4;
+    let callchain = usize::from(cfg.user_callchain);
+    ring_pages_for(cfg.frequency_hz, cfg.stack_bytes, callchain, cpus)
+}
+
+/// `callchain`: most callchain entries a sample carries.
+fn ring_pages_for(frequency_hz: u32, stack_bytes: u32, callchain: usize, cpus: usize) -> usize {
+    let per_sample = stack_bytes as usize + 256 + 8 * callchain;
+    let bytes = frequency_hz as usize * per_sample * cpus / 4;
     (bytes / 4096).clamp(64, 8192).next_power_of_two()
+}
+
+/// Bytes of the ring buffer each CPU (or thread) gets when sampling at `frequency_hz` with
+/// `stack_bytes` of user stack copied per sample (no callchain): room for about a quarter second
+/// of samples.
+pub fn ring_bytes(frequency_hz: u32, stack_bytes: u32) -> usize {
+    ring_pages_for(frequency_hz, stack_bytes, 0, 1) * 4096
 }
 
 fn classify(e: OpenError) -> RecordError {
