@@ -16,7 +16,7 @@ use jit::{Running, Setup, dotnet, node};
 use rootline_capture::jit::{ImageCache, ImageError, JitMaps, PerfMap};
 
 use rootline_capture::process::read_maps;
-use rootline_capture::recorder::{RecordOptions, Target, record};
+use rootline_capture::recorder::{RecordOptions, Recording, Target, record};
 use rootline_capture::unwind::CodeModule;
 use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, TableCharge, live_module_bytes};
 
@@ -33,6 +33,16 @@ fn elf_module_bytes(pid: u32) -> usize {
         .filter_map(|p| CodeModule::open(p, File::open(p).ok()?, None).ok())
         .map(|m| m.heap_bytes())
         .sum()
+}
+
+/// Records `pid` for 3 s at 5 kHz, copying `stack_bytes` per sample, with `budget` for modules.
+fn record_with_budget(pid: u32, stack_bytes: u32, budget: usize) -> Recording {
+    let mut opts = RecordOptions::new(Target::Pids(vec![pid]));
+    opts.frequency_hz = 5_000;
+    opts.stack_bytes = stack_bytes;
+    opts.duration = Some(Duration::from_secs(3));
+    opts.module_budget = Some(budget);
+    record(&opts, &AtomicBool::new(false), None).expect("records")
 }
 
 /// One test at a time: each measures the memory of all modules of this process.
@@ -201,12 +211,7 @@ fn images_past_the_budget_end_stacks_explicitly() {
     let slack = 1 << 20;
     assert!(needed > 2 * slack);
     let budget = PAGE_CACHE_BYTES + elf + slack;
-    let mut opts = RecordOptions::new(Target::Pids(vec![pid]));
-    opts.frequency_hz = 5_000;
-    opts.stack_bytes = 32 * 1024;
-    opts.duration = Some(Duration::from_secs(3));
-    opts.module_budget = Some(budget);
-    let recording = record(&opts, &AtomicBool::new(false), None).expect("records");
+    let recording = record_with_budget(pid, 32 * 1024, budget);
 
     let p = &recording.profile;
     let samples = p.samples();
@@ -280,12 +285,7 @@ fn jit_tables_past_the_budget_end_stacks_explicitly() {
     let budget = PAGE_CACHE_BYTES + elf + slack;
     assert_eq!(live_module_bytes(), 0);
 
-    let mut opts = RecordOptions::new(Target::Pids(vec![pid]));
-    opts.frequency_hz = 5_000;
-    opts.stack_bytes = 16 * 1024;
-    opts.duration = Some(Duration::from_secs(3));
-    opts.module_budget = Some(budget);
-    let recording = record(&opts, &AtomicBool::new(false), None).expect("records");
+    let recording = record_with_budget(pid, 16 * 1024, budget);
     let p = &recording.profile;
     let samples = p.samples();
     let (mut ended_in_jit, mut whole) = (0, 0);
