@@ -195,7 +195,7 @@ impl Processes {
     }
 
     /// Whether a binary some tracked process maps was refused for the module budget.
-    pub fn refuses_any(&self) -> bool {
+    fn refuses_any(&self) -> bool {
         self.procs
             .values()
             .any(|p| p.space.regions().any(|r| r.refused))
@@ -217,15 +217,16 @@ impl Processes {
     /// freed once no recorded frame refers to them either) and measures the modules still in use.
     /// Binaries stay cached otherwise, so that processes started one after another (a build's
     /// compilers) share one parse. And wherever the budget now has room, drops the regions it
-    /// refused so that the next read of the process's maps loads them.
-    pub fn sweep_files(&mut self, refused_elsewhere: bool) {
+    /// refused so that the next read of the process's maps loads them. Returns whether something
+    /// is refused (here or elsewhere).
+    pub fn sweep_files(&mut self, refused_elsewhere: bool) -> bool {
         let Some(budget) = self.module_budget else {
-            return;
+            return refused_elsewhere;
         };
         let refused_any = self.refuses_any();
         let pressure = live_module_bytes() > budget / 4 * 3 || refused_any || refused_elsewhere;
         if !pressure {
-            return;
+            return false;
         }
         let mut used: foldhash::HashSet<*const BinaryFile> = foldhash::HashSet::default();
         let mut in_use = 0;
@@ -244,7 +245,7 @@ impl Processes {
         }
         self.module_bytes_in_use = in_use;
         if !refused_any {
-            return;
+            return refused_elsewhere;
         }
         let room = |needed: usize| fits_budget(needed, budget);
         for state in self.procs.values_mut() {
@@ -267,6 +268,7 @@ impl Processes {
                 state.maps_read = false;
             }
         }
+        true
     }
 }
 
@@ -339,10 +341,10 @@ mod tests {
             .expect("test function is mapped");
         assert!(region.refused && region.module.is_none());
         // Still no room: the sweep keeps the refusal.
-        p.sweep_files(false);
+        let _ = p.sweep_files(false);
         assert!(p.get(pid).space.region(here).is_some_and(|r| r.refused));
         p.set_module_budget(usize::MAX);
-        p.sweep_files(false);
+        let _ = p.sweep_files(false);
         let region = p.get(pid).space.region(here).expect("mapped again");
         assert!(!region.refused);
         let module = region.module.as_ref().expect("loaded now");

@@ -642,8 +642,7 @@ impl Pipeline {
             start_over: false,
         };
         // Whatever was refused for the module budget, unused binaries and images make room.
-        let refused = self.processes.refuses_any() || self.jit.refuses_any();
-        self.processes.sweep_files(refused);
+        let refused = self.processes.sweep_files(self.jit.refuses_any());
         self.jit.sweep_images(refused);
         if self.table_limit.is_some_and(|limit| {
             self.frames.len() + self.nodes.len() + self.new_threads > limit
