@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rootline_profile::{
-    Frame, FrameId, FrameKind, Function, Mapping, Profile, SampleType, StackId,
+    Frame, FrameId, Function, Mapping, Profile, SampleType, StackId, TruncateReason,
 };
 
 use crate::buffer::{Record, SampleBuffer};
@@ -223,14 +223,13 @@ impl Builder {
             Some(_) => {
                 let id = self
                     .profile
-                    .intern_named_frame("[truncated: empty stack]", FrameKind::Truncated);
+                    .intern_truncated(TruncateReason::NoStackInInput);
                 parent = Some(self.profile.intern_stack(None, id));
             }
             None => {
-                let id = self.profile.intern_named_frame(
-                    "[truncated: stack definition missing]",
-                    FrameKind::Truncated,
-                );
+                let id = self
+                    .profile
+                    .intern_truncated(TruncateReason::StackDefinitionMissing);
                 parent = Some(self.profile.intern_stack(None, id));
             }
         }

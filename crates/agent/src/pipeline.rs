@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rootline_profile::FrameKind;
+use rootline_profile::{FrameKind, TruncateReason};
 
 use crate::batch::{BatchBuilder, Resolver};
 use crate::buffer::{RECORD_COST, Record, SampleBuffer, SampleRecord, define_cost};
@@ -28,9 +28,6 @@ use crate::process::ProcessInfo;
 use crate::source::{RawSample, SampleSource, SourceError};
 use crate::stats::{Counters, Stats};
 use crate::targets::{TargetError, Targets};
-
-/// The frame that ends a stack at code whose tables did not fit the module budget.
-const MODULE_LIMIT_FRAME: &str = "[truncated: module-memory-limit]";
 
 /// Longest a capture poll waits, so a stop request is seen quickly.
 const POLL_TIMEOUT: Duration = Duration::from_millis(50);
@@ -305,7 +302,9 @@ impl Capture {
             .filter(|f| f.kind == FrameKind::Truncated)
         {
             counters.truncated.fetch_add(1, Relaxed);
-            if &*cut.name == MODULE_LIMIT_FRAME {
+            if TruncateReason::parse_frame_name(&cut.name)
+                == Some(TruncateReason::ModuleMemoryLimit)
+            {
                 counters.module_limited.fetch_add(1, Relaxed);
             }
         }
@@ -534,8 +533,9 @@ impl ExportLoop {
         if module_limited > 0 {
             tracing::warn!(
                 module_limited,
-                "{module_limited} stacks in the last period end at {MODULE_LIMIT_FRAME}: binaries \
+                "{module_limited} stacks in the last period end at {}: binaries \
                  or JIT tables did not fit modules.byte_budget ({} MiB); raise it for whole stacks",
+                TruncateReason::ModuleMemoryLimit.frame_name(),
                 self.module_budget >> 20
             );
         }

@@ -191,7 +191,7 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
     let mut reasons: Vec<_> = stats.truncated.iter().collect();
     reasons.sort();
     for (reason, n) in reasons {
-        let _ = writeln!(err, "  truncated: {n} × [truncated: {}]", reason.as_str());
+        let _ = writeln!(err, "  truncated: {n} × {}", reason.frame_name());
     }
     let cc = &stats.callchain;
     if cc.capped > 0 {

@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 
-use rootline_profile::{Frame, FrameId, FrameKind, Function, Profile, SampleType, StackId};
+use rootline_profile::{
+    Frame, FrameId, FrameKind, Function, Profile, SampleType, StackId, TruncateReason,
+};
 
 use crate::error::NetTraceError;
 use crate::events::{self, KnownEvent, MethodInfo};
@@ -203,8 +205,7 @@ pub fn read_profile_with_stats<R: Read>(
             .intern_stack_root_first(frames.iter().copied())
             .unwrap_or_else(|| {
                 // The walk found no managed frame: say so instead of inventing one.
-                let f = profile
-                    .intern_named_frame("[truncated: no managed frames]", FrameKind::Truncated);
+                let f = profile.intern_truncated(TruncateReason::NoManagedFrames);
                 profile.intern_stack(None, f)
             });
         resolved_depth.push((id, u32::try_from(ips.len()).unwrap_or(u32::MAX), resolved));

@@ -25,7 +25,9 @@ mod ids;
 mod metadata;
 mod model;
 mod profile;
+pub mod pseudo;
 pub mod rlp;
+mod truncation;
 
 pub use ids::{FrameId, FunctionId, MappingId, StackId, StringId, ThreadId};
 pub use metadata::Metadata;
@@ -36,3 +38,4 @@ pub use rlp::{
     RLP_VERSION, RlpError, RlpRead, RlpReader, RlpTailError, RlpWriter, TailReason, read_rlp,
     write_rlp,
 };
+pub use truncation::TruncateReason;

@@ -10,6 +10,7 @@ type Index<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use crate::ids::{FrameId, FunctionId, MappingId, StackId, StringId, ThreadId};
 use crate::metadata::Metadata;
 use crate::model::{Frame, FrameKind, Function, Mapping, Process, SampleType, StackNode, Thread};
+use crate::truncation::TruncateReason;
 
 mod checkpoint;
 
@@ -199,6 +200,21 @@ impl Profile {
             kind,
             from_live_memory: false,
         })
+    }
+
+    /// Interns the frame that ends a stack cut short for `reason` (`[truncated: <reason>]`, kind
+    /// [`FrameKind::Truncated`]): the one way any producer writes a truncation.
+    pub fn intern_truncated(&mut self, reason: TruncateReason) -> FrameId {
+        self.intern_named_frame(&reason.frame_name(), FrameKind::Truncated)
+    }
+
+    /// The reason a truncation frame stands for; None for any other frame, and for a
+    /// truncation frame whose text no reason spells (another producer's own words).
+    pub fn truncate_reason(&self, id: FrameId) -> Option<TruncateReason> {
+        if self.frame(id).kind != FrameKind::Truncated {
+            return None;
+        }
+        TruncateReason::parse_frame_name(self.frame_name(id))
     }
 
     /// The frame with id `id`.

@@ -81,7 +81,7 @@ impl StackTables {
         for frame in self.pseudo.len()..profile.frames().len() {
             let id = FrameId(frame as u32);
             self.pseudo
-                .push(crate::pseudo::is_pseudo_frame(profile, id));
+                .push(rootline_profile::pseudo::is_pseudo_frame(profile, id));
         }
         for node in &stacks[self.depth.len()..] {
             let code = !self.pseudo[node.frame.index()];

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use rootline_profile::{FrameId, FrameKind, Profile, ProfileError, StackId};
+use rootline_profile::{FrameId, Profile, ProfileError, StackId, TruncateReason};
 
 use crate::align::{Aligner, Side};
 use crate::detect::StackTables;
@@ -324,8 +324,9 @@ impl<'a> Engine<'a> {
         let frame = match self.truncated_frame {
             Some(f) => f,
             None => {
-                let name = format!("[truncated: depth cap {}]", self.cap);
-                let f = self.profile.intern_named_frame(&name, FrameKind::Truncated);
+                let f = self
+                    .profile
+                    .intern_truncated(TruncateReason::DepthCap(self.cap));
                 self.truncated_frame = Some(f);
                 f
             }

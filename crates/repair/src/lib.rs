@@ -48,7 +48,7 @@
 mod align;
 pub mod detect;
 mod engine;
-pub mod pseudo;
+mod pseudo;
 mod report;
 
 pub use detect::{Cap, CapSource};

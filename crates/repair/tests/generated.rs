@@ -9,7 +9,7 @@ use support::dotnet_like::{Config, generate, names};
 fn managed_depth(profile: &Profile, stack: rootline_profile::StackId) -> usize {
     names(profile, stack)
         .iter()
-        .filter(|n| !rootline_repair::pseudo::is_pseudo_name(n))
+        .filter(|n| !rootline_profile::pseudo::is_pseudo_name(n))
         .count()
 }
 

@@ -539,8 +539,7 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
     m.truncated_samples = stats.truncated_total();
     m.extra.retain(|k, _| !k.starts_with("truncated."));
     for (reason, n) in &stats.truncated {
-        m.extra
-            .insert(format!("truncated.{}", reason.as_str()), n.to_string());
+        m.extra.insert(format!("truncated.{reason}"), n.to_string());
     }
     if stats.full_register_unwinds > 0 {
         m.extra.insert(

@@ -14,7 +14,7 @@ use gimli::{
 
 use super::module::CodeModule;
 use super::regs::{self, Registers};
-use super::{Memory, TruncateReason};
+use super::{Memory, TruncateReason, policy};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -190,9 +190,8 @@ fn restore(
     regs: &Registers,
     mem: &mut dyn Memory,
 ) -> Result<u64, TruncateReason> {
-    let read = |mem: &mut dyn Memory, addr: u64| {
-        mem.read_stack_u64(addr).map_err(TruncateReason::from_read)
-    };
+    let read =
+        |mem: &mut dyn Memory, addr: u64| mem.read_stack_u64(addr).map_err(policy::reason_for_read);
     let expr = |e: &UnwindExpression<usize>| section.expression(e).ok_or(TruncateReason::CfiError);
     match rule {
         RegisterRule::Undefined | RegisterRule::Architectural | RegisterRule::SameValue => {
@@ -261,7 +260,7 @@ fn evaluate(
             } => {
                 let word = mem
                     .read_stack_u64(address)
-                    .map_err(TruncateReason::from_read)?;
+                    .map_err(policy::reason_for_read)?;
                 let v = if size >= 8 {
                     word
                 } else {

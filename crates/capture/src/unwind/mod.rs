@@ -511,7 +511,7 @@ impl AddressSpace {
                     Err(Stop::NeedsFullRegisters)
                 }
             }
-            Err(e) => Err(TruncateReason::from_framehop(e, read_failure).into()),
+            Err(e) => Err(policy::reason_for_framehop(e, read_failure).into()),
         }
     }
 

@@ -8,7 +8,7 @@
 
 use super::instr::{self, NoCfiRule};
 use super::regs::{self, Registers};
-use super::{Memory, Region, TruncateReason};
+use super::{Memory, Region, TruncateReason, policy};
 
 /// The rule for one frame without CFI, and whether a zero frame pointer or return address may
 /// mark the thread's root there.
@@ -115,9 +115,8 @@ pub(crate) fn exec(
 ) -> Result<Option<u64>, TruncateReason> {
     let sp = regs.sp();
     let bp = regs.get(regs::RBP);
-    let read = |mem: &mut dyn Memory, addr: u64| {
-        mem.read_stack_u64(addr).map_err(TruncateReason::from_read)
-    };
+    let read =
+        |mem: &mut dyn Memory, addr: u64| mem.read_stack_u64(addr).map_err(policy::reason_for_read);
     let (ra, new_sp, new_bp) = match frame.rule {
         NoCfiRule::ReturnAtSp => (read(mem, sp)?, sp.checked_add(8), bp),
         NoCfiRule::ReturnAtSpPlus8 => (read(mem, sp.wrapping_add(8))?, sp.checked_add(16), bp),

@@ -57,17 +57,6 @@ pub use writer::write;
 /// The depth cap of EventPipe stacks, recorded for files that look like dotnet-trace output.
 pub const DOTNET_DEPTH_CAP: u32 = 100;
 
-/// True for the grouping frames dotnet-trace (TraceEvent) puts above real code: `Process64 …`,
-/// `(Non-Activities)`, `Threads`, `Thread (N)`, `CPU_TIME`, `UNMANAGED_CODE_TIME`.
-pub fn is_pseudo_frame(name: &str) -> bool {
-    matches!(
-        name,
-        "(Non-Activities)" | "Threads" | "CPU_TIME" | "UNMANAGED_CODE_TIME"
-    ) || name.starts_with("Process64 ")
-        || name.starts_with("Process32 ")
-        || (name.starts_with("Thread (") && name.ends_with(')'))
-}
-
 /// Reads a Chromium trace-event JSON file. See the module documentation for the dialects.
 pub fn read(reader: impl BufRead) -> Result<Profile, FormatError> {
     let mut scanner = scan::Scanner::new(reader);

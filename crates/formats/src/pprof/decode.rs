@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use prost::Message;
 use rootline_profile::{
-    Frame, FrameId, FrameKind, Function, Mapping, MappingId, Profile, SampleType,
+    Frame, FrameId, FrameKind, Function, Mapping, MappingId, Profile, SampleType, TruncateReason,
 };
 
 use super::proto;
@@ -440,10 +440,7 @@ impl<'a> Converter<'a> {
                     }
                     if frames.is_empty() {
                         let marker = *empty_marker.get_or_insert_with(|| {
-                            profile.intern_named_frame(
-                                "[truncated: the pprof sample has no stack]",
-                                FrameKind::Truncated,
-                            )
+                            profile.intern_truncated(TruncateReason::NoStackInInput)
                         });
                         frames.push(marker);
                     }

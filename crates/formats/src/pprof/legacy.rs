@@ -11,7 +11,9 @@
 
 use std::collections::HashMap;
 
-use rootline_profile::{Frame, FrameKind, Function, Mapping, MappingId, Profile, SampleType};
+use rootline_profile::{
+    Frame, FrameKind, Function, Mapping, MappingId, Profile, SampleType, TruncateReason,
+};
 
 use crate::error::{FormatError, Position};
 
@@ -163,10 +165,7 @@ pub(super) fn read(bytes: &[u8]) -> Result<Profile, FormatError> {
         let stack = match parent {
             Some(stack) => stack,
             None => {
-                let marker = profile.intern_named_frame(
-                    "[truncated: the legacy sample has no addresses]",
-                    FrameKind::Truncated,
-                );
+                let marker = profile.intern_truncated(TruncateReason::NoStackInInput);
                 profile.intern_stack(None, marker)
             }
         };

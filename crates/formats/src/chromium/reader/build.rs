@@ -3,14 +3,15 @@
 
 use std::collections::HashMap;
 
-use rootline_profile::{FrameId, FrameKind, Profile, SampleType, StackId};
+use rootline_profile::{FrameId, FrameKind, Profile, SampleType, StackId, TruncateReason};
 
+use super::super::DOTNET_DEPTH_CAP;
 use super::super::scan::shorten;
 use super::super::timeline::{Context, NO_PARENT, StackRef};
-use super::super::{DOTNET_DEPTH_CAP, is_pseudo_frame};
 use super::{SfDef, TraceReader};
 use crate::WARNING_PREFIX;
 use crate::error::{FormatError, Position};
+use rootline_profile::pseudo::is_pseudo_name as is_pseudo_frame;
 
 impl TraceReader {
     /// The display name of key `key`.
@@ -254,13 +255,7 @@ impl TraceReader {
                     let name = self.sf_display_name(def);
                     profile.intern_named_frame(&name, self.frame_kind(&name))
                 }
-                None => profile.intern_named_frame(
-                    &format!(
-                        "[truncated: no stackFrames entry {}]",
-                        shorten(&self.sf_id(id))
-                    ),
-                    FrameKind::Truncated,
-                ),
+                None => profile.intern_truncated(TruncateReason::StackDefinitionMissing),
             };
             parent = Some(profile.intern_stack(parent, frame));
         }
