@@ -61,6 +61,8 @@ pub struct CaptureSource {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     reported_lost: u64,
+    /// Where the recorder counts its modules.
+    modules: rootline_image::ModuleBudget,
 }
 
 impl CaptureSource {
@@ -75,6 +77,7 @@ impl CaptureSource {
         // 8 MiB still covers the default main-thread and pthread stack sizes whole.
         options.live_stack_budget = AGENT_LIVE_STACK_BUDGET;
         options.module_budget = Some(config.modules.byte_budget);
+        let modules = options.modules.clone();
         options.dwarf_budget = Some(config.modules.dwarf_budget);
         // The agent does not profile itself: its samples are not even unwound.
         options.skip_own_process = true;
@@ -92,6 +95,7 @@ impl CaptureSource {
             shared,
             thread: Some(thread),
             reported_lost: 0,
+            modules,
         })
     }
 }
@@ -108,6 +112,10 @@ impl Drop for CaptureSource {
 }
 
 impl SampleSource for CaptureSource {
+    fn modules(&self) -> Option<rootline_image::ModuleBudget> {
+        Some(self.modules.clone())
+    }
+
     fn poll(
         &mut self,
         timeout: Duration,

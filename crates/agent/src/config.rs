@@ -401,7 +401,7 @@ impl AgentConfig {
                 self.stack_bytes
             )));
         }
-        let page_cache = rootline_capture::unwind::module::PAGE_CACHE_BYTES;
+        let page_cache = rootline_image::PAGE_CACHE_BYTES;
         if self.modules.byte_budget < 2 * page_cache {
             return Err(ConfigError::Invalid(format!(
                 "modules.byte_budget = {} bytes is too small: {page_cache} bytes of it are the code \

@@ -98,6 +98,7 @@ impl Agent {
         proc_root: &Path,
     ) -> Result<Agent, AgentError> {
         let targets = Targets::new(&config.targets, proc_root)?;
+        let modules = source.modules();
         let names = exporters.iter().map(|e| e.name().to_string()).collect();
         let now = crate::now_ns();
         let shared = Arc::new(Shared {
@@ -136,6 +137,7 @@ impl Agent {
             sequence: 0,
             last_status: Stats::default(),
             module_budget: config.modules.byte_budget,
+            modules,
         };
         let exporter = std::thread::Builder::new()
             .name("rootline-export".into())
@@ -384,6 +386,8 @@ struct ExportLoop {
     last_status: Stats,
     /// `modules.byte_budget`, named in the warning when stacks end at it.
     module_budget: usize,
+    /// Where the source counts its modules, when it loads any.
+    modules: Option<rootline_image::ModuleBudget>,
 }
 
 enum Take {
@@ -549,7 +553,7 @@ impl ExportLoop {
         let export_failed: u64 = now.exporters.iter().map(|e| e.failed).sum();
         let rss_bytes = crate::process::own_rss_bytes().unwrap_or(0);
         // Unwind tables and symbols of the binaries being profiled (`modules.byte_budget`).
-        let module_bytes = rootline_capture::unwind::module::live_module_bytes();
+        let module_bytes = self.modules.as_ref().map_or(0, |m| m.live_bytes());
         tracing::info!(
             samples = now.captured,
             lost = now.lost,

@@ -100,6 +100,12 @@ pub trait SampleSource: Send {
     fn set_targets(&mut self, _pids: Option<&[u32]>) -> Result<(), SourceError> {
         Ok(())
     }
+
+    /// Where the source counts the binaries, images and JIT tables it loads (None: it loads
+    /// none).
+    fn modules(&self) -> Option<rootline_image::ModuleBudget> {
+        None
+    }
 }
 
 /// The production source for `config`: rootline-capture's sampler on every CPU.

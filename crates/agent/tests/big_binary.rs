@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use callgraph::build_callgraph;
 use common::{CollectingExporter, rss_bytes, stats_or_skip_without_perf_events};
 use rootline_agent::{Agent, AgentConfig, TargetConfig};
-use rootline_capture::unwind::module::live_module_bytes;
 
 /// Bytes of padding added to the target's file (a section that is never loaded).
 const PADDING: u64 = 384 << 20;
@@ -62,6 +61,7 @@ fn a_binary_larger_than_the_memory_limit_is_profiled_within_it() {
     };
     let (exporter, collected, _) = CollectingExporter::new();
     let source = rootline_agent::default_source(&config).expect("sampler");
+    let modules = source.modules().expect("the sampler counts its modules");
     let me = std::process::id();
     let rss_before = rss_bytes(me);
     let agent = Agent::start(&config, source, vec![Box::new(exporter)]).unwrap();
@@ -69,7 +69,7 @@ fn a_binary_larger_than_the_memory_limit_is_profiled_within_it() {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(3) {
         peak_rss = peak_rss.max(rss_bytes(me));
-        peak_modules = peak_modules.max(live_module_bytes());
+        peak_modules = peak_modules.max(modules.live_bytes());
         std::thread::sleep(Duration::from_millis(20));
     }
     let result = agent.stop();

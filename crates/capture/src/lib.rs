@@ -22,6 +22,7 @@
 //! files ([`jit`]). The target is never stopped.
 
 pub mod jit;
+pub mod live;
 pub mod perf_event;
 pub mod process;
 pub mod recorder;

@@ -1,8 +1,8 @@
 //! JIT state shares the module memory budget with the ELF binaries: a runtime's symbol tables
 //! (perf map, jitdump) or a .NET ReadyToRun image's method table that does not fit is not kept,
 //! and stacks reaching that code end there with an explicit `[truncated: module-memory-limit]` —
-//! never a frame-pointer guess through code whose function bounds are unknown. (Alone in their
-//! test binary, one at a time: the budget counts every module this process holds.)
+//! never a frame-pointer guess through code whose function bounds are unknown. (One at a time:
+//! every cache and recording here counts its modules in the one budget [`modules`] gives.)
 
 mod jit;
 
@@ -17,8 +17,18 @@ use rootline_capture::jit::{ImageCache, ImageError, JitMaps, PerfMap};
 
 use rootline_capture::process::read_maps;
 use rootline_capture::recorder::{RecordOptions, Recording, Target, record};
-use rootline_capture::unwind::CodeModule;
-use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, TableCharge, live_module_bytes};
+use rootline_image::{CodeModule, ModuleBudget, PAGE_CACHE_BYTES};
+
+/// The module budget every cache and recording of these tests counts in.
+fn modules() -> &'static ModuleBudget {
+    static MODULES: std::sync::OnceLock<ModuleBudget> = std::sync::OnceLock::new();
+    MODULES.get_or_init(ModuleBudget::new)
+}
+
+/// Memory held by the modules counted in [`modules`].
+fn live_module_bytes() -> usize {
+    modules().live_bytes()
+}
 
 /// The memory the ELF binaries `pid` maps executable take as modules.
 fn elf_module_bytes(pid: u32) -> usize {
@@ -30,7 +40,7 @@ fn elf_module_bytes(pid: u32) -> usize {
         .collect();
     paths
         .iter()
-        .filter_map(|p| CodeModule::open(p, File::open(p).ok()?, None).ok())
+        .filter_map(|p| CodeModule::open(p, File::open(p).ok()?, &ModuleBudget::new(), None).ok())
         .map(|m| m.heap_bytes())
         .sum()
 }
@@ -42,6 +52,7 @@ fn record_with_budget(pid: u32, stack_bytes: u32, budget: usize) -> Recording {
     opts.stack_bytes = stack_bytes;
     opts.duration = Some(Duration::from_secs(3));
     opts.module_budget = Some(budget);
+    opts.modules = modules().clone();
     record(&opts, &AtomicBool::new(false), None).expect("records")
 }
 
@@ -88,12 +99,12 @@ fn an_image_another_process_loaded_is_shared(
     needed: usize,
 ) {
     let (first, second) = (start(dotnet, exe), start(dotnet, exe));
-    let mut jit = JitMaps::new();
+    let mut jit = JitMaps::new(modules().clone());
     // Room for CoreLib and the other, small images both targets load, but not for two CoreLibs.
     let others = needed / 2;
     jit.set_module_budget(PAGE_CACHE_BYTES + needed + others);
     let at = corelib_base(first.pid()) + 0x1000;
-    let blocker = TableCharge::new(others + 1);
+    let blocker = modules().charge(others + 1);
     eventually("CoreLib refused in the first target", || {
         let p = jit.process(first.pid());
         p.refresh();
@@ -140,7 +151,7 @@ fn images_past_the_budget_end_stacks_explicitly() {
     // The cache on its own: an image is counted while cached, refused past the budget, and let
     // go when another image needs the room and no process holds it.
     let xml_file = corelib_file.replace("System.Private.CoreLib.dll", "System.Private.Xml.dll");
-    let cache = ImageCache::default();
+    let cache = ImageCache::new(modules().clone());
     let image = cache
         .get(corelib_file)
         .expect("CoreLib is a ReadyToRun image");
@@ -148,7 +159,7 @@ fn images_past_the_budget_end_stacks_explicitly() {
     assert_eq!(live_module_bytes(), needed, "the cached image is counted");
     assert!(needed > 1 << 20, "CoreLib's methods take {needed} bytes");
     drop(image);
-    let tight = ImageCache::default();
+    let tight = ImageCache::new(modules().clone());
     tight.set_module_budget(PAGE_CACHE_BYTES + needed);
     match tight.get(corelib_file) {
         Err(ImageError::OverBudget { needed: n, .. }) => assert_eq!(n, needed),

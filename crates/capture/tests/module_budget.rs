@@ -1,6 +1,7 @@
 //! The memory budget for loaded binaries: a binary that does not fit is not loaded, and stacks
 //! that reach it end there with an explicit `[truncated: module-memory-limit]`, never with a guess.
-//! (Alone in its test binary: the budget counts every module this process holds.)
+//! The recording counts its modules in a budget the test owns, so the test reads that budget's
+//! live memory.
 
 use std::fs::File;
 use std::sync::atomic::AtomicBool;
@@ -10,8 +11,7 @@ mod callgraph;
 
 use callgraph::build_callgraph;
 use rootline_capture::recorder::{RecordOptions, Target, record};
-use rootline_capture::unwind::CodeModule;
-use rootline_capture::unwind::module::{PAGE_CACHE_BYTES, live_module_bytes};
+use rootline_image::{CodeModule, ModuleBudget, PAGE_CACHE_BYTES};
 
 #[test]
 fn binaries_past_the_budget_end_stacks_explicitly() {
@@ -19,17 +19,19 @@ fn binaries_past_the_budget_end_stacks_explicitly() {
         "module_budget_callgraph",
         &["-O0", "-fno-omit-frame-pointer"],
     );
-    let own = CodeModule::open("prog", File::open(&binary).unwrap(), None)
+    let modules = ModuleBudget::new();
+    let own = CodeModule::open("prog", File::open(&binary).unwrap(), &modules, None)
         .expect("the test program parses")
         .heap_bytes();
     let libc = CodeModule::open(
         "libc",
         File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap(),
+        &modules,
         None,
     )
     .expect("libc parses")
     .heap_bytes();
-    assert_eq!(live_module_bytes(), 0, "modules are freed when dropped");
+    assert_eq!(modules.live_bytes(), 0, "modules are freed when dropped");
     // Room for the program (mapped first, at the lowest address), the in-memory vDSO and the
     // code page cache, not for libc.
     let slack = 64 * 1024;
@@ -38,6 +40,7 @@ fn binaries_past_the_budget_end_stacks_explicitly() {
 
     let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "2".into(), "0".into()]));
     opts.module_budget = Some(budget);
+    opts.modules = modules.clone();
     let recording = record(&opts, &AtomicBool::new(false), None).expect("records");
     let profile = &recording.profile;
     let samples = profile.samples();
@@ -69,7 +72,7 @@ fn binaries_past_the_budget_end_stacks_explicitly() {
     assert_eq!(ended_at_budget, leaf);
     drop(recording);
     assert_eq!(
-        live_module_bytes(),
+        modules.live_bytes(),
         0,
         "the recording's modules are freed with it"
     );

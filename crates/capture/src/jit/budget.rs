@@ -1,13 +1,13 @@
 //! The memory a process's JIT state holds — the symbols of its perf map and jitdump file, the
 //! precompiled methods looked up, cached code and frame rules — counted in the module memory
-//! ([`live_module_bytes`](crate::unwind::module::live_module_bytes)) next to the binaries'.
+//! (the recorder's [`rootline_image::ModuleBudget`]) next to the binaries'.
 //!
 //! Under a module budget the caches go first; symbol tables that still do not fit are let go,
 //! and the process's code without a file image then ends its stacks with
 //! `[truncated: module-memory-limit]` (see [`JitProcess::code_refused`]) until the budget has
 //! room again, when its maps are read again from the start.
 
-use crate::unwind::module::{TableCharge, fits_budget};
+use rootline_image::TableCharge;
 
 use super::JitProcess;
 
@@ -43,20 +43,20 @@ impl JitProcess {
         // Our own count is not in the way of the check.
         self.charge = None;
         let Some(budget) = self.budget else {
-            self.charge = Some(TableCharge::new(total));
+            self.charge = Some(self.modules.charge(total));
             return;
         };
-        if !fits_budget(total, budget) {
+        if !self.modules.fits(total, budget) {
             self.code.clear();
             self.code_bytes = 0;
             self.rules.clear();
             let tables = self.table_bytes();
-            if !fits_budget(tables, budget) {
+            if !self.modules.fits(tables, budget) {
                 self.refuse_tables(tables);
                 return;
             }
         }
-        self.charge = Some(TableCharge::new(self.heap_bytes()));
+        self.charge = Some(self.modules.charge(self.heap_bytes()));
     }
 
     /// Lets go of every table (the maps are read again from the start once there is room).
@@ -84,7 +84,7 @@ impl JitProcess {
         };
         if self
             .budget
-            .is_some_and(|budget| !fits_budget(needed, budget))
+            .is_some_and(|budget| !self.modules.fits(needed, budget))
         {
             return true;
         }
@@ -104,7 +104,7 @@ impl JitProcess {
 mod tests {
     use super::super::{ImageCache, namespace_pid};
     use super::*;
-    use crate::unwind::module::PAGE_CACHE_BYTES;
+    use rootline_image::PAGE_CACHE_BYTES;
 
     #[test]
     fn jit_tables_past_the_budget_are_let_go_and_read_again_once_there_is_room() {

@@ -1,6 +1,6 @@
 //! ReadyToRun images read once for every process that maps them (the same CoreLib serves every
 //! .NET process of a host), held to the module memory budget: while cached, an image's method
-//! table counts in [`live_module_bytes`] next to the ELF modules'. An image that does not fit is
+//! table counts in the recorder's [`ModuleBudget`] next to the ELF modules'. An image that does not fit is
 //! refused (its frames then end their stacks, see [`super::JitProcess::image_refused`]); images
 //! no process holds any more are let go when the budget is under pressure.
 
@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 
 use super::r2r::{R2rError, R2rImage};
-use crate::unwind::module::{TableCharge, fits_budget, live_module_bytes};
+use rootline_image::{ModuleBudget, TableCharge};
 
 /// A file's device, inode, modification time and size.
 type FileIdentity = (u64, u64, i64, u64);
@@ -60,6 +60,8 @@ struct Images {
     entries: HashMap<FileIdentity, Cached>,
     /// Images refused for the budget: the memory their methods need and their mapped size.
     refused: HashMap<FileIdentity, (usize, u32)>,
+    /// Where the method tables are counted.
+    modules: ModuleBudget,
     budget: Option<usize>,
 }
 
@@ -75,13 +77,13 @@ impl Images {
         let Some(budget) = self.budget else {
             return Ok(());
         };
-        if !fits_budget(needed, budget) {
+        if !self.modules.fits(needed, budget) {
             self.release_unheld();
-            if !fits_budget(needed, budget) {
+            if !self.modules.fits(needed, budget) {
                 return Err(ImageError::OverBudget {
                     needed,
                     size,
-                    live: live_module_bytes(),
+                    live: self.modules.live_bytes(),
                     budget,
                 });
             }
@@ -98,6 +100,21 @@ pub struct ImageCache {
 }
 
 impl ImageCache {
+    /// An empty cache whose images are counted in `modules`.
+    pub fn new(modules: ModuleBudget) -> ImageCache {
+        ImageCache {
+            inner: Arc::new(Mutex::new(Images {
+                modules,
+                ..Images::default()
+            })),
+        }
+    }
+
+    /// Where the cached images are counted.
+    pub fn modules(&self) -> ModuleBudget {
+        self.lock().modules.clone()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Images> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -131,11 +148,12 @@ impl ImageCache {
         }
         images.refused.remove(&key);
         let image = Arc::new(image);
+        let charge = images.modules.charge(needed);
         images.entries.insert(
             key,
             Cached {
                 image: image.clone(),
-                charge: TableCharge::new(needed),
+                charge,
             },
         );
         Ok(image)
@@ -148,9 +166,10 @@ impl ImageCache {
 
     /// Whether an image needing `needed` bytes fits the budget now (always without one).
     pub fn has_room_for(&self, needed: usize) -> bool {
-        self.lock()
+        let images = self.lock();
+        images
             .budget
-            .is_none_or(|budget| fits_budget(needed, budget))
+            .is_none_or(|budget| images.modules.fits(needed, budget))
     }
 
     /// Under a budget, once modules hold more than three quarters of it or something was
@@ -159,7 +178,7 @@ impl ImageCache {
     pub fn sweep(&self, refused: bool) {
         let mut images = self.lock();
         if let Some(budget) = images.budget
-            && (refused || live_module_bytes() > budget / 4 * 3)
+            && (refused || images.modules.live_bytes() > budget / 4 * 3)
         {
             images.release_unheld();
         }

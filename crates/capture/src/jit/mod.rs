@@ -16,12 +16,11 @@
 //! the image itself ([`r2r`], [`ecma`]; each image read once for all processes and held to the
 //! module memory budget, [`images`]); reads JIT
 //! code from `/proc/PID/mem`, caching each function's bytes; and decides the frame state in JIT
-//! code ([`frame_state`]).
+//! code ([`rootline_unwind::x86_64::instruction_analysis::jit`]).
 
 mod budget;
 pub mod ecma;
 mod files;
-pub mod frame_state;
 pub mod images;
 pub mod jitdump;
 pub mod names;
@@ -42,8 +41,8 @@ pub use images::{ImageCache, ImageError};
 pub use names::{JitName, parse_name};
 pub use perfmap::{JitSymbol, PerfMap, SymbolTable};
 
-use crate::unwind::module::TableCharge;
 use crate::unwind::{Memory, NoCfiRule, ReadFailure, SampleStack};
+use rootline_image::{ModuleBudget, TableCharge};
 
 /// How often a missing perf map is looked for again.
 const OPEN_RETRY: Duration = Duration::from_millis(250);
@@ -84,6 +83,8 @@ pub struct JitProcess {
     /// Memory of the cached code.
     code_bytes: usize,
     rules: HashMap<(u64, bool), (Range<u64>, Option<NoCfiRule>)>,
+    /// Where the state's memory is counted.
+    modules: ModuleBudget,
     /// The module memory budget the state is held to (see the `budget` module).
     budget: Option<usize>,
     /// The state's count in the module memory.
@@ -94,6 +95,7 @@ pub struct JitProcess {
 
 impl JitProcess {
     fn new(pid: u32, image_cache: ImageCache, budget: Option<usize>) -> JitProcess {
+        let modules = image_cache.modules();
         JitProcess {
             pid,
             map: None,
@@ -112,6 +114,7 @@ impl JitProcess {
             code: HashMap::new(),
             code_bytes: 0,
             rules: HashMap::new(),
+            modules,
             budget,
             charge: None,
             tables_refused: None,
@@ -388,7 +391,7 @@ struct RefusedImage {
 }
 
 /// JIT state of every process seen.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct JitMaps {
     procs: HashMap<u32, JitProcess>,
     images: ImageCache,
@@ -396,9 +399,13 @@ pub struct JitMaps {
 }
 
 impl JitMaps {
-    /// No processes yet.
-    pub fn new() -> JitMaps {
-        JitMaps::default()
+    /// No processes yet; their JIT state and images are counted in `modules`.
+    pub fn new(modules: ModuleBudget) -> JitMaps {
+        JitMaps {
+            procs: HashMap::new(),
+            images: ImageCache::new(modules),
+            budget: None,
+        }
     }
 
     /// The state of process `pid` (created on first use; nothing is read until needed).
@@ -497,7 +504,12 @@ impl Memory for JitMemory<'_> {
         {
             return Some(*rule);
         }
-        let rule = frame_state::rule_in_memory(function.clone(), lookup, leaf, self);
+        let rule = rootline_unwind::x86_64::instruction_analysis::jit::rule_in_memory(
+            function.clone(),
+            lookup,
+            leaf,
+            self,
+        );
         if self.jit.rules.len() >= RULE_CACHE_ENTRIES {
             self.jit.rules.clear();
         }
@@ -569,7 +581,7 @@ mod tests {
         );
         let path = format!("/tmp/perfinfo-{}.map", namespace_pid(me));
         std::fs::write(&path, lines).unwrap();
-        let mut maps = JitMaps::new();
+        let mut maps = JitMaps::new(rootline_image::ModuleBudget::new());
         let p = maps.process(me);
         p.refresh();
         let _ = std::fs::remove_file(&path);

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender};
 
 use super::Processes;
-use crate::unwind::module::{fits_budget, live_module_bytes};
-use crate::unwind::{CodeModule, ModuleError, Region};
+use rootline_image::{ModuleBudget, ModuleError};
+
+use crate::unwind::{CodeModule, Region};
 
 /// A binary the profiler opened: the open file (kept so it stays readable after the target
 /// unmaps or deletes it) and its parse, when it parsed.
@@ -89,16 +90,18 @@ pub(super) struct Loader {
 }
 
 impl Processes {
-    /// No processes yet; binaries are parsed on a loader thread (see the module documentation).
-    /// Falls back to parsing on the calling thread if the thread cannot be started.
-    pub fn with_loader() -> Processes {
+    /// No processes yet; binaries are parsed on a loader thread (see the module documentation)
+    /// and counted in `modules`. Falls back to parsing on the calling thread if the thread
+    /// cannot be started.
+    pub fn with_loader(modules: ModuleBudget) -> Processes {
+        let counted = modules.clone();
         let (requests, rx) = std::sync::mpsc::channel::<LoadRequest>();
         let (tx, loaded) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("rootline-loader".into())
             .spawn(move || {
                 for LoadRequest { key, file, budget } in rx {
-                    let binary = Arc::new(parse_binary(&key.3, file, budget));
+                    let binary = Arc::new(parse_binary(&key.3, file, &counted, budget));
                     if tx.send(Loaded { key, binary }).is_err() {
                         break;
                     }
@@ -110,6 +113,7 @@ impl Processes {
                 loaded,
                 outstanding: 0,
             }),
+            modules,
             ..Processes::default()
         }
     }
@@ -182,7 +186,7 @@ impl Processes {
         }
     }
 
-    /// Limits the memory all loaded modules may hold ([`live_module_bytes`]): a binary that would
+    /// Limits the memory all loaded modules may hold ([`ModuleBudget::live_bytes`]): a binary that would
     /// take it past `bytes` is not loaded, and frames in it end their stacks
     /// ([`crate::unwind::TruncateReason::ModuleMemoryLimit`]) until there is room.
     pub fn set_module_budget(&mut self, bytes: usize) {
@@ -192,6 +196,11 @@ impl Processes {
     /// The memory budget for modules, if any.
     pub fn module_budget(&self) -> Option<usize> {
         self.module_budget
+    }
+
+    /// Where the modules of these processes are counted.
+    pub fn modules(&self) -> &ModuleBudget {
+        &self.modules
     }
 
     /// Whether a binary some tracked process maps was refused for the module budget.
@@ -208,7 +217,7 @@ impl Processes {
 
     pub(super) fn has_room_for(&self, needed: usize) -> bool {
         self.module_budget
-            .is_none_or(|budget| fits_budget(needed, budget))
+            .is_none_or(|budget| self.modules.fits(needed, budget))
     }
 
     /// Under a module budget, once modules hold more than three quarters of it, or something
@@ -224,7 +233,8 @@ impl Processes {
             return refused_elsewhere;
         };
         let refused_any = self.refuses_any();
-        let pressure = live_module_bytes() > budget / 4 * 3 || refused_any || refused_elsewhere;
+        let pressure =
+            self.modules.live_bytes() > budget / 4 * 3 || refused_any || refused_elsewhere;
         if !pressure {
             return false;
         }
@@ -247,7 +257,8 @@ impl Processes {
         if !refused_any {
             return refused_elsewhere;
         }
-        let room = |needed: usize| fits_budget(needed, budget);
+        let modules = self.modules.clone();
+        let room = |needed: usize| modules.fits(needed, budget);
         for state in self.procs.values_mut() {
             let retry: Vec<(u64, u64)> = state
                 .space
@@ -299,6 +310,7 @@ pub(super) fn open_file(pid: u32, start: u64, end: u64, path: &str) -> Option<Fi
 pub(super) fn parse_binary(
     path: &Arc<str>,
     file: Option<File>,
+    modules: &ModuleBudget,
     budget: Option<usize>,
 ) -> BinaryFile {
     let Some(file) = file else {
@@ -310,7 +322,9 @@ pub(super) fn parse_binary(
         };
     };
     // The parse needs its own handle; the original is kept if it fails.
-    let parsed = file.try_clone().map(|f| CodeModule::open(path, f, budget));
+    let parsed = file
+        .try_clone()
+        .map(|f| CodeModule::open(path, f, modules, budget));
     let (module, refused) = match parsed {
         Ok(Ok(m)) => (Some(Arc::new(m)), None),
         Ok(Err(ModuleError::OverBudget { needed, .. })) => (None, Some(needed)),
@@ -330,7 +344,7 @@ mod tests {
 
     #[test]
     fn refused_binaries_load_once_the_budget_has_room() {
-        let mut p = Processes::new();
+        let mut p = Processes::new(rootline_image::ModuleBudget::new());
         p.set_module_budget(0);
         let pid = std::process::id();
         let here = refused_binaries_load_once_the_budget_has_room as fn() as usize as u64;
@@ -353,7 +367,7 @@ mod tests {
 
     #[test]
     fn loader_thread_parses_off_the_caller_and_fills_pending_regions() {
-        let mut p = Processes::with_loader();
+        let mut p = Processes::with_loader(rootline_image::ModuleBudget::new());
         let pid = std::process::id();
         let here =
             loader_thread_parses_off_the_caller_and_fills_pending_regions as fn() as usize as u64;

@@ -23,6 +23,8 @@ mod binaries;
 pub use binaries::{BinaryFile, FileKey};
 use binaries::{FileEntry, LoadRequest, Loader, open_file, parse_binary, placeholder};
 
+use rootline_image::ModuleBudget;
+
 use crate::unwind::{AddressSpace, CodeModule};
 
 /// One line of `/proc/PID/maps`.
@@ -129,7 +131,9 @@ pub struct Processes {
     installed_pids: Vec<u32>,
     /// Address spaces retired so far (their keys count up).
     retired: u32,
-    /// Most memory all loaded modules may hold ([`live_module_bytes`]); None: no limit.
+    /// Where loaded modules are counted.
+    modules: ModuleBudget,
+    /// Most memory the modules counted in `modules` may hold; None: no limit.
     module_budget: Option<usize>,
     /// Memory of the modules tracked processes mapped at the last sweep.
     module_bytes_in_use: usize,
@@ -143,9 +147,13 @@ fn is_pseudo(path: &str) -> bool {
 }
 
 impl Processes {
-    /// No processes yet; binaries are parsed on the calling thread when first mapped.
-    pub fn new() -> Processes {
-        Processes::default()
+    /// No processes yet; binaries are parsed on the calling thread when first mapped, and
+    /// counted in `modules`.
+    pub fn new(modules: ModuleBudget) -> Processes {
+        Processes {
+            modules,
+            ..Processes::default()
+        }
     }
 
     /// Whether some region of `pid` waits for its binary.
@@ -365,15 +373,24 @@ impl Processes {
                                 }
                                 Err(e) => {
                                     self.loader = None;
-                                    let b =
-                                        Arc::new(parse_binary(&path, e.0.file, self.module_budget));
+                                    let b = Arc::new(parse_binary(
+                                        &path,
+                                        e.0.file,
+                                        &self.modules,
+                                        self.module_budget,
+                                    ));
                                     self.files.insert(cache_key, FileEntry::Ready(b.clone()));
                                     b
                                 }
                             }
                         }
                         None => {
-                            let b = Arc::new(parse_binary(&path, file, self.module_budget));
+                            let b = Arc::new(parse_binary(
+                                &path,
+                                file,
+                                &self.modules,
+                                self.module_budget,
+                            ));
                             if b.is_open() {
                                 self.files.insert(cache_key, FileEntry::Ready(b.clone()));
                             }
@@ -396,7 +413,7 @@ impl Processes {
         // guesswork): it is counted in the modules' memory but not held to the budget.
         let bytes = read_process_memory(pid, start, (end - start) as usize);
         let module = bytes.and_then(|b| {
-            CodeModule::parse("[vdso]", b.into(), None)
+            CodeModule::parse("[vdso]", b.into(), &self.modules, None)
                 .ok()
                 .map(Arc::new)
         });
@@ -453,7 +470,7 @@ mod tests {
 
     #[test]
     fn own_process_maps_have_this_binary_with_cfi() {
-        let mut p = Processes::new();
+        let mut p = Processes::new(rootline_image::ModuleBudget::new());
         let pid = std::process::id();
         let here = own_process_maps_have_this_binary_with_cfi as fn() as usize as u64;
         let state = p.get(pid);

@@ -9,14 +9,14 @@ use rootline_profile::{
 
 use super::pipeline::{Batch, NO_NODE, RawFrame, RawKind, RawMapping};
 use crate::jit::JitName;
-use crate::symbolize::{SymbolFrame, Symbolizer};
+use crate::symbolize::{SymbolFrame, Symbolizer, SymbolizerBudgets};
 
 /// Builds the profile from batches.
 pub(crate) struct Builder {
     pub profile: Profile,
     symbolizer: Symbolizer,
     /// DWARF and module budgets of the symbolizer.
-    budgets: (Option<usize>, Option<usize>),
+    budgets: SymbolizerBudgets,
     mappings: Vec<(RawMapping, Option<MappingId>)>,
     frame_map: Vec<Vec<FrameId>>,
     node_map: Vec<StackId>,
@@ -26,10 +26,10 @@ pub(crate) struct Builder {
 impl Builder {
     /// A builder adding to `profile`, with the symbolizer's budgets (see
     /// [`Symbolizer::with_budgets`]).
-    pub fn new(profile: Profile, budgets: (Option<usize>, Option<usize>)) -> Builder {
+    pub fn new(profile: Profile, budgets: SymbolizerBudgets) -> Builder {
         Builder {
             profile,
-            symbolizer: Symbolizer::with_budgets(budgets.0, budgets.1),
+            symbolizer: Symbolizer::with_budgets(budgets.clone()),
             budgets,
             mappings: Vec::new(),
             frame_map: Vec::new(),
@@ -46,7 +46,7 @@ impl Builder {
         let mut fresh = Profile::new(self.profile.sample_types().to_vec());
         fresh.metadata = self.profile.metadata.clone();
         self.profile = fresh;
-        self.symbolizer = Symbolizer::with_budgets(self.budgets.0, self.budgets.1);
+        self.symbolizer = Symbolizer::with_budgets(self.budgets.clone());
         self.mappings.clear();
         self.frame_map.clear();
         self.node_map.clear();

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use rootline_profile::{Profile, SampleType};
 
+pub use crate::perf_event::monotonic_ns;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, MAX_USER_CALLCHAIN, RecordError, RecordOptions,
     Recording, Retention, Target,
@@ -28,6 +29,7 @@ use crate::perf_event::{
     parse_record, pidfd, side_band_time,
 };
 use crate::process::thread_ids;
+use crate::symbolize::SymbolizerBudgets;
 
 /// How often the supervisor looks at the caller's stop flag (its only timed wake-up).
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -286,7 +288,12 @@ pub fn record(
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
     let skip_own_process = opts.skip_own_process;
-    let dwarf_budget = opts.dwarf_budget;
+    let modules = opts.modules.clone();
+    let symbolizer_budgets = SymbolizerBudgets {
+        dwarf: opts.dwarf_budget,
+        modules: opts.modules.clone(),
+        module_limit: opts.module_budget,
+    };
     let user_callchain = cfg.user_callchain;
     let period_nanos = match event_kind {
         EventKind::CpuClock => None,
@@ -303,7 +310,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile, (dwarf_budget, module_budget));
+                let mut builder = builder::Builder::new(profile, symbolizer_budgets);
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {
@@ -345,7 +352,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-reader".into())
             .spawn(move || {
-                let mut pipeline = Pipeline::new(kernel, period_nanos);
+                let mut pipeline = Pipeline::new(kernel, period_nanos, modules);
                 pipeline.set_live_stack_budget(live_stack_budget);
                 if let Some(bytes) = module_budget {
                     pipeline.set_module_budget(bytes);
@@ -574,17 +581,4 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
         m.extra
             .insert("callchain.capped".into(), cc.capped.to_string());
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds (the clock the samples use).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec we pass.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -1,6 +1,7 @@
 //! What a recording is asked for and what it gives back: the target, the options, the sink
 //! that receives flushed chunks (and how long samples are retained), errors and the result.
 
+use rootline_image::ModuleBudget;
 use std::ffi::OsString;
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -42,13 +43,17 @@ pub struct RecordOptions {
     pub live_stack_budget: usize,
     /// Ask the kernel for its frame-pointer walk of the user stack with each sample (up to
     /// [`MAX_USER_CALLCHAIN`] entries, capped by `kernel.perf_event_max_stack`) and cross-check
-    /// frames read from live memory against it (see [`crate::unwind::callchain`]).
+    /// frames read from live memory against it (see [`crate::live::callchain`]).
     pub user_callchain: bool,
     /// Most memory the loaded binaries (ELF unwind tables and symbols, .NET ReadyToRun images'
     /// method tables, JIT runtimes' symbols) may hold (None: no limit). A binary that does not fit is not loaded; stacks
     /// end at its frames with `[truncated: module-memory-limit]` until there is room (see
     /// [`crate::process::Processes::set_module_budget`], [`crate::jit::ImageCache`]).
     pub module_budget: Option<usize>,
+    /// Where the recording's binaries, .NET images and JIT tables are counted: the caller owns
+    /// it (and may read its [`ModuleBudget::live_bytes`] while recording); each recording gets a
+    /// fresh one by default.
+    pub modules: ModuleBudget,
     /// Leave the recording process's own samples out, unread (for a host-wide profiler that
     /// should not spend time and memory unwinding itself).
     pub skip_own_process: bool,
@@ -79,6 +84,7 @@ impl RecordOptions {
             live_stack_budget: DEFAULT_LIVE_STACK_BUDGET,
             user_callchain: true,
             module_budget: None,
+            modules: ModuleBudget::new(),
             skip_own_process: false,
             dwarf_budget: None,
         }

@@ -5,7 +5,7 @@
 //! above a caller frame `B` depend only on the unwinder's state at `B` (instruction, stack and
 //! frame pointers) and the words it reads at or above `B`'s stack pointer; a [`StackWatch`] on
 //! the return-address slot just below `B` proves those words unchanged (see
-//! [`crate::unwind::stack_watch`] for the argument). So, per thread:
+//! [`crate::live::stack_watch`] for the argument). So, per thread:
 //! 1. A sample that needs live memory and has no proof ends `[truncated: live-unproven]` at its
 //!    copy, and arms a watchpoint at a frame `B` well inside its copy ([`Phase::Armed`]).
 //! 2. A later sample, taken after arming, whose copy holds `B`'s slot and whose unwind passes
@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use crate::jit::JitMemory;
-use crate::unwind::stack_watch::StackWatch;
+use crate::live::stack_watch::StackWatch;
 use crate::unwind::{Memory, NoCfiRule, ReadFailure, Registers};
 
 /// Most threads with a watch (each holds one debug register of its thread).

@@ -4,7 +4,7 @@
 //! per mapping, one raw trie node per distinct (caller, frame) — then queues the sample. Frames
 //! past the copied stack are read live only with a proof from [`super::outer_cache`] (which also
 //! hands back the interned outer part of a deep stack that is proven unchanged), and are
-//! cross-checked against the kernel's callchain ([`crate::unwind::callchain`]).
+//! cross-checked against the kernel's callchain ([`crate::live::callchain`]).
 //!
 //! Binaries are parsed on a loader thread ([`Processes::with_loader`]). A sample whose unwind
 //! touched a region still waiting for its binary (or ended early in a process with such regions)
@@ -24,13 +24,13 @@ use std::time::Instant;
 use crate::jit::{JitMaps, JitMemory, JitName};
 use foldhash::{HashMap as FastMap, HashMapExt};
 
+use crate::live::{LiveMemory, callchain};
 use crate::perf_event::{Record, Sample, parse_record};
 use crate::process::{BinaryFile, FileKey, Processes, thread_name};
-use crate::unwind::module::live_module_bytes;
 use crate::unwind::{
-    LiveMemory, Memory, NoCfiRule, ReadFailure, Registers, SampleStack, StackEnd, TruncateReason,
-    callchain,
+    Memory, NoCfiRule, ReadFailure, Registers, SampleStack, StackEnd, TruncateReason,
 };
+use rootline_image::ModuleBudget;
 
 use super::outer_cache::{self, Observed, Outer, OuterCache, OuterCacheStats, Plan};
 
@@ -48,7 +48,7 @@ pub struct Stats {
     /// Distinct threads seen.
     pub threads: u64,
     /// Reads of live process memory past the copied stacks.
-    pub live: crate::unwind::live_memory::LiveStats,
+    pub live: crate::live::live_memory::LiveStats,
     /// Samples unwound with every register tracked (CFI that needs more than rip/rsp/rbp).
     pub full_register_unwinds: u64,
     /// Cross-checks of live frames against the kernel's frame-pointer callchain.
@@ -60,7 +60,7 @@ pub struct Stats {
     pub deferred: u64,
 }
 
-/// Counts of the kernel callchain cross-check (see [`crate::unwind::callchain`]).
+/// Counts of the kernel callchain cross-check (see [`crate::live::callchain`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallchainStats {
     /// The most entries a callchain may hold (`sample_max_stack`); 0 when not requested.
@@ -230,11 +230,12 @@ pub struct Pipeline {
 impl Pipeline {
     /// A pipeline. `period_nanos` converts one sample to CPU time when the event period is not in
     /// nanoseconds (hardware cycles); None for `cpu-clock`.
-    pub fn new(kernel: bool, period_nanos: Option<i64>) -> Pipeline {
+    /// Binaries, images and JIT tables are counted in `modules`.
+    pub fn new(kernel: bool, period_nanos: Option<i64>, modules: ModuleBudget) -> Pipeline {
         Pipeline {
             stats: Stats::default(),
-            processes: Processes::with_loader(),
-            jit: JitMaps::new(),
+            processes: Processes::with_loader(modules.clone()),
+            jit: JitMaps::new(modules),
             kernel,
             period_nanos,
             mappings: Vec::new(),
@@ -407,7 +408,7 @@ impl Pipeline {
     }
 
     /// Continues unwinding past each sample's copied stack by reading the live process, at most
-    /// `budget` bytes per sample (see [`crate::unwind::live_memory`]). Off until called.
+    /// `budget` bytes per sample (see [`crate::live::live_memory`]). Off until called.
     pub fn set_live_stack_budget(&mut self, budget: usize) {
         self.live = (budget > 0).then(|| LiveMemory::new(budget));
     }
@@ -420,7 +421,7 @@ impl Pipeline {
     /// watch cannot use it; samples set aside for a binary's parse would all predate it.
     pub fn parse_binaries_inline(&mut self) {
         let budget = self.processes.module_budget();
-        self.processes = Processes::new();
+        self.processes = Processes::new(self.processes.modules().clone());
         if let Some(bytes) = budget {
             self.processes.set_module_budget(bytes);
         }
@@ -661,7 +662,7 @@ impl Pipeline {
     /// over frees them.
     fn modules_held_only_by_tables(&self, refused: bool) -> bool {
         self.processes.module_budget().is_some_and(|budget| {
-            let live = live_module_bytes();
+            let live = self.processes.modules().live_bytes();
             let in_use = self.processes.module_bytes_in_use() + self.jit.bytes();
             (refused || live > budget / 4 * 3) && live.saturating_sub(in_use) > budget / 4
         })

@@ -16,6 +16,7 @@ use object::elf::FileHeader64;
 use object::read::elf::{FileHeader, SectionHeader};
 use object::{Endianness, elf};
 
+use super::SymbolizerBudgets;
 use crate::unwind::CodeModule;
 
 /// Batches a binary's DWARF stays loaded after its last use ([`DwarfCache::end_batch`]).
@@ -52,19 +53,17 @@ impl Entry {
 pub(super) struct DwarfCache {
     entries: HashMap<PathBuf, Entry>,
     batch: u64,
-    budget: Option<usize>,
-    module_budget: Option<usize>,
+    budgets: SymbolizerBudgets,
     bytes: usize,
     skipped: u64,
 }
 
 impl DwarfCache {
-    /// No DWARF loaded; at most `budget` bytes of it at once (None: no limit). Symbol tables of
-    /// separate debug files are modules, held to `module_budget` with the others.
-    pub fn new(budget: Option<usize>, module_budget: Option<usize>) -> DwarfCache {
+    /// No DWARF loaded; at most `budgets.dwarf` bytes of it at once. Symbol tables of separate
+    /// debug files are modules, held to the module budget with the others.
+    pub fn new(budgets: SymbolizerBudgets) -> DwarfCache {
         DwarfCache {
-            budget,
-            module_budget,
+            budgets,
             ..DwarfCache::default()
         }
     }
@@ -123,7 +122,13 @@ impl DwarfCache {
         let symbols = debug_file
             .and_then(|f| File::open(&f).ok().map(|file| (f, file)))
             .and_then(|(f, file)| {
-                CodeModule::open(&f.to_string_lossy(), file, self.module_budget).ok()
+                CodeModule::open(
+                    &f.to_string_lossy(),
+                    file,
+                    &self.budgets.modules,
+                    self.budgets.module_limit,
+                )
+                .ok()
             });
         Entry {
             loader: None,
@@ -136,7 +141,7 @@ impl DwarfCache {
     /// Lets go of DWARF not used in this batch, least recently used first, until `cost` more
     /// bytes fit in the budget; false when they cannot.
     fn make_room(&mut self, cost: usize) -> bool {
-        let Some(budget) = self.budget else {
+        let Some(budget) = self.budgets.dwarf else {
             return true;
         };
         if cost > budget {

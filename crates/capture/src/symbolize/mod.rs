@@ -18,6 +18,19 @@ pub struct SymbolFrame {
 mod dwarf;
 
 use dwarf::DwarfCache;
+use rootline_image::ModuleBudget;
+
+/// The memory a [`Symbolizer`] may hold: parsed DWARF, and the modules it loads for separate
+/// debug files' symbol tables (counted with the recorder's other modules).
+#[derive(Debug, Clone, Default)]
+pub struct SymbolizerBudgets {
+    /// Most bytes of parsed DWARF at once (None: no limit).
+    pub dwarf: Option<usize>,
+    /// Where loaded modules are counted.
+    pub modules: ModuleBudget,
+    /// Most memory the modules counted in `modules` may hold (None: no limit).
+    pub module_limit: Option<usize>,
+}
 
 /// Turns addresses into function names. A binary's DWARF is loaded when first needed and kept
 /// while it is in use, within an optional memory budget (see [`Symbolizer::with_budgets`]).
@@ -33,13 +46,12 @@ impl Symbolizer {
         Symbolizer::default()
     }
 
-    /// An empty symbolizer that holds at most about `dwarf_budget` bytes of parsed DWARF at once
-    /// (None: no limit). Binaries whose DWARF does not fit are named from their symbol tables (and
-    /// a separate debug file's, loaded as a module within `module_budget`), without inlined frames
-    /// or source lines.
-    pub fn with_budgets(dwarf_budget: Option<usize>, module_budget: Option<usize>) -> Symbolizer {
+    /// An empty symbolizer held to `budgets`. Binaries whose DWARF does not fit are named from
+    /// their symbol tables (and a separate debug file's, loaded as a module within the module
+    /// budget), without inlined frames or source lines.
+    pub fn with_budgets(budgets: SymbolizerBudgets) -> Symbolizer {
         Symbolizer {
-            dwarf: DwarfCache::new(dwarf_budget, module_budget),
+            dwarf: DwarfCache::new(budgets),
             kallsyms: None,
         }
     }
@@ -225,11 +237,17 @@ mod tests {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let cost = dwarf::dwarf_cost(&exe).expect("ELF");
         assert!(cost > 100_000, "the test binary's DWARF costs {cost}");
-        let mut s = Symbolizer::with_budgets(Some(cost - 1), None);
+        let mut s = Symbolizer::with_budgets(SymbolizerBudgets {
+            dwarf: Some(cost - 1),
+            ..SymbolizerBudgets::default()
+        });
         s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
         assert!(!s.dwarf.is_loaded(&exe));
         assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (0, 1));
-        let mut s = Symbolizer::with_budgets(Some(cost), None);
+        let mut s = Symbolizer::with_budgets(SymbolizerBudgets {
+            dwarf: Some(cost),
+            ..SymbolizerBudgets::default()
+        });
         s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
         assert!(s.dwarf.is_loaded(&exe));
         assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (cost, 0));

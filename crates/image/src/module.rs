@@ -1,85 +1,18 @@
 //! One loaded ELF file as the unwinder sees it: its unwind sections, CFI coverage, function starts
 //! and symbols. The file stays on disk: only the unwind sections (`.eh_frame`, `.eh_frame_hdr`,
 //! `.debug_frame`) and compact tables are kept in memory; code bytes and symbol names are read
-//! when asked for (module `bytes`). Every module's memory is counted ([`live_module_bytes`]) so a
+//! when asked for (module `bytes`). Every module's memory is counted ([`ModuleBudget::live_bytes`]) so a
 //! long-running profiler can bound it. Nothing here touches a process.
 
-mod bytes;
-mod layout;
-
-pub use bytes::PAGE_CACHE_BYTES;
-
 use std::fs::File;
-use std::ops::{Deref, Range};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::cfi::CfiIndex;
-use bytes::ModuleBytes;
-use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use rootline_unwind::{Binary, Section, SectionLayout, UnwindSections};
 
-/// Memory held by the tables of every [`CodeModule`] alive in this process, in bytes.
-static TABLE_BYTES: AtomicUsize = AtomicUsize::new(0);
-/// Memory held by the code pages all modules have cached, in bytes (at most
-/// [`bytes::PAGE_CACHE_BYTES`] and a page).
-static PAGE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-/// Memory held by every [`CodeModule`] alive in this process, in bytes: their
-/// [`CodeModule::heap_bytes`] and the code pages they have cached.
-pub fn live_module_bytes() -> usize {
-    TABLE_BYTES.load(Ordering::Relaxed) + PAGE_BYTES.load(Ordering::Relaxed)
-}
-
-/// Whether a module holding `needed` bytes fits in `budget` next to the live ones (the code page
-/// cache all modules share, [`PAGE_CACHE_BYTES`], has its room set aside).
-pub fn fits_budget(needed: usize, budget: usize) -> bool {
-    let room = budget.saturating_sub(PAGE_CACHE_BYTES);
-    TABLE_BYTES.load(Ordering::Relaxed).saturating_add(needed) <= room
-}
-
-/// The memory `budget` has room for next to the live modules (the code page cache's room set
-/// aside).
-fn room_in_budget(budget: usize) -> usize {
-    budget
-        .saturating_sub(PAGE_CACHE_BYTES)
-        .saturating_sub(TABLE_BYTES.load(Ordering::Relaxed))
-}
-
-/// Memory held for unwinding and naming by tables other than a [`CodeModule`]'s (a ReadyToRun
-/// image's methods), counted in [`live_module_bytes`] from [`TableCharge::new`] until dropped:
-/// every kind of module shares one budget.
-#[derive(Debug)]
-pub struct TableCharge(usize);
-
-impl TableCharge {
-    /// Counts `bytes` in [`live_module_bytes`].
-    pub fn new(bytes: usize) -> TableCharge {
-        TABLE_BYTES.fetch_add(bytes, Ordering::Relaxed);
-        TableCharge(bytes)
-    }
-
-    /// The bytes counted.
-    pub fn bytes(&self) -> usize {
-        self.0
-    }
-}
-
-impl Drop for TableCharge {
-    fn drop(&mut self) {
-        TABLE_BYTES.fetch_sub(self.0, Ordering::Relaxed);
-    }
-}
-
-/// What is wrong with an ELF file.
-#[derive(Debug, thiserror::Error)]
-pub enum ElfError {
-    /// The parser's error (malformed headers or tables).
-    #[error(transparent)]
-    Malformed(#[from] object::Error),
-    /// A well-formed file of a kind the unwinder does not read.
-    #[error("{0}")]
-    Unsupported(&'static str),
-}
+use crate::ElfError;
+use crate::budget::ModuleBudget;
+use crate::bytes::ModuleBytes;
+use crate::layout;
 
 /// Why an ELF file could not be used for unwinding.
 #[derive(Debug, thiserror::Error)]
@@ -110,24 +43,6 @@ pub enum ModuleError {
     },
 }
 
-/// An unwind section's bytes, handed to framehop as section data.
-#[derive(Clone)]
-pub struct SectionBytes(Arc<[u8]>);
-
-impl Deref for SectionBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-/// An unwind section in memory, with its link-time address range.
-#[derive(Debug, Clone)]
-struct Section {
-    svma: Range<u64>,
-    data: Arc<[u8]>,
-}
-
 /// A loadable segment: link-time address range and where its bytes lie in the file.
 #[derive(Debug, Clone, Copy)]
 pub struct Segment {
@@ -143,7 +58,7 @@ pub struct Segment {
 
 /// Where a symbol's name lies.
 #[derive(Debug, Clone, Copy)]
-enum NameRef {
+pub(crate) enum NameRef {
     /// The NUL-terminated name at this file offset.
     At(u64),
     /// A PLT stub: the name at this offset, then `@plt`.
@@ -154,10 +69,10 @@ enum NameRef {
 
 /// A function symbol: its link-time address range and where its name lies.
 #[derive(Debug, Clone, Copy)]
-struct Symbol {
-    start: u64,
-    end: u64,
-    name: NameRef,
+pub(crate) struct Symbol {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) name: NameRef,
 }
 
 /// A parsed ELF file: everything the unwinder needs, keyed by link-time addresses (SVMA).
@@ -165,31 +80,26 @@ pub struct CodeModule {
     name: String,
     bytes: ModuleBytes,
     segments: Vec<Segment>,
-    text: Option<Range<u64>>,
-    eh_frame: Option<Section>,
-    eh_frame_hdr: Option<Section>,
-    /// Whether `.eh_frame_hdr`'s table lists exactly the FDEs of `.eh_frame` (framehop looks
-    /// addresses up through it; a table missing an FDE would make it guess frame pointers).
-    hdr_complete: bool,
-    debug_frame: Option<Section>,
-    got: Option<Range<u64>>,
-    eh_cfi: CfiIndex,
-    debug_cfi: CfiIndex,
+    sections: Arc<UnwindSections>,
     functions: Vec<(u64, u64)>,
     symbols: Vec<Symbol>,
     thread_entries: Vec<(u64, u64)>,
     build_id: Option<String>,
     debug_info: bool,
     heap_bytes: usize,
+    /// Where `heap_bytes` is counted.
+    budget: ModuleBudget,
 }
 
 impl std::fmt::Debug for CodeModule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CodeModule")
             .field("name", &self.name)
-            .field("eh_fdes", &self.eh_cfi.len())
-            .field("debug_fdes", &self.debug_cfi.len())
-            .field("eh_frame_hdr_complete", &self.hdr_complete)
+            .field("fdes", &self.sections.fde_counts())
+            .field(
+                "eh_frame_hdr_complete",
+                &self.sections.eh_frame_hdr_complete(),
+            )
             .field("functions", &self.functions.len())
             .field("heap_bytes", &self.heap_bytes)
             .finish()
@@ -198,54 +108,61 @@ impl std::fmt::Debug for CodeModule {
 
 impl Drop for CodeModule {
     fn drop(&mut self) {
-        TABLE_BYTES.fetch_sub(self.heap_bytes, Ordering::Relaxed);
+        self.budget.sub_tables(self.heap_bytes);
     }
 }
 
 impl CodeModule {
     /// Parses the ELF file `file`, reading only its headers, symbol tables and unwind sections;
     /// the file is kept open for code bytes and names. `name` is used in messages and as
-    /// framehop's module name.
+    /// framehop's module name. The module's memory is counted in `budget` while it lives.
     ///
-    /// With a `budget`, the file is refused ([`ModuleError::OverBudget`]) when it would take the
-    /// memory of all live modules ([`live_module_bytes`]) past it (the code page cache all modules
-    /// share, [`PAGE_CACHE_BYTES`], has its room set aside): checked from the headers before the
+    /// With a `limit`, the file is refused ([`ModuleError::OverBudget`]) when it would take the
+    /// memory counted in `budget` past it (the code page cache all modules share,
+    /// [`crate::PAGE_CACHE_BYTES`], has its room set aside): checked from the headers before the
     /// unwind sections are read, and again once the module is built.
-    pub fn open(name: &str, file: File, budget: Option<usize>) -> Result<CodeModule, ModuleError> {
-        let bytes = ModuleBytes::from_file(file);
-        let layout = bytes.read_layout(budget.map(room_in_budget));
-        CodeModule::build(name, layout, bytes, budget)
+    pub fn open(
+        name: &str,
+        file: File,
+        budget: &ModuleBudget,
+        limit: Option<usize>,
+    ) -> Result<CodeModule, ModuleError> {
+        let bytes = ModuleBytes::from_file(file, budget);
+        let layout = bytes.read_layout(limit.map(|l| budget.room(l)));
+        CodeModule::build(name, layout, bytes, budget, limit)
     }
 
-    /// Parses an ELF file already in memory (the vDSO). `name` and `budget` as for
+    /// Parses an ELF file already in memory (the vDSO). `name`, `budget` and `limit` as for
     /// [`CodeModule::open`].
     pub fn parse(
         name: &str,
         bytes: Arc<[u8]>,
-        budget: Option<usize>,
+        budget: &ModuleBudget,
+        limit: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
-        let bytes = ModuleBytes::memory(bytes);
-        let layout = bytes.read_layout(budget.map(room_in_budget));
-        CodeModule::build(name, layout, bytes, budget)
+        let bytes = ModuleBytes::memory(bytes, budget);
+        let layout = bytes.read_layout(limit.map(|l| budget.room(l)));
+        CodeModule::build(name, layout, bytes, budget, limit)
     }
 
     fn build(
         name: &str,
         layout: Result<layout::Layout, ElfError>,
         bytes: ModuleBytes,
-        budget: Option<usize>,
+        budget: &ModuleBudget,
+        limit: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
         let layout = layout.map_err(|source| ModuleError::Parse {
             name: name.to_string(),
             source,
         })?;
         let over_budget = |needed: usize| {
-            let budget = budget?;
-            (!fits_budget(needed, budget)).then(|| ModuleError::OverBudget {
+            let limit = limit?;
+            (!budget.fits(needed, limit)).then(|| ModuleError::OverBudget {
                 name: name.to_string(),
                 needed,
-                live: live_module_bytes(),
-                budget,
+                live: budget.live_bytes(),
+                budget: limit,
             })
         };
         // A layout read only up to the room left carries the extrapolated need, past the room.
@@ -258,8 +175,8 @@ impl CodeModule {
             return Err(ModuleError::OverBudget {
                 name: name.to_string(),
                 needed: estimate,
-                live: live_module_bytes(),
-                budget: budget.unwrap_or(0),
+                live: budget.live_bytes(),
+                budget: limit.unwrap_or(0),
             });
         }
         let file_len = bytes.len();
@@ -275,29 +192,27 @@ impl CodeModule {
                 data: data.into(),
             })
         };
-        let eh_frame = section(layout.eh_frame);
-        let eh_frame_hdr = section(layout.eh_frame_hdr);
-        let debug_frame = section(layout.debug_frame);
+        let sections = UnwindSections::new(SectionLayout {
+            text: layout.text,
+            got: layout.got,
+            eh_frame: section(layout.eh_frame),
+            eh_frame_hdr: section(layout.eh_frame_hdr),
+            debug_frame: section(layout.debug_frame),
+        });
         let module = CodeModule {
             name: name.to_string(),
             bytes,
             segments: layout.segments,
-            text: layout.text,
-            eh_frame,
-            eh_frame_hdr,
-            hdr_complete: false,
-            debug_frame,
-            got: layout.got,
-            eh_cfi: CfiIndex::default(),
-            debug_cfi: CfiIndex::default(),
+            sections: Arc::new(sections),
             functions: layout.functions,
             symbols: layout.symbols,
             thread_entries: layout.thread_entries,
             build_id: layout.build_id,
             debug_info: layout.debug_info,
             heap_bytes: 0,
-        };
-        let module = module.finish();
+            budget: budget.clone(),
+        }
+        .counted();
         // The estimate may be short (the FDE count is only known now): check what was built.
         if let Some(refused) = over_budget(0) {
             let needed = module.heap_bytes;
@@ -317,28 +232,17 @@ impl CodeModule {
         Ok(module)
     }
 
-    /// Indexes the unwind sections and counts the module's memory.
-    fn finish(mut self) -> CodeModule {
-        self.eh_cfi = self.cfi_index(false);
-        self.debug_cfi = self.cfi_index(true);
-        self.hdr_complete = self.hdr_lists_every_fde();
+    /// Measures the module and counts it in its budget.
+    fn counted(mut self) -> CodeModule {
         self.heap_bytes = self.measure();
-        TABLE_BYTES.fetch_add(self.heap_bytes, Ordering::Relaxed);
+        self.budget.add_tables(self.heap_bytes);
         self
     }
 
-    /// Memory this module holds (unwind sections, indexes, tables), plus framehop's index of its
-    /// FDEs.
     fn measure(&self) -> usize {
-        let section = |s: &Option<Section>| s.as_ref().map_or(0, |s| s.data.len());
         std::mem::size_of::<CodeModule>()
             + self.name.len()
-            + section(&self.eh_frame)
-            + section(&self.eh_frame_hdr)
-            + section(&self.debug_frame)
-            + self.eh_cfi.heap_bytes()
-            + self.debug_cfi.heap_bytes()
-            + (self.eh_cfi.len() + self.debug_cfi.len()) * 8
+            + self.sections.heap_bytes()
             + self.segments.capacity() * std::mem::size_of::<Segment>()
             + self.functions.capacity() * 16
             + self.symbols.capacity() * std::mem::size_of::<Symbol>()
@@ -351,7 +255,7 @@ impl CodeModule {
     }
 
     /// Memory this module holds, in bytes: its unwind sections, FDE indexes, symbol and function
-    /// tables (the code pages it caches, at most 128 KiB, are counted in [`live_module_bytes`]
+    /// tables (the code pages it caches, at most 128 KiB, are counted in [`ModuleBudget::live_bytes`]
     /// while cached). The file itself is not read into memory.
     pub fn heap_bytes(&self) -> usize {
         self.heap_bytes
@@ -365,7 +269,7 @@ impl CodeModule {
     /// Whether framehop may look addresses up through `.eh_frame_hdr` (its table lists every
     /// FDE); otherwise it indexes `.eh_frame` itself.
     pub fn eh_frame_hdr_complete(&self) -> bool {
-        self.hdr_complete
+        self.sections.eh_frame_hdr_complete()
     }
 
     /// Hex GNU build id, when the file has one.
@@ -381,30 +285,28 @@ impl CodeModule {
 
     /// Whether the file has any CFI (`.eh_frame` or `.debug_frame` FDEs).
     pub fn has_cfi(&self) -> bool {
-        !self.eh_cfi.is_empty() || !self.debug_cfi.is_empty()
+        self.sections.has_cfi()
     }
 
     /// Number of FDEs in `.eh_frame` and in `.debug_frame`.
     pub fn fde_counts(&self) -> (usize, usize) {
-        (self.eh_cfi.len(), self.debug_cfi.len())
+        self.sections.fde_counts()
     }
 
     /// Link-time address ranges whose CFI rows need full-register evaluation (`.eh_frame`
-    /// ranges, then `.debug_frame` ones): see [`super::cfi`].
+    /// ranges, then `.debug_frame` ones): see [`rootline_unwind::cfi`].
     pub fn full_register_ranges(&self) -> Vec<(u64, u64)> {
-        let mut v = self.eh_cfi.full_register_ranges().to_vec();
-        v.extend_from_slice(self.debug_cfi.full_register_ranges());
-        v
+        self.sections.full_register_ranges()
     }
 
     /// Whether an `.eh_frame` FDE covers the link-time address `svma`.
     pub fn eh_frame_covers(&self, svma: u64) -> bool {
-        self.eh_cfi.covers(svma)
+        self.sections.eh_frame_covers(svma)
     }
 
     /// Whether a `.debug_frame` FDE covers the link-time address `svma`.
     pub fn debug_frame_covers(&self, svma: u64) -> bool {
-        self.debug_cfi.covers(svma)
+        self.sections.debug_frame_covers(svma)
     }
 
     /// Start of the function containing `svma`, from the symbol tables (None when unknown).
@@ -487,93 +389,6 @@ impl CodeModule {
         let n = self.bytes.read_cached(offset, &mut buf[..len]);
         (n == len).then_some(&buf[..n])
     }
-
-    /// framehop section info exposing `.eh_frame` (+ header) only, or `.debug_frame` only.
-    pub(crate) fn section_info(self: &Arc<Self>, debug_frame: bool) -> ModuleSections {
-        ModuleSections {
-            module: self.clone(),
-            debug_frame,
-        }
-    }
-
-    /// The FDE index of `.debug_frame` (`debug`) or `.eh_frame`.
-    pub(crate) fn cfi(&self, debug: bool) -> &CfiIndex {
-        if debug { &self.debug_cfi } else { &self.eh_cfi }
-    }
-
-    /// The base addresses for reading `.eh_frame` (`debug` false) or `.debug_frame`.
-    pub(crate) fn cfi_bases(&self, debug: bool) -> BaseAddresses {
-        let mut bases = BaseAddresses::default();
-        if let Some(t) = &self.text {
-            bases = bases.set_text(t.start);
-        }
-        if let Some(g) = &self.got {
-            bases = bases.set_got(g.start);
-        }
-        if !debug {
-            if let Some(s) = &self.eh_frame {
-                bases = bases.set_eh_frame(s.svma.start);
-            }
-            if let Some(h) = &self.eh_frame_hdr {
-                bases = bases.set_eh_frame_hdr(h.svma.start);
-            }
-        }
-        bases
-    }
-
-    /// The bytes of `.eh_frame`, when present.
-    pub(crate) fn eh_frame_bytes(&self) -> Option<&[u8]> {
-        self.eh_frame.as_ref().map(|s| &*s.data)
-    }
-
-    /// The bytes of `.debug_frame`, when present.
-    pub(crate) fn debug_frame_bytes(&self) -> Option<&[u8]> {
-        self.debug_frame.as_ref().map(|s| &*s.data)
-    }
-
-    /// Whether the `.eh_frame_hdr` search table has one entry per `.eh_frame` FDE, at the same
-    /// start addresses.
-    fn hdr_lists_every_fde(&self) -> bool {
-        let Some(h) = &self.eh_frame_hdr else {
-            return false;
-        };
-        let bases = self.cfi_bases(false);
-        let hdr = gimli::EhFrameHdr::new(&h.data, LittleEndian);
-        let Ok(parsed) = hdr.parse(&bases, 8) else {
-            return false;
-        };
-        let Some(table) = parsed.table() else {
-            return false;
-        };
-        let mut starts = Vec::with_capacity(self.eh_cfi.len());
-        let mut iter = table.iter(&bases);
-        loop {
-            match iter.next() {
-                Ok(Some((gimli::Pointer::Direct(start), _))) => starts.push(start),
-                Ok(None) => break,
-                _ => return false,
-            }
-        }
-        starts.sort_unstable();
-        starts == self.eh_cfi.starts()
-    }
-
-    fn cfi_index(&self, debug: bool) -> CfiIndex {
-        let bases = self.cfi_bases(debug);
-        if debug {
-            let Some(bytes) = self.debug_frame_bytes() else {
-                return CfiIndex::default();
-            };
-            let mut section = DebugFrame::new(bytes, LittleEndian);
-            section.set_address_size(8);
-            CfiIndex::build(&section, &bases)
-        } else {
-            let Some(bytes) = self.eh_frame_bytes() else {
-                return CfiIndex::default();
-            };
-            CfiIndex::build(&EhFrame::new(bytes, LittleEndian), &bases)
-        }
-    }
 }
 
 #[cfg(test)]
@@ -598,77 +413,65 @@ impl CodeModule {
             });
             bytes.extend_from_slice(name.as_bytes());
             bytes.push(0);
-            if super::policy::is_thread_entry(name) {
+            if rootline_unwind::policy::is_thread_entry(name) {
                 thread_entries.push((start, end));
             }
         }
         CodeModule {
             name: "synthetic".into(),
-            bytes: ModuleBytes::memory(bytes.into()),
+            bytes: ModuleBytes::memory(bytes.into(), &ModuleBudget::new()),
             segments: vec![Segment {
                 vaddr: text_svma,
                 offset: 0,
                 filesz: code.len() as u64,
                 exec: true,
             }],
-            text: Some(text_svma..text_svma + code.len() as u64),
-            eh_frame: (!eh_frame.is_empty()).then(|| Section {
-                svma: eh_frame_svma..eh_frame_svma + eh_frame.len() as u64,
-                data: eh_frame.into(),
-            }),
-            eh_frame_hdr: None,
-            hdr_complete: false,
-            debug_frame: None,
-            got: None,
-            eh_cfi: CfiIndex::default(),
-            debug_cfi: CfiIndex::default(),
+            sections: Arc::new(UnwindSections::new(SectionLayout {
+                text: Some(text_svma..text_svma + code.len() as u64),
+                eh_frame: (!eh_frame.is_empty()).then(|| Section {
+                    svma: eh_frame_svma..eh_frame_svma + eh_frame.len() as u64,
+                    data: eh_frame.into(),
+                }),
+                ..SectionLayout::default()
+            })),
             functions: symbols.iter().map(|s| (s.0, s.1)).collect(),
             symbols: table,
             thread_entries,
             build_id: None,
             debug_info: false,
             heap_bytes: 0,
+            budget: ModuleBudget::new(),
         }
-        .finish()
+        .counted()
     }
 }
 
-/// framehop's view of a module's sections: either the `.eh_frame` family or `.debug_frame`.
-pub(crate) struct ModuleSections {
-    module: Arc<CodeModule>,
-    debug_frame: bool,
-}
-
-impl framehop::ModuleSectionInfo<SectionBytes> for ModuleSections {
-    fn base_svma(&self) -> u64 {
-        0
+impl Binary for CodeModule {
+    fn name(&self) -> &str {
+        &self.name
     }
 
-    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
-        let m = &self.module;
-        match name {
-            b".text" => m.text.clone(),
-            b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref().map(|s| s.svma.clone()),
-            b".eh_frame_hdr" if !self.debug_frame && m.hdr_complete => {
-                m.eh_frame_hdr.as_ref().map(|s| s.svma.clone())
-            }
-            b".got" => m.got.clone(),
-            _ => None,
-        }
+    fn unwind_sections(&self) -> &Arc<UnwindSections> {
+        &self.sections
     }
 
-    fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
-        // Code bytes are not needed for ELF CFI (framehop analyses instructions only for Mach-O).
-        let m = &self.module;
-        let s = match name {
-            b".eh_frame" if !self.debug_frame => m.eh_frame.as_ref(),
-            b".eh_frame_hdr" if !self.debug_frame && m.hdr_complete => m.eh_frame_hdr.as_ref(),
-            b".debug_frame" if self.debug_frame => m.debug_frame.as_ref(),
-            _ => None,
-        };
-        s.map(|s| SectionBytes(s.data.clone()))
+    fn code<'b>(&self, svma: u64, buf: &'b mut [u8]) -> Option<&'b [u8]> {
+        CodeModule::code(self, svma, buf)
+    }
+
+    fn function_start(&self, svma: u64) -> Option<u64> {
+        CodeModule::function_start(self, svma)
+    }
+
+    fn in_thread_entry(&self, svma: u64) -> bool {
+        CodeModule::in_thread_entry(self, svma)
+    }
+
+    fn svma_of_file_offset(&self, offset: u64) -> Option<u64> {
+        CodeModule::svma_of_file_offset(self, offset)
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -694,22 +497,16 @@ mod tests {
         ];
         let module = CodeModule {
             name: "x".into(),
-            bytes: ModuleBytes::memory(Arc::from(&[][..])),
+            bytes: ModuleBytes::memory(Arc::from(&[][..]), &ModuleBudget::new()),
             segments,
-            text: None,
-            eh_frame: None,
-            eh_frame_hdr: None,
-            hdr_complete: false,
-            debug_frame: None,
-            got: None,
-            eh_cfi: CfiIndex::default(),
-            debug_cfi: CfiIndex::default(),
+            sections: Arc::new(UnwindSections::new(SectionLayout::default())),
             functions: Vec::new(),
             symbols: Vec::new(),
             thread_entries: Vec::new(),
             build_id: None,
             debug_info: false,
             heap_bytes: 0,
+            budget: ModuleBudget::new(),
         };
         assert_eq!(module.svma_of_file_offset(0x249000), Some(0x24a000));
         assert_eq!(module.svma_of_file_offset(0x1000), Some(0x1000));
@@ -733,7 +530,7 @@ mod tests {
     #[test]
     fn this_binary_has_a_complete_eh_frame_hdr_and_few_full_register_rows() {
         let file = File::open("/proc/self/exe").expect("own executable");
-        let m = CodeModule::open("self", file, None).expect("parses");
+        let m = CodeModule::open("self", file, &ModuleBudget::new(), None).expect("parses");
         assert!(m.fde_counts().0 > 1000, "{m:?}");
         assert!(m.eh_frame_hdr_complete(), "{m:?}");
         // Hand-written assembly and stack realignment aside, compiled code needs only rsp/rbp.

@@ -93,7 +93,7 @@ impl StackWatch {
         if unsafe { sys::ioctls::REFRESH(watch.fd.as_raw_fd(), 1) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        watch.armed_at = crate::recorder::monotonic_ns();
+        watch.armed_at = crate::perf_event::monotonic_ns();
         Ok(watch)
     }
 

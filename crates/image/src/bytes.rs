@@ -1,6 +1,6 @@
 //! Where a module's bytes come from. A file stays on disk: its unwind sections are copied out once,
 //! and code bytes and symbol names are read on demand, with a few code pages cached (counted in
-//! [`super::live_module_bytes`] while cached). Bytes already in memory (the vDSO, tests) are used as
+//! [`crate::ModuleBudget`] while cached). Bytes already in memory (the vDSO, tests) are used as
 //! they are.
 
 use std::fs::File;
@@ -9,8 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use foldhash::{HashMap as FastMap, HashMapExt};
 
-use super::PAGE_BYTES;
-use std::sync::atomic::Ordering;
+use crate::budget::ModuleBudget;
 
 /// Size of a cached code page.
 const PAGE: u64 = 4096;
@@ -26,6 +25,8 @@ const MAX_NAME: usize = 4096;
 pub(crate) struct ModuleBytes {
     source: Source,
     pages: Mutex<FastMap<u64, Box<[u8]>>>,
+    /// Where the cached pages are counted.
+    budget: ModuleBudget,
 }
 
 enum Source {
@@ -35,18 +36,20 @@ enum Source {
 
 impl ModuleBytes {
     /// Bytes read from `file` when needed.
-    pub(crate) fn from_file(file: File) -> ModuleBytes {
+    pub(crate) fn from_file(file: File, budget: &ModuleBudget) -> ModuleBytes {
         ModuleBytes {
             source: Source::File(file),
             pages: Mutex::new(FastMap::new()),
+            budget: budget.clone(),
         }
     }
 
     /// Bytes already in memory.
-    pub(crate) fn memory(bytes: Arc<[u8]>) -> ModuleBytes {
+    pub(crate) fn memory(bytes: Arc<[u8]>, budget: &ModuleBudget) -> ModuleBytes {
         ModuleBytes {
             source: Source::Memory(bytes),
             pages: Mutex::new(FastMap::new()),
+            budget: budget.clone(),
         }
     }
 
@@ -60,14 +63,14 @@ impl ModuleBytes {
 
     /// The ELF layout of these bytes (headers through a read cache for a file, the bytes
     /// themselves in memory; symbol tables streamed through [`ModuleBytes::read_at`]), read only
-    /// while the module's estimated memory stays within `limit` (see [`super::layout::read`]).
+    /// while the module's estimated memory stays within `limit` (see [`crate::layout::read`]).
     pub(super) fn read_layout(
         &self,
         limit: Option<usize>,
-    ) -> Result<super::layout::Layout, super::ElfError> {
+    ) -> Result<crate::layout::Layout, crate::ElfError> {
         match &self.source {
-            Source::File(file) => super::layout::read(&object::ReadCache::new(file), self, limit),
-            Source::Memory(bytes) => super::layout::read(&bytes[..], self, limit),
+            Source::File(file) => crate::layout::read(&object::ReadCache::new(file), self, limit),
+            Source::Memory(bytes) => crate::layout::read(&bytes[..], self, limit),
         }
     }
 
@@ -126,14 +129,13 @@ impl ModuleBytes {
             let at = offset + done as u64;
             let page = at / PAGE;
             if !pages.contains_key(&page) {
-                let all_full =
-                    PAGE_BYTES.load(Ordering::Relaxed) + PAGE as usize > PAGE_CACHE_BYTES;
+                let all_full = self.budget.pages() + PAGE as usize > PAGE_CACHE_BYTES;
                 if pages.len() >= CACHED_PAGES || (all_full && !pages.is_empty()) {
                     // Evict an arbitrary page: hot pages come back on their next use.
                     if let Some(&victim) = pages.keys().next()
                         && let Some(old) = pages.remove(&victim)
                     {
-                        PAGE_BYTES.fetch_sub(old.len(), Ordering::Relaxed);
+                        self.budget.sub_pages(old.len());
                     }
                 } else if all_full {
                     // Every module's cache together is full: read this without caching.
@@ -147,7 +149,7 @@ impl ModuleBytes {
                     drop(pages);
                     return self.read_at(offset, buf);
                 }
-                PAGE_BYTES.fetch_add(n, Ordering::Relaxed);
+                self.budget.add_pages(n);
                 pages.insert(page, data.into_boxed_slice());
             }
             let data = &pages[&page];
@@ -187,7 +189,7 @@ impl Drop for ModuleBytes {
             Ok(pages) => pages.values().map(|p| p.len()).sum(),
             Err(poisoned) => poisoned.into_inner().values().map(|p| p.len()).sum(),
         };
-        PAGE_BYTES.fetch_sub(cached, Ordering::Relaxed);
+        self.budget.sub_pages(cached);
     }
 }
 
@@ -213,7 +215,7 @@ mod tests {
         let content: Vec<u8> = (0..3 * PAGE as usize + 100)
             .map(|i| (i % 251) as u8)
             .collect();
-        let bytes = ModuleBytes::from_file(temp_file(&content));
+        let bytes = ModuleBytes::from_file(temp_file(&content), &ModuleBudget::new());
         let mut buf = [0u8; 300];
         assert_eq!(bytes.read_cached(PAGE - 150, &mut buf), 300);
         assert_eq!(&buf[..], &content[PAGE as usize - 150..PAGE as usize + 150]);
@@ -238,8 +240,8 @@ mod tests {
         content.extend(std::iter::repeat_n(b'x', 300));
         content.push(0);
         content.extend_from_slice(b"\xff\xfe\0unterminated");
-        let file = ModuleBytes::from_file(temp_file(&content));
-        let memory = ModuleBytes::memory(content.clone().into());
+        let file = ModuleBytes::from_file(temp_file(&content), &ModuleBudget::new());
+        let memory = ModuleBytes::memory(content.clone().into(), &ModuleBudget::new());
         for bytes in [file, memory] {
             assert_eq!(bytes.read_name(1).as_deref(), Some("main"));
             assert_eq!(bytes.read_name(0).as_deref(), Some(""));

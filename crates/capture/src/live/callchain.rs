@@ -16,7 +16,7 @@
 //! there. Entries whose slot matches no unwound frame are ignored: a function without a frame
 //! pointer makes the chain skip or invent frames, which is why it is only a cross-check here.
 
-use super::Memory;
+use crate::unwind::Memory;
 
 /// What the cross-check found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -11,20 +11,22 @@ use object::elf::{FileHeader64, SectionHeader64};
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, SectionTable};
 use object::{Endianness, ReadRef, elf};
 
-use super::bytes::ModuleBytes;
-use super::{ElfError, NameRef, Segment, Symbol};
-use crate::unwind::policy::THREAD_ENTRIES;
+use rootline_unwind::policy::THREAD_ENTRIES;
+
+use crate::ElfError;
+use crate::bytes::ModuleBytes;
+use crate::module::{NameRef, Segment, Symbol};
 
 /// Where a section lies: its link-time addresses and its bytes in the file.
 #[derive(Debug, Clone)]
-pub(super) struct Placed {
+pub(crate) struct Placed {
     pub svma: Range<u64>,
     pub offset: u64,
     pub size: u64,
 }
 
 /// What the unwinder keeps from an ELF file's headers and symbol tables.
-pub(super) struct Layout {
+pub(crate) struct Layout {
     pub segments: Vec<Segment>,
     pub text: Option<Range<u64>>,
     pub got: Option<Range<u64>>,
@@ -79,7 +81,7 @@ const SYMBOL_COST: usize = std::mem::size_of::<Symbol>() + 16;
 /// With a `limit`, the symbol tables are streamed only while the module's estimated memory stays
 /// within it: past it the layout comes back marked [`Layout::over_limit`], so that a file with
 /// millions of symbols is refused before its table is built.
-pub(super) fn read<'d, R: ReadRef<'d>>(
+pub(crate) fn read<'d, R: ReadRef<'d>>(
     data: R,
     bytes: &ModuleBytes,
     limit: Option<usize>,
@@ -444,7 +446,7 @@ mod tests {
     #[test]
     fn symbol_tables_are_read_only_up_to_the_limit() {
         let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
-        let bytes = ModuleBytes::from_file(libc);
+        let bytes = ModuleBytes::from_file(libc, &crate::ModuleBudget::new());
         let whole = bytes.read_layout(None).expect("libc's layout");
         assert_eq!(whole.over_limit, None);
         let functions = whole.functions.len();
@@ -484,7 +486,7 @@ mod tests {
         // libc names many functions several times (`malloc` and `__libc_malloc`, versions of one
         // symbol): the module keeps one symbol per address, so only those count to the limit.
         let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
-        let bytes = ModuleBytes::from_file(libc);
+        let bytes = ModuleBytes::from_file(libc, &crate::ModuleBudget::new());
         let whole = bytes.read_layout(None).expect("libc's layout");
         let exact = whole.estimate_bytes();
         let fitting = bytes.read_layout(Some(exact)).expect("libc's layout");
@@ -516,7 +518,7 @@ mod tests {
         elf[fake + 4..fake + 8].copy_from_slice(&elf::SHT_SYMTAB.to_le_bytes());
         elf[fake + 32..fake + 40].copy_from_slice(&u64::MAX.to_le_bytes());
         elf[fake + 40..fake + 44].copy_from_slice(&strings);
-        let bytes = ModuleBytes::memory(elf.into());
+        let bytes = ModuleBytes::memory(elf.into(), &crate::ModuleBudget::new());
         for limit in [None, Some(0), Some(1 << 20)] {
             let layout = bytes.read_layout(limit).expect("still an ELF file");
             assert!(!layout.symbols.is_empty());

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use gimli::X86_64;
 use gimli::write::CallFrameInstruction as I;
 
-use super::cfi::tests::eh_frame_rows;
-use super::regs::{self, Registers};
-use super::{
-    AddressSpace, CodeModule, Memory, MemoryReader, NoCfiRule, ReadFailure, Region, SampleStack,
-    StackEnd, TruncateReason,
+use crate::cfi::tests::eh_frame_rows;
+use crate::regs::{self, Registers};
+use crate::synthetic::SyntheticBinary;
+use crate::{
+    Memory, MemoryReader, NoCfiRule, ReadFailure, Region, SampleStack, StackEnd, TruncateReason,
 };
+
+type AddressSpace = crate::AddressSpace<SyntheticBinary>;
 
 const TEXT: u64 = 0x1000;
 /// `root` (CFI: return address undefined) calls `tramp` and returns to `ROOT_RA`.
@@ -88,7 +90,7 @@ fn space() -> AddressSpace {
     put(FP_CFI_RA - 5, &[0xe8, 0, 0, 0, 0]);
     put(FP_CFI + 0x8f, &[0xc9, 0xc3]);
     put(BIG_FP, &[0x55, 0x48, 0x89, 0xe5]);
-    let module = CodeModule::synthetic(
+    let module = SyntheticBinary::new(
         TEXT,
         &code,
         0x8000,

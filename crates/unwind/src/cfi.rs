@@ -6,7 +6,7 @@
 //! a CFA expression, rbp restored from another register, …) it silently falls back to a
 //! frame-pointer walk. Every row is therefore classified here: rows framehop turns into one of
 //! its exact rules go to framehop, all others to the full-register evaluator
-//! ([`super::full`]). A row that cannot be parsed counts as "not exact" too, so that evaluator
+//! ([`crate::full`]). A row that cannot be parsed counts as "not exact" too, so that evaluator
 //! reports it instead of framehop guessing.
 
 use gimli::{

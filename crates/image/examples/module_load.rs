@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
 use object::{Object, ObjectSection};
-use rootline_capture::unwind::CodeModule;
-use rootline_capture::unwind::cfi::CfiIndex;
+use rootline_image::{CodeModule, ModuleBudget};
+use rootline_unwind::cfi::CfiIndex;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -44,7 +44,7 @@ fn main() {
         module = None; // the previous round's module is freed first
         module = std::fs::File::open(&path)
             .ok()
-            .and_then(|f| CodeModule::open(&path, f, None).ok());
+            .and_then(|f| CodeModule::open(&path, f, &ModuleBudget::new(), None).ok());
     });
     let Some(module) = module else {
         eprintln!("{path} is not an ELF file");

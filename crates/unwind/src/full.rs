@@ -12,9 +12,10 @@ use gimli::{
     UnwindSection, UnwindTableRow, Value, X86_64,
 };
 
-use super::module::CodeModule;
-use super::regs::{self, Registers};
-use super::{Memory, TruncateReason, policy};
+use crate::memory::Memory;
+use crate::policy::{self, TruncateReason};
+use crate::regs::{self, Registers};
+use crate::sections::UnwindSections;
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -34,8 +35,8 @@ impl Default for Evaluator {
 /// Where one row comes from: a module, its section, the link-time lookup address.
 #[derive(Clone, Copy)]
 pub struct RowAt<'m> {
-    /// The module whose CFI covers the address.
-    pub module: &'m CodeModule,
+    /// The unwind sections of the binary whose CFI covers the address.
+    pub sections: &'m UnwindSections,
     /// `.debug_frame` (true) or `.eh_frame`.
     pub debug: bool,
     /// The link-time lookup address (the instruction pointer, or a return address minus one).
@@ -74,21 +75,24 @@ impl Evaluator {
         f: impl FnOnce(&UnwindTableRow<usize>, &dyn Section<'_>) -> Result<T, TruncateReason>,
     ) -> Result<T, TruncateReason> {
         let offset = at
-            .module
+            .sections
             .cfi(at.debug)
             .fde_at(at.svma)
             .ok_or(TruncateReason::CfiError)?;
-        let bases = at.module.cfi_bases(at.debug);
+        let bases = at.sections.cfi_bases(at.debug);
         if at.debug {
             let bytes = at
-                .module
+                .sections
                 .debug_frame_bytes()
                 .ok_or(TruncateReason::CfiError)?;
             let mut section = DebugFrame::new(bytes, LittleEndian);
             section.set_address_size(8);
             row_in(&section, &bases, offset, at.svma, &mut self.ctx, f)
         } else {
-            let bytes = at.module.eh_frame_bytes().ok_or(TruncateReason::CfiError)?;
+            let bytes = at
+                .sections
+                .eh_frame_bytes()
+                .ok_or(TruncateReason::CfiError)?;
             let section = EhFrame::new(bytes, LittleEndian);
             row_in(&section, &bases, offset, at.svma, &mut self.ctx, f)
         }

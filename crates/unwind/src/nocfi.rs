@@ -1,14 +1,18 @@
-//! Frames in code without CFI: the rule decided from the instructions ([`instr`], or the JIT
-//! frame-state analysis), and its execution on the registers.
+//! Frames in code without CFI: the rule decided from the instructions (the
+//! [`instruction_analysis`](crate::x86_64::instruction_analysis) of native or JIT code), and its
+//! execution on the registers.
 //!
 //! A zero frame pointer or return address ends a stack at its root only where the ABI's
 //! outermost-frame convention can apply: in a function that starts threads, or in code whose
 //! function start is unknown. A function known to keep a frame pointer never has rbp = 0, so
 //! there a zero is a broken chain and ends the stack with a truncation.
 
-use super::instr::{self, NoCfiRule};
-use super::regs::{self, Registers};
-use super::{Memory, Region, TruncateReason, policy};
+use crate::binary::Binary;
+use crate::memory::Memory;
+use crate::policy::{self, TruncateReason};
+use crate::regs::{self, Registers};
+use crate::space::Region;
+use crate::x86_64::instruction_analysis::{NoCfiRule, native};
 
 /// The rule for one frame without CFI, and whether a zero frame pointer or return address may
 /// mark the thread's root there.
@@ -20,9 +24,9 @@ pub(crate) struct Frame {
     pub may_end: bool,
 }
 
-/// Decides the rule for a frame in code without CFI (see [`instr`]).
-pub(crate) fn frame(
-    region: &Region,
+/// Decides the rule for a frame in code without CFI (see [`native`]).
+pub(crate) fn frame<M: Binary>(
+    region: &Region<M>,
     first: bool,
     lookup: u64,
     mem: &mut dyn Memory,
@@ -86,9 +90,9 @@ pub(crate) fn frame(
         }
     };
     let rule = if first {
-        instr::leaf_rule(at_ip, prev, function)
+        native::leaf_rule(at_ip, prev, function)
     } else {
-        instr::caller_rule(function.map(|(code, _)| code))
+        native::caller_rule(function.map(|(code, _)| code))
     };
     // Code in a file without CFI whose prologue is not at its start (e.g. V8's embedded
     // builtins in node): simulate the prologue as for JIT code.
@@ -97,9 +101,9 @@ pub(crate) fn frame(
         if first {
             let m = region.module.as_ref()?;
             let at = m.code(region.svma(lookup), &mut leaf_buf)?;
-            crate::jit::frame_state::leaf_rule(code, offset, at)
+            crate::x86_64::instruction_analysis::jit::leaf_rule(code, offset, at)
         } else {
-            crate::jit::frame_state::caller_rule(code, offset + 1)
+            crate::x86_64::instruction_analysis::jit::caller_rule(code, offset + 1)
         }
     });
     let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;

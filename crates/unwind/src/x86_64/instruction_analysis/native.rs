@@ -1,56 +1,9 @@
-//! x86-64 instruction analysis for code without CFI: where is the return address at this
-//! instruction, and does a return address follow a call instruction?
-//!
-//! Only the handful of instruction forms that decide a frame's state are recognised: `endbr64`,
-//! `push %rbp`, `mov %rsp,%rbp`, `ret`, and the `call` encodings. Anything else is "body".
+//! Frame rules for ahead-of-time code without CFI, from the few byte patterns that decide a
+//! frame's state: `endbr64`, `push %rbp`, `mov %rsp,%rbp`, `ret`. Anything else is "body".
 
-/// How to find the caller of a frame in code without CFI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoCfiRule {
-    /// Nothing pushed yet (function entry, or `ret` about to run): return address at `[sp]`,
-    /// `rbp` still the caller's.
-    ReturnAtSp,
-    /// `push %rbp` done, `mov %rsp,%rbp` not yet: saved `rbp` at `[sp]`, return address at
-    /// `[sp+8]`, `rbp` still the caller's.
-    ReturnAtSpPlus8,
-    /// Inside a frame-pointer body: return address at `[rbp+8]`, caller's `rbp` at `[rbp]`.
-    FramePointer,
-    /// Return address at `[sp+ra]`; the caller's `rbp` at `[sp+saved_bp]` when given, else still
-    /// in `rbp` (JIT code: see `jit::frame_state`).
-    ReturnAt {
-        /// Offset of the return address from `sp`.
-        ra: u32,
-        /// Offset of the saved caller's `rbp` from `sp`, once pushed.
-        saved_bp: Option<u32>,
-    },
-}
-
-const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
-
-/// Offsets within a standard frame-pointer prologue: `[endbr64] push %rbp; mov %rsp,%rbp`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FpPrologue {
-    /// Offset of the `push %rbp`.
-    push: usize,
-    /// Offset just past the `mov %rsp,%rbp`.
-    body: usize,
-}
-
-fn fp_prologue(code: &[u8]) -> Option<FpPrologue> {
-    let push = if code.starts_with(&ENDBR64) { 4 } else { 0 };
-    if *code.get(push)? != 0x55 {
-        return None;
-    }
-    let mov = code.get(push + 1..push + 4)?;
-    (mov == [0x48, 0x89, 0xe5] || mov == [0x48, 0x8b, 0xec]).then_some(FpPrologue {
-        push,
-        body: push + 4,
-    })
-}
-
-fn is_ret(code: &[u8]) -> bool {
-    matches!(code, [0xc3, ..] | [0xf3, 0xc3, ..] | [0xc2, _, _, ..])
-}
+use super::NoCfiRule;
+use super::epilogue::is_ret;
+use super::prologue::{ENDBR64, fp_prologue};
 
 /// The rule for the *leaf* frame (the sampled instruction) of a function without CFI.
 ///
@@ -104,52 +57,10 @@ pub fn caller_rule(function: Option<&[u8]>) -> Option<NoCfiRule> {
     }
 }
 
-/// Whether the bytes just before a return address end with a call instruction.
-///
-/// `before` holds up to 8 bytes ending right at the return address. Recognises `call rel32`
-/// (`e8`) and every `call r/m64` form (`ff /2`, `ff /3`) whose length ends exactly there.
-pub fn is_after_call(before: &[u8]) -> bool {
-    let n = before.len();
-    if n >= 5 && before[n - 5] == 0xe8 {
-        return true;
-    }
-    (2..=7.min(n)).any(|k| {
-        let at = n - k;
-        before[at] == 0xff
-            && before.get(at + 1).is_some_and(|&modrm| {
-                matches!((modrm >> 3) & 7, 2 | 3)
-                    && modrm_length(modrm, before.get(at + 2).copied()) == Some(k)
-            })
-    })
-}
-
-/// Length of an instruction `ff modrm [sib] [disp]` from its ModRM (and SIB) byte.
-fn modrm_length(modrm: u8, sib: Option<u8>) -> Option<usize> {
-    let md = modrm >> 6;
-    let rm = modrm & 7;
-    if md == 3 {
-        return Some(2);
-    }
-    let mut len = 2;
-    if rm == 4 {
-        len += 1;
-        if md == 0 && sib? & 7 == 5 {
-            len += 4;
-        }
-    } else if md == 0 && rm == 5 {
-        len += 4;
-    }
-    len += match md {
-        1 => 1,
-        2 => 4,
-        _ => 0,
-    };
-    Some(len)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::x86_64::instruction_analysis::is_after_call;
 
     const PROLOGUE: [u8; 12] = [
         0xf3, 0x0f, 0x1e, 0xfa, // endbr64

@@ -25,7 +25,7 @@
 //! The frame-level checks (stack pointer strictly increasing, return addresses right after a
 //! call) stay in the unwinder and apply to live frames exactly as to copied ones.
 
-use super::{MemoryReader, ReadFailure};
+use crate::unwind::{MemoryReader, ReadFailure};
 
 const PAGE: u64 = 4096;
 /// First batch read past a miss; doubled on each further miss up to [`MAX_BATCH`].

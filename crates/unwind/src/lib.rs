@@ -1,0 +1,47 @@
+//! The rootline unwinder: from a sample's registers and stack bytes to the code addresses of its
+//! frames, leaf first, and how the stack ends.
+//!
+//! What the caller does: build an [`AddressSpace`] from a process's executable mappings, giving
+//! each file-backed [`Region`] its binary (any type implementing [`Binary`]: unwind sections,
+//! code bytes, function starts; the image layer provides one), and hand each sample's
+//! [`Registers`] and memory (a type implementing [`Memory`], usually a [`SampleStack`] over the
+//! bytes the kernel copied, with an optional live [`MemoryReader`] past them) to
+//! [`AddressSpace::unwind_with_sps`]. Observers of each recovered frame are the memory's
+//! [`Memory::on_frame`]; JIT code bounds and runtime-specific rules come in through the other
+//! [`Memory`] methods.
+//!
+//! What this crate does: executes CFI (`.eh_frame` and `.debug_frame`) with framehop while a row
+//! needs only rip, rsp and rbp, and with a full-register gimli evaluator otherwise ([`full`],
+//! classified once per FDE in [`cfi`]); decides frames in code without CFI from its
+//! instructions ([`x86_64::instruction_analysis`]: prologue and epilogue analysis of native and
+//! JIT code, run by [`nocfi`]); validates every step (the stack pointer strictly increases, a
+//! return address follows a call in executable code); and ends every stack either at its root
+//! or with a [`TruncateReason`] decided in [`policy`], never silently.
+//!
+//! Pure: no system calls, no unsafe code, no platform code; its tests need no perf access.
+
+#![forbid(unsafe_code)]
+
+pub mod binary;
+pub mod cfi;
+pub mod full;
+pub mod memory;
+pub mod nocfi;
+pub mod policy;
+pub mod regs;
+pub mod sections;
+pub mod space;
+pub mod x86_64;
+
+#[cfg(test)]
+mod synthetic;
+#[cfg(test)]
+mod tests;
+
+pub use binary::Binary;
+pub use memory::{Memory, MemoryReader, SampleStack};
+pub use policy::{ReadFailure, StackEnd, TruncateReason};
+pub use regs::Registers;
+pub use sections::{Section, SectionBytes, SectionLayout, UnwindSections};
+pub use space::{AddressSpace, Region};
+pub use x86_64::instruction_analysis::NoCfiRule;

@@ -1,0 +1,245 @@
+//! A binary's unwind sections as the unwinder holds them: `.eh_frame` (with `.eh_frame_hdr`)
+//! and `.debug_frame` bytes, their link-time addresses, and each one's [`CfiIndex`].
+//!
+//! The image layer reads the sections out of the file and hands them to [`UnwindSections::new`];
+//! everything derived from them (the FDE indexes, whether `.eh_frame_hdr` lists every FDE, the
+//! base addresses gimli needs) is computed here, once.
+
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+
+use crate::cfi::CfiIndex;
+
+/// An unwind section's bytes, handed to framehop as section data.
+#[derive(Clone)]
+pub struct SectionBytes(Arc<[u8]>);
+
+impl Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// One section in memory, with its link-time address range.
+#[derive(Debug, Clone)]
+pub struct Section {
+    /// Link-time addresses the section occupies.
+    pub svma: Range<u64>,
+    /// Its bytes.
+    pub data: Arc<[u8]>,
+}
+
+/// Where a binary's sections lie, as the image layer found them.
+#[derive(Debug, Clone, Default)]
+pub struct SectionLayout {
+    /// `.text`'s link-time range (the base of text-relative CFI pointers).
+    pub text: Option<Range<u64>>,
+    /// `.got`'s link-time range (the base of GOT-relative CFI pointers).
+    pub got: Option<Range<u64>>,
+    /// `.eh_frame`.
+    pub eh_frame: Option<Section>,
+    /// `.eh_frame_hdr`.
+    pub eh_frame_hdr: Option<Section>,
+    /// `.debug_frame`.
+    pub debug_frame: Option<Section>,
+}
+
+/// A binary's unwind sections and their FDE indexes.
+#[derive(Debug)]
+pub struct UnwindSections {
+    layout: SectionLayout,
+    /// Whether `.eh_frame_hdr`'s table lists exactly the FDEs of `.eh_frame` (framehop looks
+    /// addresses up through it; a table missing an FDE would make it guess frame pointers).
+    hdr_complete: bool,
+    eh_cfi: CfiIndex,
+    debug_cfi: CfiIndex,
+}
+
+impl UnwindSections {
+    /// Indexes the sections' FDEs.
+    pub fn new(layout: SectionLayout) -> UnwindSections {
+        let mut sections = UnwindSections {
+            layout,
+            hdr_complete: false,
+            eh_cfi: CfiIndex::default(),
+            debug_cfi: CfiIndex::default(),
+        };
+        sections.eh_cfi = sections.cfi_index(false);
+        sections.debug_cfi = sections.cfi_index(true);
+        sections.hdr_complete = sections.hdr_lists_every_fde();
+        sections
+    }
+
+    /// Heap memory held: the section bytes and the FDE indexes.
+    pub fn heap_bytes(&self) -> usize {
+        let section = |s: &Option<Section>| s.as_ref().map_or(0, |s| s.data.len());
+        section(&self.layout.eh_frame)
+            + section(&self.layout.eh_frame_hdr)
+            + section(&self.layout.debug_frame)
+            + self.eh_cfi.heap_bytes()
+            + self.debug_cfi.heap_bytes()
+            + (self.eh_cfi.len() + self.debug_cfi.len()) * 8
+    }
+
+    /// Whether `.eh_frame_hdr` lists every FDE of `.eh_frame` (see [`UnwindSections::new`]).
+    pub fn eh_frame_hdr_complete(&self) -> bool {
+        self.hdr_complete
+    }
+
+    /// Whether any FDE covers code.
+    pub fn has_cfi(&self) -> bool {
+        !self.eh_cfi.is_empty() || !self.debug_cfi.is_empty()
+    }
+
+    /// FDEs in `.eh_frame` and in `.debug_frame`.
+    pub fn fde_counts(&self) -> (usize, usize) {
+        (self.eh_cfi.len(), self.debug_cfi.len())
+    }
+
+    /// Link-time ranges whose CFI rows need more registers than rip, rsp and rbp.
+    pub fn full_register_ranges(&self) -> Vec<(u64, u64)> {
+        let mut v = self.eh_cfi.full_register_ranges().to_vec();
+        v.extend_from_slice(self.debug_cfi.full_register_ranges());
+        v
+    }
+
+    /// Whether an `.eh_frame` FDE covers link-time address `svma`.
+    pub fn eh_frame_covers(&self, svma: u64) -> bool {
+        self.eh_cfi.covers(svma)
+    }
+
+    /// Whether a `.debug_frame` FDE covers link-time address `svma`.
+    pub fn debug_frame_covers(&self, svma: u64) -> bool {
+        self.debug_cfi.covers(svma)
+    }
+
+    /// The FDE index of `.debug_frame` (`debug`) or `.eh_frame`.
+    pub fn cfi(&self, debug: bool) -> &CfiIndex {
+        if debug { &self.debug_cfi } else { &self.eh_cfi }
+    }
+
+    /// The base addresses gimli needs to read pointers in `.debug_frame` (`debug`) or
+    /// `.eh_frame`.
+    pub fn cfi_bases(&self, debug: bool) -> BaseAddresses {
+        let l = &self.layout;
+        let mut bases = BaseAddresses::default();
+        if let Some(t) = &l.text {
+            bases = bases.set_text(t.start);
+        }
+        if let Some(g) = &l.got {
+            bases = bases.set_got(g.start);
+        }
+        if !debug {
+            if let Some(s) = &l.eh_frame {
+                bases = bases.set_eh_frame(s.svma.start);
+            }
+            if let Some(h) = &l.eh_frame_hdr {
+                bases = bases.set_eh_frame_hdr(h.svma.start);
+            }
+        }
+        bases
+    }
+
+    /// `.eh_frame`'s bytes.
+    pub fn eh_frame_bytes(&self) -> Option<&[u8]> {
+        self.layout.eh_frame.as_ref().map(|s| &*s.data)
+    }
+
+    /// `.debug_frame`'s bytes.
+    pub fn debug_frame_bytes(&self) -> Option<&[u8]> {
+        self.layout.debug_frame.as_ref().map(|s| &*s.data)
+    }
+
+    /// framehop's view of these sections: `.debug_frame` alone (`debug_frame`), or `.eh_frame`
+    /// with its header when the header lists every FDE.
+    pub(crate) fn framehop_info(self: &Arc<Self>, debug_frame: bool) -> FramehopSections {
+        FramehopSections {
+            sections: Arc::clone(self),
+            debug_frame,
+        }
+    }
+
+    fn hdr_lists_every_fde(&self) -> bool {
+        let Some(h) = &self.layout.eh_frame_hdr else {
+            return false;
+        };
+        let bases = self.cfi_bases(false);
+        let hdr = gimli::EhFrameHdr::new(&h.data, LittleEndian);
+        let Ok(parsed) = hdr.parse(&bases, 8) else {
+            return false;
+        };
+        let Some(table) = parsed.table() else {
+            return false;
+        };
+        let mut starts = Vec::with_capacity(self.eh_cfi.len());
+        let mut iter = table.iter(&bases);
+        loop {
+            match iter.next() {
+                Ok(Some((gimli::Pointer::Direct(start), _))) => starts.push(start),
+                Ok(None) => break,
+                _ => return false,
+            }
+        }
+        starts.sort_unstable();
+        starts == self.eh_cfi.starts()
+    }
+
+    fn cfi_index(&self, debug: bool) -> CfiIndex {
+        let bases = self.cfi_bases(debug);
+        if debug {
+            let Some(bytes) = self.debug_frame_bytes() else {
+                return CfiIndex::default();
+            };
+            let mut section = DebugFrame::new(bytes, LittleEndian);
+            section.set_address_size(8);
+            CfiIndex::build(&section, &bases)
+        } else {
+            let Some(bytes) = self.eh_frame_bytes() else {
+                return CfiIndex::default();
+            };
+            CfiIndex::build(&EhFrame::new(bytes, LittleEndian), &bases)
+        }
+    }
+}
+
+/// framehop's module section source over a binary's [`UnwindSections`].
+pub(crate) struct FramehopSections {
+    sections: Arc<UnwindSections>,
+    debug_frame: bool,
+}
+
+impl framehop::ModuleSectionInfo<SectionBytes> for FramehopSections {
+    fn base_svma(&self) -> u64 {
+        0
+    }
+
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        let s = &self.sections;
+        let l = &s.layout;
+        match name {
+            b".text" => l.text.clone(),
+            b".eh_frame" if !self.debug_frame => l.eh_frame.as_ref().map(|s| s.svma.clone()),
+            b".eh_frame_hdr" if !self.debug_frame && s.hdr_complete => {
+                l.eh_frame_hdr.as_ref().map(|s| s.svma.clone())
+            }
+            b".got" => l.got.clone(),
+            _ => None,
+        }
+    }
+
+    fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
+        // Code bytes are not needed for ELF CFI (framehop analyses instructions only for Mach-O).
+        let s = &self.sections;
+        let l = &s.layout;
+        let section = match name {
+            b".eh_frame" if !self.debug_frame => l.eh_frame.as_ref(),
+            b".eh_frame_hdr" if !self.debug_frame && s.hdr_complete => l.eh_frame_hdr.as_ref(),
+            b".debug_frame" if self.debug_frame => l.debug_frame.as_ref(),
+            _ => None,
+        };
+        section.map(|s| SectionBytes(s.data.clone()))
+    }
+}

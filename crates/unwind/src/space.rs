@@ -1,0 +1,499 @@
+//! The address space and the step function: from a sample's registers and stack bytes to a list
+//! of code addresses.
+//!
+//! An [`AddressSpace`] holds a process's executable [`Region`]s, each with its [`Binary`] when it
+//! is file-backed. CFI from `.eh_frame` and `.debug_frame` is executed by framehop (both are
+//! consulted, per address, whichever has an FDE covering it) or, for rows framehop cannot
+//! evaluate exactly, by the full-register evaluator ([`crate::full`]); code without CFI goes
+//! through the instruction analysis ([`crate::nocfi`]). Every step is validated (stack pointer
+//! strictly increasing, return address right after a call in an executable mapping); a failed
+//! step ends the stack with a [`TruncateReason`] from [`crate::policy`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use framehop::Unwinder as _;
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+
+use crate::binary::Binary;
+use crate::full;
+use crate::memory::Memory;
+use crate::nocfi;
+use crate::policy::{self, StackEnd, TruncateReason};
+use crate::regs::Registers;
+use crate::sections::SectionBytes;
+use crate::x86_64::instruction_analysis::is_after_call;
+
+/// An executable region of an address space, backed by a binary of type `M` when file-backed.
+pub struct Region<M> {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// File offset mapped at `start`.
+    pub file_offset: u64,
+    /// Path of the backing file, or a pseudo name (`[anon]`, `[vdso]`, …).
+    pub path: Arc<str>,
+    /// The parsed file, when the region is file-backed and the file could be read.
+    pub module: Option<Arc<M>>,
+    /// Runtime address minus link-time address (0 when there is no module).
+    pub bias: u64,
+    /// The file was not loaded because the memory budget for binaries was full: frames here
+    /// end the stack ([`TruncateReason::ModuleMemoryLimit`]).
+    pub refused: bool,
+}
+
+impl<M> Clone for Region<M> {
+    fn clone(&self) -> Self {
+        Region {
+            start: self.start,
+            end: self.end,
+            file_offset: self.file_offset,
+            path: Arc::clone(&self.path),
+            module: self.module.clone(),
+            bias: self.bias,
+            refused: self.refused,
+        }
+    }
+}
+
+impl<M> std::fmt::Debug for Region<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("start", &self.start)
+            .field("end", &self.end)
+            .field("file_offset", &self.file_offset)
+            .field("path", &self.path)
+            .field("module", &self.module.is_some())
+            .field("bias", &self.bias)
+            .field("refused", &self.refused)
+            .finish()
+    }
+}
+
+impl<M: Binary> Region<M> {
+    /// A region; computes the load bias from the module's segments.
+    pub fn new(
+        start: u64,
+        end: u64,
+        file_offset: u64,
+        path: Arc<str>,
+        module: Option<Arc<M>>,
+    ) -> Region<M> {
+        let bias = module
+            .as_ref()
+            .and_then(|m| m.svma_of_file_offset(file_offset))
+            .map_or(0, |svma| start.wrapping_sub(svma));
+        Region {
+            start,
+            end,
+            file_offset,
+            path,
+            module,
+            bias,
+            refused: false,
+        }
+    }
+
+    /// The same region, marked as refused by the memory budget for binaries (see
+    /// [`Region::refused`]).
+    pub fn refused(mut self, refused: bool) -> Region<M> {
+        self.refused = refused;
+        self
+    }
+
+    /// The link-time address of runtime address `addr`.
+    pub fn svma(&self, addr: u64) -> u64 {
+        addr.wrapping_sub(self.bias)
+    }
+}
+
+/// The executable regions of one process, with their unwind data loaded into framehop.
+pub struct AddressSpace<M> {
+    regions: BTreeMap<u64, Region<M>>,
+    eh: UnwinderX86_64<SectionBytes>,
+    debug: UnwinderX86_64<SectionBytes>,
+    eh_cache: CacheX86_64,
+    debug_cache: CacheX86_64,
+    evaluator: full::Evaluator,
+    /// Lookup addresses where framehop ended a stack, and whether the CFI row there really
+    /// marks the return address undefined.
+    roots: HashMap<u64, bool>,
+    full_register_unwinds: u64,
+    /// Indices into the last unwind's output of frames whose address is an instruction, not a
+    /// return address (see [`AddressSpace::instruction_frames`]).
+    instruction_frames: Vec<usize>,
+}
+
+impl<M> Default for AddressSpace<M> {
+    fn default() -> Self {
+        AddressSpace {
+            regions: BTreeMap::new(),
+            eh: UnwinderX86_64::new(),
+            debug: UnwinderX86_64::new(),
+            eh_cache: CacheX86_64::new(),
+            debug_cache: CacheX86_64::new(),
+            evaluator: full::Evaluator::default(),
+            roots: HashMap::new(),
+            full_register_unwinds: 0,
+            instruction_frames: Vec::new(),
+        }
+    }
+}
+
+/// Why a walk stopped before deciding how the stack ends.
+enum Stop {
+    /// The stack ends here, for this reason.
+    Truncated(TruncateReason),
+    /// A frame needs registers the fast walk does not track: walk again from the leaf with all
+    /// registers.
+    NeedsFullRegisters,
+}
+
+impl From<TruncateReason> for Stop {
+    fn from(reason: TruncateReason) -> Stop {
+        Stop::Truncated(reason)
+    }
+}
+
+fn region_in<M>(regions: &BTreeMap<u64, Region<M>>, addr: u64) -> Option<&Region<M>> {
+    let (_, r) = regions.range(..=addr).next_back()?;
+    (addr < r.end).then_some(r)
+}
+
+impl<M: Binary> AddressSpace<M> {
+    /// An empty address space.
+    pub fn new() -> AddressSpace<M> {
+        AddressSpace::default()
+    }
+
+    /// Adds an executable region, replacing any regions it overlaps.
+    pub fn add_region(&mut self, region: Region<M>) {
+        self.remove_range(region.start, region.end);
+        if let Some(m) = &region.module {
+            let sections = m.unwind_sections();
+            let (eh, debug) = sections.fde_counts();
+            let range = region.start..region.end;
+            if eh > 0 {
+                self.eh.add_module(framehop::Module::new(
+                    m.name().to_string(),
+                    range.clone(),
+                    region.bias,
+                    sections.framehop_info(false),
+                ));
+            }
+            if debug > 0 {
+                self.debug.add_module(framehop::Module::new(
+                    m.name().to_string(),
+                    range,
+                    region.bias,
+                    sections.framehop_info(true),
+                ));
+            }
+        }
+        self.roots.clear();
+        self.regions.insert(region.start, region);
+    }
+
+    /// Removes every region overlapping `start..end` (an `munmap` or a replacing `mmap`).
+    pub fn remove_range(&mut self, start: u64, end: u64) {
+        let overlapping: Vec<u64> = self
+            .regions
+            .range(..end)
+            .rev()
+            .take_while(|(_, r)| r.end > start)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in overlapping {
+            self.regions.remove(&s);
+            self.eh.remove_module(s);
+            self.debug.remove_module(s);
+            self.roots.clear();
+        }
+    }
+
+    /// The region containing `addr`.
+    pub fn region(&self, addr: u64) -> Option<&Region<M>> {
+        region_in(&self.regions, addr)
+    }
+
+    /// All regions in address order.
+    pub fn regions(&self) -> impl Iterator<Item = &Region<M>> {
+        self.regions.values()
+    }
+
+    /// How many samples so far needed the full-register walk (a frame whose CFI uses registers
+    /// other than rip/rsp/rbp, or a stack end framehop reported that the CFI does not confirm).
+    pub fn full_register_unwinds(&self) -> u64 {
+        self.full_register_unwinds
+    }
+
+    /// Indices `i > 0` of the last unwind's output whose address is to be symbolized as it is,
+    /// not as a return address (whose call lies just before it): the instruction a signal
+    /// interrupted, and the signal trampoline a handler returns into.
+    pub fn instruction_frames(&self) -> &[usize] {
+        &self.instruction_frames
+    }
+
+    /// Unwinds one sample from its instruction, stack and frame pointers only (any other
+    /// register a frame's CFI needs is unknown). `out` receives the instruction pointer followed
+    /// by each return address, leaf first; the result says whether the stack reached its root.
+    pub fn unwind(
+        &mut self,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        mem: &mut dyn Memory,
+        out: &mut Vec<u64>,
+    ) -> StackEnd {
+        self.unwind_with_sps(&Registers::new(ip, sp, bp), mem, out, None)
+    }
+
+    /// Unwinds one sample from its registers, also filling `sps` (when given) with each frame's
+    /// stack pointer, parallel to `out`: a return address `out[i]` (i > 0) was read just below
+    /// `sps[i]`.
+    ///
+    /// Frames go through framehop while their CFI needs only rip, rsp and rbp; a frame that
+    /// needs more (or a stack end the CFI does not confirm) restarts the walk from the leaf
+    /// with every register tracked (see [`full`]).
+    pub fn unwind_with_sps(
+        &mut self,
+        regs: &Registers,
+        mem: &mut dyn Memory,
+        out: &mut Vec<u64>,
+        mut sps: Option<&mut Vec<u64>>,
+    ) -> StackEnd {
+        if let Some(end) = self.walk(false, *regs, mem, out, sps.as_deref_mut()) {
+            return end;
+        }
+        self.full_register_unwinds += 1;
+        self.walk(true, *regs, mem, out, sps)
+            .unwrap_or(StackEnd::Truncated(TruncateReason::CfiError))
+    }
+
+    /// One walk from the leaf; None when it needs all registers and `full` is off.
+    pub(crate) fn walk(
+        &mut self,
+        full: bool,
+        mut regs: Registers,
+        mem: &mut dyn Memory,
+        out: &mut Vec<u64>,
+        mut sps: Option<&mut Vec<u64>>,
+    ) -> Option<StackEnd> {
+        out.clear();
+        out.push(regs.ip());
+        self.instruction_frames.clear();
+        if let Some(sps) = sps.as_mut() {
+            sps.clear();
+            sps.push(regs.sp());
+        }
+        // `first`: the frame's pc is the instruction that was executing (the sampled one, or one
+        // a signal interrupted), not a return address.
+        let mut first = true;
+        loop {
+            let pc = regs.ip();
+            let mut lookup = if first { pc } else { pc.wrapping_sub(1) };
+            if out.len() == 1
+                && !self.in_signal_trampoline(pc)
+                && self.in_signal_trampoline(pc.wrapping_sub(1))
+            {
+                // Sampled inside `rt_sigreturn`: the pc follows the trampoline's last instruction
+                // (the system call), past the end of its FDE.
+                lookup = pc.wrapping_sub(1);
+            }
+            let old_sp = regs.sp();
+            let step = match self.step(full, first, lookup, &mut regs, mem) {
+                Ok(step) => step,
+                Err(Stop::NeedsFullRegisters) => return None,
+                Err(_) if first && self.at_thread_entry(pc) => return Some(StackEnd::Root),
+                Err(Stop::Truncated(TruncateReason::StackCopyExhausted))
+                    if mem.copied_len() == Some(0) =>
+                {
+                    return Some(StackEnd::Truncated(TruncateReason::StackNotCopied));
+                }
+                Err(Stop::Truncated(reason)) => return Some(StackEnd::Truncated(reason)),
+            };
+            let Some((ra, in_signal_trampoline)) = step else {
+                return Some(StackEnd::Root);
+            };
+            if regs.sp() <= old_sp {
+                return Some(StackEnd::Truncated(TruncateReason::SpNotIncreasing));
+            }
+            // A signal trampoline's caller is the interrupted instruction, which need not follow
+            // a call; it must still lie in executable code.
+            let checked = if in_signal_trampoline {
+                self.region(ra)
+                    .map(|_| true)
+                    .ok_or(TruncateReason::UnmappedAddress)
+            } else {
+                self.check_return_address(ra, mem)
+            };
+            match checked {
+                Ok(true) => self.instruction_frames.push(out.len()),
+                Ok(false) => {}
+                Err(reason) => return Some(StackEnd::Truncated(reason)),
+            }
+            out.push(ra);
+            if let Some(sps) = sps.as_mut() {
+                sps.push(regs.sp());
+            }
+            first = in_signal_trampoline;
+            if !mem.on_frame(out.len() - 1, &regs, full) {
+                return Some(StackEnd::Stopped);
+            }
+        }
+    }
+
+    /// One step: the caller's return address (None at the root), with `regs` moved to the
+    /// caller, and whether the frame was a signal trampoline (so the caller was interrupted).
+    fn step(
+        &mut self,
+        full: bool,
+        first: bool,
+        lookup: u64,
+        regs: &mut Registers,
+        mem: &mut dyn Memory,
+    ) -> Result<Option<(u64, bool)>, Stop> {
+        let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
+        let svma = region.svma(lookup);
+        let cfi = region.module.as_deref().and_then(|m| {
+            let sections = m.unwind_sections();
+            if sections.eh_frame_covers(svma) {
+                Some((m, false))
+            } else if sections.debug_frame_covers(svma) {
+                Some((m, true))
+            } else {
+                None
+            }
+        });
+        let Some((module, debug)) = cfi else {
+            if region.refused {
+                return Err(TruncateReason::ModuleMemoryLimit.into());
+            }
+            let frame = nocfi::frame(region, first, lookup, mem)?;
+            return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| (ra, false)));
+        };
+        let sections = module.unwind_sections();
+        let at = full::RowAt {
+            sections,
+            debug,
+            svma,
+        };
+        if full {
+            let signal = sections.cfi(debug).is_signal_trampoline(svma);
+            let ra = self.evaluator.step(at, first, regs, mem)?;
+            return Ok(ra.map(|ra| (ra, signal)));
+        }
+        if sections.cfi(debug).needs_full_registers(svma) {
+            return Err(Stop::NeedsFullRegisters);
+        }
+        let address = if first {
+            framehop::FrameAddress::from_instruction_pointer(regs.ip())
+        } else {
+            framehop::FrameAddress::from_return_address(regs.ip())
+                .ok_or(TruncateReason::CfiError)?
+        };
+        let mut fregs = UnwindRegsX86_64::new(regs.ip(), regs.sp(), regs.bp());
+        let mut read_failure = None;
+        let mut read = |addr: u64| {
+            mem.read_stack_u64(addr).map_err(|e| {
+                read_failure = Some(e);
+            })
+        };
+        let result = if debug {
+            self.debug
+                .unwind_frame(address, &mut fregs, &mut self.debug_cache, &mut read)
+        } else {
+            self.eh
+                .unwind_frame(address, &mut fregs, &mut self.eh_cache, &mut read)
+        };
+        match result {
+            Ok(Some(ra)) => {
+                *regs = Registers::new(ra, fregs.sp(), fregs.bp());
+                Ok(Some((ra, false)))
+            }
+            // framehop also ends a stack on a zero frame pointer or return address; only the
+            // CFI's own "return address undefined" is a root.
+            Ok(None) => {
+                let evaluator = &mut self.evaluator;
+                let root = *self
+                    .roots
+                    .entry(lookup)
+                    .or_insert_with(|| evaluator.return_address_undefined(at));
+                if root {
+                    Ok(None)
+                } else {
+                    Err(Stop::NeedsFullRegisters)
+                }
+            }
+            Err(e) => Err(policy::reason_for_framehop(e, read_failure).into()),
+        }
+    }
+
+    /// Whether the CFI covering `lookup` is a signal trampoline's (see
+    /// [`crate::cfi::CfiIndex::is_signal_trampoline`]).
+    fn in_signal_trampoline(&self, lookup: u64) -> bool {
+        self.region(lookup)
+            .is_some_and(|r| signal_trampoline_at(r, lookup))
+    }
+
+    /// Whether `pc` lies in a function that starts threads (see [`crate::policy::is_thread_entry`]).
+    fn at_thread_entry(&self, pc: u64) -> bool {
+        self.region(pc).is_some_and(|r| {
+            r.module
+                .as_ref()
+                .is_some_and(|m| m.in_thread_entry(r.svma(pc)))
+        })
+    }
+
+    /// Validates a recovered return address: inside an executable region, right after a call.
+    /// `Ok(true)`: the address is a signal trampoline's entry (where a handler returns), to be
+    /// symbolized as an instruction.
+    fn check_return_address(&self, ra: u64, mem: &mut dyn Memory) -> Result<bool, TruncateReason> {
+        let region = self
+            .region(ra.wrapping_sub(1))
+            .ok_or(TruncateReason::NotAfterCall)?;
+        if region.module.is_none() && mem.jit_pushed_return(ra) {
+            return Ok(false);
+        }
+        // A signal handler returns into the signal trampoline, which the kernel pushed as its
+        // return address (the trampoline's FDE starts a byte early so `ra - 1` finds it).
+        if signal_trampoline_at(region, ra.wrapping_sub(1)) {
+            return Ok(true);
+        }
+        let mut buf = [0u8; 8];
+        let before = code_before(region, ra, &mut buf, mem);
+        match before {
+            Some(bytes) if is_after_call(bytes) => Ok(false),
+            Some(_) => Err(TruncateReason::NotAfterCall),
+            // Code we cannot see (anonymous memory without a reader): the executable mapping is
+            // all that can be checked.
+            None => Ok(false),
+        }
+    }
+}
+
+/// Whether `addr` (in `region`) lies in a signal trampoline's FDE.
+fn signal_trampoline_at<M: Binary>(region: &Region<M>, addr: u64) -> bool {
+    region.module.as_ref().is_some_and(|m| {
+        let svma = region.svma(addr);
+        let sections = m.unwind_sections();
+        sections.cfi(false).is_signal_trampoline(svma)
+            || sections.cfi(true).is_signal_trampoline(svma)
+    })
+}
+
+/// Up to 8 code bytes ending at `addr`.
+fn code_before<'b, M: Binary>(
+    region: &Region<M>,
+    addr: u64,
+    buf: &'b mut [u8; 8],
+    mem: &mut dyn Memory,
+) -> Option<&'b [u8]> {
+    let start = addr.saturating_sub(8).max(region.start);
+    let len = usize::try_from(addr - start).ok()?;
+    match &region.module {
+        Some(m) => m.code(region.svma(start), &mut buf[..len]),
+        None => mem.read_code(start, &mut buf[..len]).then_some(&buf[..len]),
+    }
+}

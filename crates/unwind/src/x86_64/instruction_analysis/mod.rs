@@ -1,0 +1,81 @@
+//! x86-64 instruction analysis for code without CFI: where the return address and the caller's
+//! `rbp` are at an instruction, and whether a return address follows a call.
+//!
+//! - [`native`]: ahead-of-time code without CFI (frame-pointer builds): the handful of byte
+//!   patterns that decide a frame's state (`endbr64`, `push %rbp`, `mov %rsp,%rbp`, `ret`).
+//! - [`jit`]: JIT code, whose function bounds come from the runtime's perf map or jitdump: the
+//!   instructions are decoded (iced-x86) and the frame is rebuilt by the [`prologue`] simulation
+//!   and the [`epilogue`] scan.
+//! - [`is_after_call`]: the check every recovered return address passes.
+//!
+//! Both analyses answer with one [`NoCfiRule`], which `nocfi` executes.
+
+mod decode;
+pub mod epilogue;
+pub mod jit;
+pub mod native;
+pub mod prologue;
+
+/// How to find the caller of a frame in code without CFI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoCfiRule {
+    /// Nothing pushed yet (function entry, or `ret` about to run): return address at `[sp]`,
+    /// `rbp` still the caller's.
+    ReturnAtSp,
+    /// `push %rbp` done, `mov %rsp,%rbp` not yet: saved `rbp` at `[sp]`, return address at
+    /// `[sp+8]`, `rbp` still the caller's.
+    ReturnAtSpPlus8,
+    /// Inside a frame-pointer body: return address at `[rbp+8]`, caller's `rbp` at `[rbp]`.
+    FramePointer,
+    /// Return address at `[sp+ra]`; the caller's `rbp` at `[sp+saved_bp]` when given, else still
+    /// in `rbp` (JIT code: see `jit::frame_state`).
+    ReturnAt {
+        /// Offset of the return address from `sp`.
+        ra: u32,
+        /// Offset of the saved caller's `rbp` from `sp`, once pushed.
+        saved_bp: Option<u32>,
+    },
+}
+
+/// Whether the bytes just before a return address end with a call instruction.
+///
+/// `before` holds up to 8 bytes ending right at the return address. Recognises `call rel32`
+/// (`e8`) and every `call r/m64` form (`ff /2`, `ff /3`) whose length ends exactly there.
+pub fn is_after_call(before: &[u8]) -> bool {
+    let n = before.len();
+    if n >= 5 && before[n - 5] == 0xe8 {
+        return true;
+    }
+    (2..=7.min(n)).any(|k| {
+        let at = n - k;
+        before[at] == 0xff
+            && before.get(at + 1).is_some_and(|&modrm| {
+                matches!((modrm >> 3) & 7, 2 | 3)
+                    && modrm_length(modrm, before.get(at + 2).copied()) == Some(k)
+            })
+    })
+}
+
+/// Length of an instruction `ff modrm [sib] [disp]` from its ModRM (and SIB) byte.
+fn modrm_length(modrm: u8, sib: Option<u8>) -> Option<usize> {
+    let md = modrm >> 6;
+    let rm = modrm & 7;
+    if md == 3 {
+        return Some(2);
+    }
+    let mut len = 2;
+    if rm == 4 {
+        len += 1;
+        if md == 0 && sib? & 7 == 5 {
+            len += 4;
+        }
+    } else if md == 0 && rm == 5 {
+        len += 4;
+    }
+    len += match md {
+        1 => 1,
+        2 => 4,
+        _ => 0,
+    };
+    Some(len)
+}

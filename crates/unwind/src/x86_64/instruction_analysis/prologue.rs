@@ -1,0 +1,133 @@
+//! Prologues: the byte pattern of a standard frame-pointer prologue (native code), and the
+//! prologue simulation (JIT code): forwards from a function's start up to an instruction,
+//! tracking how far the return address lies above `rsp` and whether `rbp` is a frame pointer.
+
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+use super::decode::*;
+
+pub(super) const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// Offsets within a standard frame-pointer prologue: `[endbr64] push %rbp; mov %rsp,%rbp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FpPrologue {
+    /// Offset of the `push %rbp`.
+    pub(super) push: usize,
+    /// Offset just past the `mov %rsp,%rbp`.
+    pub(super) body: usize,
+}
+
+pub(super) fn fp_prologue(code: &[u8]) -> Option<FpPrologue> {
+    let push = if code.starts_with(&ENDBR64) { 4 } else { 0 };
+    if *code.get(push)? != 0x55 {
+        return None;
+    }
+    let mov = code.get(push + 1..push + 4)?;
+    (mov == [0x48, 0x89, 0xe5] || mov == [0x48, 0x8b, 0xec]).then_some(FpPrologue {
+        push,
+        body: push + 4,
+    })
+}
+
+/// Scan 2: the state at `target` (an offset from the function's start), from the prologue.
+pub(super) fn prologue_state(code: &[u8], target: usize) -> Option<State> {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut s = INITIAL;
+    let mut instr = Instruction::default();
+    for _ in 0..MAX_INSTRUCTIONS {
+        let at = decoder.position();
+        if at == target || s.fp {
+            // At the target, or past the prologue of a frame-pointer function.
+            return Some(s);
+        }
+        if at > target {
+            // The target is not on an instruction boundary.
+            return None;
+        }
+        if !decoder.can_decode() {
+            // The bytes end inside straight-line code: the state stays what the prologue built.
+            return Some(s);
+        }
+        decoder.decode_out(&mut instr);
+        if instr.is_invalid() {
+            return None;
+        }
+        let down = match instr.mnemonic() {
+            Mnemonic::Push if op0_is_rsp(&instr) => return None,
+            Mnemonic::Push => Some(8),
+            Mnemonic::Sub if op0_is_rsp(&instr) => Some(imm(&instr)?),
+            Mnemonic::Lea if op0_is_rsp(&instr) => {
+                if !is_sp(instr.memory_base()) || instr.memory_index() != Register::None {
+                    return None;
+                }
+                let d = instr.memory_displacement64() as i64;
+                if d > 0 {
+                    // An upward move: an epilogue, the prologue is over.
+                    return Some(s);
+                }
+                Some(u32::try_from(-d).ok()?)
+            }
+            _ => None,
+        };
+        if is_nop_lea(&instr) {
+            continue;
+        }
+        if let Some(d) = rbp_store(&instr) {
+            s.saved_bp.get_or_insert(d);
+            continue;
+        }
+        if let Some(n) = down {
+            s.ra = s.ra.checked_add(n)?;
+            s.saved_bp = s.saved_bp.map(|b| b + n);
+            if instr.mnemonic() == Mnemonic::Push && op0_is_rbp(&instr) && s.saved_bp.is_none() {
+                s.saved_bp = Some(0);
+            }
+            continue;
+        }
+        if op0_is_rbp(&instr) && instr.op0_register() == Register::RBP {
+            let frame_at = match instr.mnemonic() {
+                Mnemonic::Mov
+                    if instr.op_kind(1) == OpKind::Register && is_sp(instr.op1_register()) =>
+                {
+                    Some(0)
+                }
+                Mnemonic::Lea
+                    if is_sp(instr.memory_base()) && instr.memory_index() == Register::None =>
+                {
+                    u32::try_from(instr.memory_displacement64() as i64).ok()
+                }
+                _ => None,
+            };
+            if frame_at.is_some() && frame_at == s.saved_bp {
+                s.fp = true;
+                continue;
+            }
+        }
+        let flow_ends = !matches!(
+            instr.flow_control(),
+            FlowControl::Next | FlowControl::ConditionalBranch
+        );
+        let epilogue = matches!(instr.mnemonic(), Mnemonic::Pop | Mnemonic::Leave)
+            || instr.mnemonic() == Mnemonic::Add && op0_is_rsp(&instr)
+            || instr.mnemonic() == Mnemonic::Mov && op0_is_rsp(&instr);
+        if flow_ends || epilogue {
+            if s == INITIAL && instr.mnemonic() == Mnemonic::Call {
+                // A call before anything was pushed: an out-of-line prologue (V8's baseline code
+                // calls a builtin that pushes `rbp` and sets it). A function that calls must move
+                // `rsp` first (the call would misalign the stack otherwise), so this is no frameless
+                // caller.
+                s.fp = true;
+            }
+            return Some(s);
+        }
+        if op0_is_rsp(&instr) || instr.stack_pointer_increment() != 0 {
+            // An `rsp` change not modelled (e.g. `and rsp, -16`): no guess.
+            return None;
+        }
+        if op0_is_rbp(&instr) && s.saved_bp.is_none() && writes_sp_or_bp(&instr) {
+            // `rbp` overwritten before the caller's value was saved.
+            return None;
+        }
+    }
+    Some(s)
+}
