@@ -13,7 +13,9 @@ apt_packages=()
 need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
 need_apt gcc
 need_apt zlib1g-dev
-need_apt golang-go   # pprof tests: `go tool pprof -raw` reads our output and the fixtures
+need_apt golang-go   # pprof tests: Go's runtime/pprof writes inputs, `go tool pprof -raw` reads them and our output
+need_apt linux-perf  # perf record/script make the `perf script` and collapsed-stack inputs
+need_apt libgoogle-perftools4   # gperftools' libprofiler writes a legacy CPU profile for the pprof reader
 command -v npm >/dev/null || need_apt npm   # pprof tests: npm pprof-format
 need_apt mono-mcs        # C# compiler for the live .NET targets (crates/dotnet/tests/live.rs)
 need_apt chromium        # headless browser for the speedscope web app check
@@ -39,6 +41,12 @@ fi
 if ! python3 -c 'import importlib.metadata as m, sys; sys.exit(m.version("opentelemetry-proto") != "1.45.2")' 2>/dev/null; then
     log "pip install opentelemetry-proto==1.45.2"
     python3 -m pip install -q 'opentelemetry-proto==1.45.2'
+fi
+
+# ---- py-spy writes the speedscope files the speedscope reader is tested on -------------------
+if ! command -v py-spy >/dev/null 2>&1; then
+    log "pip install py-spy==0.4.2"
+    python3 -m pip install -q 'py-spy==0.4.2' || python3 -m pip install -q --break-system-packages 'py-spy==0.4.2'
 fi
 
 # ---- .NET Core 3.1 runtime for the live EventPipe tests (PyPI dotnetcore2 ships CoreCLR 3.1) ----

@@ -2,7 +2,7 @@
 //! result or a positioned error, never a panic, a hang or unbounded memory.
 //!
 //! Run: `RUSTC_BOOTSTRAP=1 cargo fuzz run nettrace` from the workspace root (seed the corpus with
-//! the perfview traces in shared/fixtures/third_party/perfview, unzipped).
+//! traces written by `rootline dotnet collect -o x.nettrace`, or any other `.nettrace` files).
 
 #![no_main]
 

@@ -1,5 +1,8 @@
 //! Log output for the agent: human-readable lines or JSON objects, one per event, on stderr.
 //! The level comes from `RUST_LOG` when set (e.g. `RUST_LOG=rootline_agent=debug`), else `info`.
+//! Text lines are coloured only when stderr is a terminal, so log files and journals stay plain.
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -18,6 +21,7 @@ pub fn init(format: LogFormat) -> bool {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.try_init().is_ok(),

@@ -160,6 +160,10 @@ pub fn record_to(
         None
     };
     let recording = recorder::record(opts, stop, sink).map_err(|e| {
+        // Nothing was recorded unless writing failed part-way: leave no empty profile behind.
+        if format == Format::Rlp && !matches!(e, RecordError::Sink(_)) {
+            let _ = std::fs::remove_file(output);
+        }
         let code = e.exit_code() as u8;
         let message = match &e {
             RecordError::TargetGone(_) => format!("{e}; check the PID with `ps -p`"),
@@ -188,6 +192,9 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         stats.lost,
         stats.truncated_total()
     );
+    if let Some(status) = recording.exit_status {
+        let _ = writeln!(err, "rootline: the command {}", how_it_ended(status));
+    }
     let mut reasons: Vec<_> = stats.truncated.iter().collect();
     reasons.sort();
     for (reason, n) in reasons {
@@ -213,4 +220,22 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
     }
     let column = report::default_column(&recording.profile);
     let _ = report::write_report(&recording.profile, column, 10, &mut err);
+}
+
+/// How a recorded command ended, for the summary: `exited with status N` or `was killed by signal N
+/// (NAME)`.
+fn how_it_ended(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    match status.signal() {
+        Some(signal) => {
+            let name = signal_hook::low_level::signal_name(signal)
+                .map(|name| format!(" ({name})"))
+                .unwrap_or_default();
+            format!("was killed by signal {signal}{name}")
+        }
+        None => format!("ended ({status})"),
+    }
 }

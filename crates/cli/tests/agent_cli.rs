@@ -275,3 +275,47 @@ fn listening_sockets_sees_a_listener() {
     assert!(!found.is_empty(), "a bound listener was not found");
     drop(listener);
 }
+
+/// With stderr in a file (as under systemd or `2>agent.log`), the text log has no ANSI colour codes.
+#[test]
+fn the_log_has_no_colour_codes_when_stderr_is_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "export_interval = \"60s\"\n[targets]\nregex = [\"rootline-log-target\"]\n\
+             [exporters.pprof]\ndirectory = \"{}\"\n",
+            dir.path().join("pprof").display()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("agent.log");
+    let agent = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(["agent", "--config", config.to_str().unwrap()])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let status = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = agent.wait_with_output().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    if out.status.code() == Some(2) && std::env::var_os("CI").is_none() {
+        eprintln!("skipping: perf events not permitted here: {text}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    // Text lines at level INFO were written, and none holds an escape sequence.
+    assert!(
+        text.lines().any(|l| l.contains(" INFO ")),
+        "no INFO line: {text:?}"
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in the log: {text:?}"
+    );
+}

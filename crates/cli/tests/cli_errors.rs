@@ -1,7 +1,14 @@
 //! The `rootline` binary on bad input: one-line errors naming the file (and line), exit code 1.
 
+#[path = "../../../tests/support/fixtures.rs"]
+mod fixtures;
+#[path = "../../../tests/support/real_tools.rs"]
+mod real_tools;
+
 use std::path::Path;
 use std::process::{Command, Output};
+
+use inferno::collapse::Collapse;
 
 fn rootline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rootline"))
@@ -67,15 +74,14 @@ fn usage_errors_exit_1_and_help_exits_0() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("rootline "));
 }
 
-#[test]
-fn convert_and_report_a_real_collapsed_file() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/third_party/flamegraph/test/results/perf-numa-stacks-01-collapsed-all.txt");
+/// Converts a collapsed file to SVG and reports its top functions with the call tree; returns the
+/// report.
+fn convert_and_report(folded: &Path, function: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("out.svg");
     let out = rootline(&[
         "convert",
-        fixture.to_str().unwrap(),
+        folded.to_str().unwrap(),
         "--input-format",
         "folded",
         "-o",
@@ -83,17 +89,71 @@ fn convert_and_report_a_real_collapsed_file() {
     ]);
     assert!(out.status.success(), "{out:?}");
     let text = std::fs::read_to_string(&svg).unwrap();
-    assert!(text.starts_with("<?xml") && text.contains("native_safe_halt"));
+    assert!(text.starts_with("<?xml") && text.contains(function));
 
-    let out = rootline(&["report", fixture.to_str().unwrap(), "--top", "3", "--tree"]);
+    let out = rootline(&["report", folded.to_str().unwrap(), "--top", "3", "--tree"]);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Call tree"), "{text}");
+    text
+}
+
+#[test]
+fn convert_and_report_a_real_collapsed_file() {
+    let Some(fixture) = fixtures::third_party(
+        "convert_and_report_a_real_collapsed_file",
+        "flamegraph/test/results/perf-numa-stacks-01-collapsed-all.txt",
+    ) else {
+        return;
+    };
+    let text = convert_and_report(&fixture, "native_safe_halt");
     // 74 of the 199 samples end in native_safe_halt (72 + 2 in the file itself).
     assert!(
         text.contains("37.19%   37.19%  native_safe_halt_[k]"),
         "{text}"
     );
-    assert!(text.contains("Call tree"), "{text}");
+}
+
+/// The collapsed file inferno makes of a perf recording made now: the report's self and total
+/// shares of the workload's leaf are the ones the file's counts give.
+#[test]
+fn convert_and_report_a_collapsed_perf_recording() {
+    let Some(script) = real_tools::perf_script() else {
+        return;
+    };
+    let mut collapsed = Vec::new();
+    inferno::collapse::perf::Folder::default()
+        .collapse(script.as_bytes(), &mut collapsed)
+        .unwrap();
+    let folded_text = String::from_utf8(collapsed).unwrap();
+    let (mut total, mut leaf_self, mut leaf_total) = (0u64, 0u64, 0u64);
+    for line in folded_text.lines() {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        let count: u64 = count.parse().unwrap();
+        total += count;
+        if stack.ends_with(";rl_leaf") {
+            leaf_self += count;
+        }
+        if stack.split(';').any(|f| f == "rl_leaf") {
+            leaf_total += count;
+        }
+    }
+    assert!(leaf_self > 0, "{folded_text}");
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("perf.folded");
+    std::fs::write(&folded, &folded_text).unwrap();
+    let text = convert_and_report(&folded, "rl_leaf");
+    let percent = |n: u64| format!("{:.2}%", n as f64 * 100.0 / total as f64);
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(2) == Some("rl_leaf"))
+        .unwrap_or_else(|| panic!("no rl_leaf line: {text}"));
+    let columns: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        columns[..2],
+        [percent(leaf_self), percent(leaf_total)],
+        "{text}"
+    );
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! `rootline` with .NET: `.nettrace` input for convert/report, and `dotnet ps|collect` against a
 //! live .NET Core 3.1 process, including Ctrl-C and SIGKILL of rootline mid-collection.
 
+#[path = "../../../tests/support/fixtures.rs"]
+mod fixtures;
 #[path = "../../dotnet/tests/common/live.rs"]
 mod live;
 
@@ -18,11 +20,9 @@ fn rootline(args: &[&str]) -> Output {
         .expect("run rootline")
 }
 
-/// Unzips a perfview fixture into `dir`.
-fn perfview_trace(name: &str, dir: &Path) -> PathBuf {
-    let zip_path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/third_party/perfview")
-        .join(format!("{name}.nettrace.zip"));
+/// Unzips a perfview fixture into `dir`; `None` (skipping `test`) when the fixtures are absent.
+fn perfview_trace(test: &str, name: &str, dir: &Path) -> Option<PathBuf> {
+    let zip_path = fixtures::third_party(test, &format!("perfview/{name}.nettrace.zip"))?;
     let mut zip = zip::ZipArchive::new(std::fs::File::open(&zip_path).unwrap()).unwrap();
     let mut data = Vec::new();
     zip.by_name(&format!("{name}.nettrace"))
@@ -31,13 +31,34 @@ fn perfview_trace(name: &str, dir: &Path) -> PathBuf {
         .unwrap();
     let path = dir.join(format!("{name}.nettrace"));
     std::fs::write(&path, data).unwrap();
-    path
+    Some(path)
 }
 
-#[test]
-fn convert_and_report_read_nettrace() {
+/// `rootline dotnet collect -o DIR/live.nettrace` of a live `Rec.exe 150 30` for 2 seconds; `None`
+/// (after a printed reason) when the .NET tools are missing.
+fn collected_trace(test: &str, dir: &Path) -> Option<PathBuf> {
+    let (dotnet, mcs) = tools(test)?;
+    let exe = build_target(&dotnet, &mcs, dir);
+    let target = Target::start(&dotnet, &exe, 150, 30);
+    let trace = dir.join("live.nettrace");
+    let out = rootline(&[
+        "dotnet",
+        "collect",
+        "-p",
+        &target.pid().to_string(),
+        "--duration",
+        "2",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    Some(trace)
+}
+
+/// Converts `trace` to folded text and checks its total; reports its top functions; and reads it
+/// again under a name that says nothing. Returns the folded text and the report.
+fn convert_and_report(trace: &Path, total: u64) -> (String, String) {
     let dir = tempfile::tempdir().unwrap();
-    let trace = perfview_trace("only_managed_samples", dir.path());
     let folded = dir.path().join("out.folded");
     let out = rootline(&[
         "convert",
@@ -47,33 +68,28 @@ fn convert_and_report_read_nettrace() {
     ]);
     assert!(out.status.success(), "{out:?}");
     let text = std::fs::read_to_string(&folded).unwrap();
-    let total: u64 = text
+    let sum: u64 = text
         .lines()
         .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
         .sum();
-    assert_eq!(total, 7423, "every thread sample");
-    assert!(text.contains("NoNativeStacks!NoNativeStacks.Program.Main(class System.String[]);"));
+    assert_eq!(sum, total, "every thread sample");
 
     let out = rootline(&["report", trace.to_str().unwrap(), "--top", "5"]);
     assert!(out.status.success(), "{out:?}");
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        report.contains("NoNativeStacks.Program.FindByte"),
-        "{report}"
-    );
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
 
     // Known by its content too, whatever the name.
     let renamed = dir.path().join("trace.bin");
-    std::fs::copy(&trace, &renamed).unwrap();
+    std::fs::copy(trace, &renamed).unwrap();
     let out = rootline(&["report", renamed.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
+    (text, report)
 }
 
-#[test]
-fn a_truncated_nettrace_is_a_positioned_one_line_error() {
+/// Cuts `trace` to a third and checks `rootline report` rejects it in one line with the offset.
+fn assert_cut_is_a_positioned_one_line_error(trace: &Path) {
     let dir = tempfile::tempdir().unwrap();
-    let trace = perfview_trace("mixed_managed_external_samples", dir.path());
-    let data = std::fs::read(&trace).unwrap();
+    let data = std::fs::read(trace).unwrap();
     let cut = dir.path().join("cut.nettrace");
     std::fs::write(&cut, &data[..data.len() / 3]).unwrap();
     let out = rootline(&["report", cut.to_str().unwrap()]);
@@ -84,6 +100,52 @@ fn a_truncated_nettrace_is_a_positioned_one_line_error() {
         stderr.contains("cut.nettrace") && stderr.contains("at byte"),
         "{stderr}"
     );
+}
+
+#[test]
+fn convert_and_report_read_nettrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let test = "convert_and_report_read_nettrace";
+    let Some(trace) = perfview_trace(test, "only_managed_samples", dir.path()) else {
+        return;
+    };
+    let (text, report) = convert_and_report(&trace, 7423);
+    assert!(text.contains("NoNativeStacks!NoNativeStacks.Program.Main(class System.String[]);"));
+    assert!(
+        report.contains("NoNativeStacks.Program.FindByte"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_truncated_nettrace_is_a_positioned_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let test = "a_truncated_nettrace_is_a_positioned_one_line_error";
+    if let Some(trace) = perfview_trace(test, "mixed_managed_external_samples", dir.path()) {
+        assert_cut_is_a_positioned_one_line_error(&trace);
+    }
+}
+
+/// A trace `rootline dotnet collect` wrote now: converted with every sample, reported with the
+/// spinning leaf on top, and rejected in one line when cut.
+#[test]
+fn a_collected_nettrace_converts_reports_and_is_rejected_when_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let test = "a_collected_nettrace_converts_reports_and_is_rejected_when_cut";
+    let Some(trace) = collected_trace(test, dir.path()) else {
+        return;
+    };
+    let profile = rootline_dotnet::read_profile(std::fs::File::open(&trace).unwrap()).unwrap();
+    // The first column counts thread samples (allocation ticks, if any, weigh 0 in it).
+    let samples = profile.totals()[0] as u64;
+    assert!(samples > 100, "{samples} samples");
+    let (text, report) = convert_and_report(&trace, samples);
+    assert!(
+        text.contains(";Rec!Rec.Shallow(class System.Object);"),
+        "{text}"
+    );
+    assert!(report.contains("Rec.Spin(int32)"), "{report}");
+    assert_cut_is_a_positioned_one_line_error(&trace);
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! `rootline record` end to end: a launched command recorded to `.rlp` and re-read, and the
-//! exit codes of DESIGN.md §6 (3: target gone, 2: permission, with the fix named).
+//! `rootline record` end to end: a launched command recorded to `.rlp` and re-read, how the command
+//! ended, a command that cannot start, and the exit codes of docs/design.md (3: target gone, 2:
+//! permission, with the fix named).
 #![cfg(target_os = "linux")]
 
 use std::process::Command;
@@ -27,6 +28,10 @@ fn records_a_command_into_a_readable_rlp() {
     let stderr = String::from_utf8_lossy(&status.stderr);
     assert!(status.status.success(), "{stderr}");
     assert!(stderr.contains("samples on"), "summary on stderr: {stderr}");
+    assert!(
+        stderr.contains("rootline: the command exited with status 0"),
+        "{stderr}"
+    );
     let report = rootline().arg("report").arg(&out).output().unwrap();
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(report.status.success());
@@ -89,4 +94,87 @@ fn no_permission_exits_with_2_and_names_the_fix() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("perf_event_paranoid"), "{stderr}");
     assert!(stderr.contains("CAP_PERFMON"), "{stderr}");
+}
+
+/// Records `sh -c SCRIPT` into a folded file; returns rootline's exit code and stderr.
+fn record_shell(script: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = rootline()
+        .args(["record", "-o"])
+        .arg(dir.path().join("sh.folded"))
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_summary_says_how_the_command_ended() {
+    let (code, stderr) = record_shell("exit 3");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("rootline: the command exited with status 3\n"),
+        "{stderr}"
+    );
+    let (code, stderr) = record_shell("kill -KILL $$");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("rootline: the command was killed by signal 9 (SIGKILL)\n"),
+        "{stderr}"
+    );
+}
+
+/// `rootline record -o DIR/out.rlp -- PROGRAM`: exit 1, exactly `expected` on stderr, no profile.
+fn assert_cannot_run(program: &std::path::Path, expected: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("out.rlp");
+    let out = rootline()
+        .args(["record", "-o"])
+        .arg(&profile)
+        .arg("--")
+        .arg(program)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("{expected}\n")
+    );
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(!profile.exists(), "a profile was written");
+}
+
+#[test]
+fn a_command_that_cannot_start_is_a_one_line_error() {
+    assert_cannot_run(
+        "/no/such/program".as_ref(),
+        "rootline: error: cannot run /no/such/program: No such file or directory (os error 2)",
+    );
+    // Looked up in PATH, as a shell would.
+    assert_cannot_run(
+        "rootline-no-such-program".as_ref(),
+        "rootline: error: cannot run rootline-no-such-program: No such file or directory (os error 2)",
+    );
+    // A file without execute permission.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    assert_cannot_run(
+        &script,
+        &format!(
+            "rootline: error: cannot run {}: Permission denied (os error 13)",
+            script.display()
+        ),
+    );
+    // A directory.
+    assert_cannot_run(
+        dir.path(),
+        &format!(
+            "rootline: error: cannot run {}: Permission denied (os error 13)",
+            dir.path().display()
+        ),
+    );
 }

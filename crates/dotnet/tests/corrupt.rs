@@ -1,10 +1,12 @@
 //! Truncated and corrupted input: the reader must answer with a positioned error, never panic.
 //! A bounded mutation run over real traces (the `cargo fuzz` target `nettrace` runs the same
-//! check without a bound).
+//! check without a bound): one collected now from a live .NET process, and perfview's when the
+//! third-party fixtures are present.
 
 mod common;
 
-use common::{FIXTURES, fixture};
+use common::live::recorded_trace;
+use common::{FIXTURES, fixture, perfview_dir};
 use rootline_dotnet::{NetTraceReader, read_profile};
 
 /// Reads the whole stream; returns the error, if any.
@@ -22,11 +24,10 @@ fn read_all(data: &[u8]) -> Option<rootline_dotnet::NetTraceError> {
     }
 }
 
-#[test]
-fn every_truncation_is_a_positioned_eof_error() {
-    let data = fixture(FIXTURES[2]);
-    assert!(read_all(&data).is_none(), "the whole file reads");
-    for len in 0..data.len() {
+/// Every cut in `cuts` is a truncation error at or before the cut, and the whole trace reads.
+fn assert_cuts_are_positioned_eof_errors(data: &[u8], cuts: impl Iterator<Item = usize>) {
+    assert!(read_all(data).is_none(), "the whole file reads");
+    for len in cuts {
         let e = read_all(&data[..len]).unwrap_or_else(|| panic!("cut at {len} read cleanly"));
         assert!(e.is_truncated(), "cut at {len}: {e}");
         assert!(
@@ -34,19 +35,42 @@ fn every_truncation_is_a_positioned_eof_error() {
             "cut at {len}: error offset {}",
             e.offset
         );
+        assert!(e.to_string().contains(&format!("at byte {}", e.offset)));
         assert!(read_profile(&data[..len]).is_err());
     }
 }
 
 #[test]
+fn every_truncation_is_a_positioned_eof_error() {
+    let Some(dir) = perfview_dir("every_truncation_is_a_positioned_eof_error") else {
+        return;
+    };
+    let data = fixture(&dir, FIXTURES[2]);
+    assert_cuts_are_positioned_eof_errors(&data, 0..data.len());
+}
+
+#[test]
 fn truncating_a_large_trace_reports_where() {
-    let data = fixture(FIXTURES[4]);
-    for len in [9, 100, 1000, 4096, 100_000, data.len() / 2, data.len() - 1] {
-        let e = read_all(&data[..len]).expect("error");
-        assert!(e.is_truncated(), "cut at {len}: {e}");
-        assert!(e.offset <= len as u64);
-        assert!(e.to_string().contains(&format!("at byte {}", e.offset)));
-    }
+    let Some(dir) = perfview_dir("truncating_a_large_trace_reports_where") else {
+        return;
+    };
+    let data = fixture(&dir, FIXTURES[4]);
+    let cuts = [9, 100, 1000, 4096, 100_000, data.len() / 2, data.len() - 1];
+    assert_cuts_are_positioned_eof_errors(&data, cuts.into_iter());
+}
+
+/// A trace collected now: every cut in its first 2 KiB (header, metadata, the first stacks), then
+/// 200 cuts spread over the rest, down to the rundown at its end.
+#[test]
+fn truncating_a_collected_trace_is_a_positioned_eof_error() {
+    let Some(data) = recorded_trace("truncating_a_collected_trace_is_a_positioned_eof_error")
+    else {
+        return;
+    };
+    let head = data.len().min(2 << 10);
+    let step = (data.len() / 200).max(1);
+    let cuts = (0..head).chain((head..data.len()).step_by(step));
+    assert_cuts_are_positioned_eof_errors(data, cuts.chain([data.len() - 1]));
 }
 
 #[test]
@@ -73,17 +97,14 @@ impl Rng {
     }
 }
 
-#[test]
-fn random_mutations_never_panic() {
+/// 600 rounds of random damage to `small` and `head`, alternately: every error is positioned
+/// within the input, nothing panics, and the damage reaches the error paths.
+fn assert_mutations_never_panic(small: &[u8], head: &[u8]) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let small = fixture(FIXTURES[2]);
-    // The head of a sampled trace: metadata, stacks, compressed event headers.
-    let big = fixture(FIXTURES[3]);
-    let head = &big[..48 * 1024];
     let mut outcomes = [0usize; 2];
     for round in 0..600 {
         let mut data = if round % 2 == 0 {
-            small.clone()
+            small.to_vec()
         } else {
             head.to_vec()
         };
@@ -108,4 +129,26 @@ fn random_mutations_never_panic() {
     }
     // The mutations must actually exercise the error paths.
     assert!(outcomes[1] > 300, "{outcomes:?}");
+}
+
+#[test]
+fn random_mutations_never_panic() {
+    let Some(dir) = perfview_dir("random_mutations_never_panic") else {
+        return;
+    };
+    let small = fixture(&dir, FIXTURES[2]);
+    // The head of a sampled trace: metadata, stacks, compressed event headers.
+    let big = fixture(&dir, FIXTURES[3]);
+    assert_mutations_never_panic(&small, &big[..48 * 1024]);
+}
+
+/// The same damage to a trace collected now: the whole trace (down to the rundown's method events
+/// and the end of the stream) and its head (metadata, stacks, the first samples).
+#[test]
+fn random_mutations_of_a_collected_trace_never_panic() {
+    let Some(data) = recorded_trace("random_mutations_of_a_collected_trace_never_panic") else {
+        return;
+    };
+    eprintln!("collected trace: {} bytes", data.len());
+    assert_mutations_never_panic(data, &data[..data.len().min(48 * 1024)]);
 }

@@ -2,13 +2,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::{fixtures, real_tools};
 
 use rootline_formats::chromium;
 
 #[test]
 fn every_trace_event_fixture_reads() {
-    let root = common::third_party();
+    let Some(root) = fixtures::third_party("every_trace_event_fixture_reads", "") else {
+        return;
+    };
     let mut files = Vec::new();
     for dir in [
         "catapult",
@@ -67,9 +71,7 @@ fn strip_args(frame: &str) -> &str {
     frame.split_once(" {").map_or(frame, |(name, _)| name)
 }
 
-fn speedscope_snapshots() -> Vec<Snapshot> {
-    let path =
-        common::third_party().join("speedscope/src/import/__snapshots__/trace-event.test.ts.snap");
+fn speedscope_snapshots(path: &std::path::Path) -> Vec<Snapshot> {
     let text = std::fs::read_to_string(path).unwrap();
     let mut by_test: BTreeMap<String, BTreeMap<String, (i64, i64)>> = BTreeMap::new();
     let mut files: BTreeMap<String, String> = BTreeMap::new();
@@ -154,8 +156,17 @@ const AGREEING: &[&str] = &[
 
 #[test]
 fn slices_nest_as_speedscope_nests_them() {
-    let dir = common::third_party().join("speedscope/sample/profiles/trace-event");
-    let snapshots = speedscope_snapshots();
+    let test = "slices_nest_as_speedscope_nests_them";
+    let (Some(dir), Some(snap)) = (
+        fixtures::third_party(test, "speedscope/sample/profiles/trace-event"),
+        fixtures::third_party(
+            test,
+            "speedscope/src/import/__snapshots__/trace-event.test.ts.snap",
+        ),
+    ) else {
+        return;
+    };
+    let snapshots = speedscope_snapshots(&snap);
     assert!(snapshots.len() > 20, "speedscope snapshots not found");
     let mut agreeing = Vec::new();
     for snap in &snapshots {
@@ -184,4 +195,78 @@ fn slices_nest_as_speedscope_nests_them() {
     let mut expected = AGREEING.to_vec();
     expected.sort();
     assert_eq!(agreeing, expected);
+}
+
+/// Per thread (`pid/tid`), the time in nanoseconds covered by at least one slice, and the names of
+/// the slices that last: worked out from the JSON directly, independently of the reader.
+fn covered_time_and_names(trace: &serde_json::Value) -> (BTreeMap<String, i64>, BTreeSet<String>) {
+    let mut intervals: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    let mut open: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+    let mut names = BTreeSet::new();
+    for e in trace["traceEvents"].as_array().unwrap() {
+        let thread = format!("{}/{}", e["pid"], e["tid"]);
+        let ts = (e["ts"].as_f64().unwrap_or(0.0) * 1000.0).round() as i64;
+        let name = e["name"].as_str().unwrap_or("").to_owned();
+        let mut slice = |name: String, start: i64, end: i64| {
+            if end > start {
+                names.insert(name);
+                intervals
+                    .entry(thread.clone())
+                    .or_default()
+                    .push((start, end));
+            }
+        };
+        match e["ph"].as_str().unwrap() {
+            "X" => {
+                let dur = (e["dur"].as_f64().unwrap() * 1000.0).round() as i64;
+                slice(name, ts, ts + dur);
+            }
+            "B" => open.entry(thread.clone()).or_default().push((name, ts)),
+            "E" => {
+                let (name, start) = open.get_mut(&thread).unwrap().pop().unwrap();
+                slice(name, start, ts);
+            }
+            _ => {}
+        }
+    }
+    let covered = intervals
+        .into_iter()
+        .map(|(thread, mut spans)| {
+            spans.sort();
+            let (mut total, mut reach) = (0, i64::MIN);
+            for (start, end) in spans {
+                let start = start.max(reach);
+                if end > start {
+                    total += end - start;
+                    reach = end;
+                }
+            }
+            (thread, total)
+        })
+        .collect();
+    (covered, names)
+}
+
+/// A trace node wrote while running a script: every thread's slices rebuild into samples covering
+/// exactly the time some slice was open, with every slice that lasted on a stack.
+#[test]
+fn a_node_trace_reads_into_the_time_its_slices_cover() {
+    let Some(path) = real_tools::node_trace() else {
+        return;
+    };
+    let bytes = std::fs::read(path).unwrap();
+    let (covered, names) = covered_time_and_names(&serde_json::from_slice(&bytes).unwrap());
+    assert!(names.contains("V8.DeserializeIsolate"), "{names:?}");
+    let profile = chromium::read(&bytes[..]).unwrap();
+    let mut ours: BTreeMap<String, i64> = BTreeMap::new();
+    let mut our_names = BTreeSet::new();
+    for (key, weight) in common::stack_totals(&profile, 0) {
+        let (thread, stack) = key.split_once(':').unwrap();
+        if weight > 0 && !stack.is_empty() {
+            *ours.entry(thread.to_owned()).or_insert(0) += weight;
+            our_names.extend(stack.split(';').map(str::to_owned));
+        }
+    }
+    assert_eq!(ours, covered);
+    assert_eq!(our_names, names);
 }

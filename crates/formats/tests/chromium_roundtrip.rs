@@ -231,13 +231,21 @@ fn bad_input_gives_positioned_errors() {
 #[test]
 fn mutated_inputs_never_panic() {
     let mut seeds: Vec<Vec<u8>> = vec![DOTNET.as_bytes().to_vec(), write(&timed_profile(2, 5, 8))];
-    let dir = common::third_party().join("speedscope/sample/profiles/trace-event");
-    for name in [
-        "bex-interaction.json",
-        "simple-with-samples.json",
-        "multiprocess.json",
-    ] {
-        seeds.push(std::fs::read(dir.join(name)).unwrap());
+    // Real traces: one node writes now, and speedscope's samples when the fixtures are present.
+    if let Some(trace) = common::real_tools::node_trace() {
+        seeds.push(std::fs::read(trace).unwrap());
+    }
+    if let Some(dir) = common::fixtures::third_party(
+        "mutated_inputs_never_panic (speedscope's samples)",
+        "speedscope/sample/profiles/trace-event",
+    ) {
+        for name in [
+            "bex-interaction.json",
+            "simple-with-samples.json",
+            "multiprocess.json",
+        ] {
+            seeds.push(std::fs::read(dir.join(name)).unwrap());
+        }
     }
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {

@@ -7,7 +7,7 @@ use pprof_common as common;
 use std::collections::{BTreeMap, HashSet};
 use std::process::Command;
 
-use common::{have_tool, rich_profile, run, scratch, third_party};
+use common::{fixtures, have_tool, real_tools, rich_profile, run, scratch};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use rootline_formats::{otlp, pprof};
 use rootline_profile::Profile;
@@ -15,13 +15,19 @@ use serde_json::{Value as Json, json};
 
 fn profiles() -> Vec<(String, Profile)> {
     let mut out = vec![("rich".to_owned(), rich_profile())];
-    for path in [
+    // Real profiles: Go's, written now, and the fixtures when present.
+    let go = real_tools::go_profiles();
+    let generated = go.iter().flat_map(|go| [go.cpu.clone(), go.heap.clone()]);
+    let present = [
         "pprof/internal/report/testdata/sample.cpu",
         "pprof/internal/driver/testdata/go.nomappings.crash",
         "speedscope/sample/profiles/pprof/simple.prof",
-    ] {
-        let bytes = std::fs::read(third_party().join(path)).unwrap();
-        out.push((path.to_owned(), pprof::read(&bytes[..]).unwrap()));
+    ]
+    .into_iter()
+    .filter_map(|path| fixtures::third_party("otlp tests (fixtures)", path));
+    for path in generated.chain(present) {
+        let bytes = std::fs::read(&path).unwrap();
+        out.push((path.display().to_string(), pprof::read(&bytes[..]).unwrap()));
     }
     out
 }

@@ -1,5 +1,6 @@
-//! pprof: our output read by `go tool pprof` and npm `pprof-format`; real files read and checked
-//! against `go tool pprof`; round trips; bad input.
+//! pprof: our output read by `go tool pprof` and npm `pprof-format`; real files (written now by Go's
+//! runtime/pprof and gperftools, and the third-party fixtures when present) read and checked against
+//! `go tool pprof`; round trips; bad input.
 
 mod pprof_common;
 use pprof_common as common;
@@ -8,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{have_tool, rich_profile, run, scratch, stack_totals, third_party};
+use common::{fixtures, have_tool, real_tools, rich_profile, run, scratch, stack_totals};
 use prost::Message;
 use rootline_formats::pprof::{self, proto};
 use rootline_formats::{FormatError, Position};
@@ -21,10 +22,28 @@ struct Summary {
     stacks: BTreeMap<String, i64>,
 }
 
+/// Our [`Summary`] of `profile`. Stacks whose every sample has only zero values are left out, as
+/// pprof leaves out samples with all values zero when it reads a file.
 fn summary_of(profile: &Profile) -> Summary {
+    let samples = profile.samples();
+    let mut stacks = BTreeMap::new();
+    let mut frames = Vec::new();
+    for i in 0..samples.len() {
+        if samples.values.iter().all(|column| column[i] == 0) {
+            continue;
+        }
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let key = frames
+            .iter()
+            .map(|&f| profile.frame_name(f))
+            .collect::<Vec<_>>()
+            .join(";");
+        let value = samples.values.first().map_or(1, |c| c[i]);
+        *stacks.entry(key).or_insert(0) += value;
+    }
     Summary {
         totals: profile.totals(),
-        stacks: stack_totals(profile),
+        stacks,
     }
 }
 
@@ -119,7 +138,7 @@ fn parse_go_raw(text: &str) -> Summary {
 fn go_pprof_raw(path: &Path) -> Summary {
     let empty = scratch("no-binaries");
     let text = run(Command::new("go")
-        .args(["tool", "pprof", "-raw"])
+        .args(["tool", "pprof", "-raw", "-symbolize=none"])
         .arg(path)
         .env("PPROF_BINARY_PATH", empty));
     parse_go_raw(&text)
@@ -150,7 +169,8 @@ fn pprof_format_decode(path: &Path) -> Summary {
 }
 
 /// The real pprof files among the fixtures: every file under `pprof/` except texts and licences,
-/// plus the sample profiles other viewers ship.
+/// plus the sample profiles other viewers ship. Empty (after a printed reason) when the fixtures are
+/// absent.
 fn fixture_files() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -165,12 +185,28 @@ fn fixture_files() -> Vec<PathBuf> {
             }
         }
     }
-    let root = third_party();
+    let (Some(pprof), Some(speedscope)) = (
+        fixtures::third_party("the pprof fixtures", "pprof"),
+        fixtures::third_party("the pprof fixtures", "speedscope/sample/profiles/pprof"),
+    ) else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
-    walk(&root.join("pprof"), &mut out);
-    walk(&root.join("speedscope/sample/profiles/pprof"), &mut out);
+    walk(&pprof, &mut out);
+    walk(&speedscope, &mut out);
     out.sort();
-    assert!(out.len() >= 7, "fixtures missing under {}", root.display());
+    assert!(out.len() >= 7, "fixtures missing under {}", pprof.display());
+    out
+}
+
+/// pprof files the real writers make now: Go's CPU and heap profiles (gzipped profile.proto) and
+/// a gperftools legacy CPU profile, each when its tool is installed.
+fn generated_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(go) = real_tools::go_profiles() {
+        out.extend([go.cpu.clone(), go.heap.clone()]);
+    }
+    out.extend(real_tools::gperftools_cpu_profile().map(Path::to_path_buf));
     out
 }
 
@@ -186,10 +222,10 @@ fn write_to(profile: &Profile, name: &str) -> PathBuf {
     path
 }
 
-/// Profiles to write: the rich synthetic one and every fixture we read.
+/// Profiles to write: the rich synthetic one, the generated files and every fixture we read.
 fn profiles_to_write() -> Vec<(String, Profile)> {
     let mut out = vec![("rich".to_owned(), rich_profile())];
-    for path in fixture_files() {
+    for path in generated_files().into_iter().chain(fixture_files()) {
         if let Ok(p) = read_file(&path) {
             out.push((path.file_name().unwrap().to_string_lossy().into_owned(), p));
         }
@@ -235,9 +271,13 @@ fn pprof_format_reads_our_output_with_equal_totals_and_stacks() {
 /// legacy CPU profiles), totals and stacks match it; and all agree with `go tool pprof -raw`.
 #[test]
 fn fixtures_are_read_and_agree_with_expected_output_and_go_tool_pprof() {
+    let files = fixture_files();
+    if files.is_empty() {
+        return;
+    }
     let go = have_tool("go", &["version"], "apt-get install golang-go");
     let mut expected_checked = 0;
-    for path in fixture_files() {
+    for path in files {
         let profile = read_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(!profile.samples().is_empty(), "{}", path.display());
         let ours = summary_of(&profile);
@@ -255,6 +295,55 @@ fn fixtures_are_read_and_agree_with_expected_output_and_go_tool_pprof() {
         }
     }
     assert_eq!(expected_checked, 3);
+}
+
+/// What Go's runtime/pprof and gperftools write now is read, and agrees with `go tool pprof -raw`.
+#[test]
+fn go_and_gperftools_profiles_are_read_and_agree_with_go_tool_pprof() {
+    let files = generated_files();
+    if files.is_empty() || !have_tool("go", &["version"], "apt-get install golang-go") {
+        return;
+    }
+    for path in &files {
+        let profile = read_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!profile.samples().is_empty(), "{}", path.display());
+        assert_eq!(
+            summary_of(&profile),
+            go_pprof_raw(path),
+            "{}",
+            path.display()
+        );
+    }
+    // The Go profiles name the workload's functions, innermost last.
+    let go = real_tools::go_profiles().unwrap();
+    let cpu = stack_totals(&read_file(&go.cpu).unwrap());
+    assert!(
+        cpu.keys()
+            .any(|s| s.ends_with("main.main;main.outer;main.middle;main.leaf")),
+        "{cpu:?}"
+    );
+    let heap = read_file(&go.heap).unwrap();
+    let types: Vec<&str> = heap
+        .sample_types()
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "alloc_objects",
+            "alloc_space",
+            "inuse_objects",
+            "inuse_space"
+        ]
+    );
+    // 100 live 4 KiB buffers from main.allocate, every allocation sampled (MemProfileRate = 1).
+    let allocate: i64 = common::stack_totals(&heap)
+        .iter()
+        .filter(|(s, _)| s.ends_with("main.main;main.allocate"))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(allocate >= 100, "{allocate} allocations in main.allocate");
 }
 
 /// Every sample's thread and frames (leaf first) with its values, for exact comparisons.
@@ -399,11 +488,11 @@ fn byte_error(result: Result<Profile, FormatError>) -> (u64, String) {
     }
 }
 
-#[test]
-fn truncated_input_gives_positioned_errors() {
-    let gz =
-        std::fs::read(third_party().join("pprof/internal/report/testdata/sample.cpu")).unwrap();
-    let raw = gunzip(&gz);
+/// Cuts of a gzipped profile.proto: inside the protobuf, an error before the cut (most cuts fall
+/// inside a field; the few at field boundaries decode to fewer rows); inside the gzip stream, a gzip
+/// error.
+fn assert_cuts_of_protobuf_are_positioned(name: &str, gz: &[u8]) {
+    let raw = gunzip(gz);
     let mut errors = 0;
     for cut in 1..raw.len() {
         match pprof::read(&raw[..cut]) {
@@ -412,34 +501,84 @@ fn truncated_input_gives_positioned_errors() {
                 position: Position::Byte(at),
                 ..
             }) => {
-                assert!(at < cut as u64, "cut {cut}: error at {at}");
+                assert!(at < cut as u64, "{name}: cut {cut}: error at {at}");
                 errors += 1;
             }
-            Err(other) => panic!("cut {cut}: {other}"),
+            Err(other) => panic!("{name}: cut {cut}: {other}"),
         }
     }
-    // Most cuts fall inside a field; the few at field boundaries decode to fewer rows.
-    assert!(errors > raw.len() / 2, "{errors} errors");
-    // Legacy CPU profiles: a cut inside the samples is an error at the record; a cut in the maps
-    // text after them still reads.
-    let legacy = std::fs::read(third_party().join("pprof/profile/testdata/cppbench.cpu")).unwrap();
-    let mut legacy_errors = 0;
-    // Every 11th cut (the words are 8 bytes, so cuts land at every offset within a word).
-    for cut in (1..legacy.len()).step_by(11) {
-        if let Err(e) = pprof::read(&legacy[..cut]) {
-            let (at, _) = byte_error(Err(e));
-            assert!(at < cut as u64, "cut {cut}: error at {at}");
-            legacy_errors += 1;
-        }
-    }
-    assert!(
-        legacy_errors > legacy.len() / 11 / 4,
-        "{legacy_errors} errors"
-    );
+    assert!(errors > raw.len() / 2, "{name}: {errors} errors");
     for cut in 2..gz.len() {
         let (at, message) = byte_error(pprof::read(&gz[..cut]));
-        assert!(at <= cut as u64);
-        assert!(message.contains("gzip"), "{message}");
+        assert!(at <= cut as u64, "{name}");
+        assert!(message.contains("gzip"), "{name}: {message}");
+    }
+}
+
+/// Length of a legacy CPU profile's binary part: header, sample records and the trailer
+/// record (count 0, depth 1, pc 0), before the maps text.
+fn legacy_binary_len(bytes: &[u8]) -> usize {
+    let word = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+    // Header: 0, the number of header words that follow (3), version, period, padding.
+    let header_words = 2 + word(1) as usize;
+    let mut i = header_words;
+    loop {
+        let (count, depth) = (word(i), word(i + 1) as usize);
+        i += 2 + depth;
+        if count == 0 && depth == 1 && word(i - 1) == 0 {
+            return i * 8;
+        }
+    }
+}
+
+/// Cuts of a legacy CPU profile: a cut inside a word of the binary records is an error before the
+/// cut; a cut in the maps text after them still reads.
+fn assert_cuts_of_legacy_are_positioned(name: &str, legacy: &[u8]) {
+    let binary = legacy_binary_len(legacy);
+    assert!(binary < legacy.len(), "{name}: no maps text");
+    let mut errors = 0;
+    // Every 11th cut (the words are 8 bytes, so cuts land at every offset within a word).
+    for cut in (1..legacy.len()).step_by(11) {
+        match pprof::read(&legacy[..cut]) {
+            Err(e) => {
+                let (at, _) = byte_error(Err(e));
+                assert!(at < cut as u64, "{name}: cut {cut}: error at {at}");
+                errors += 1;
+            }
+            // A cut between two words of the records reads as the records before it.
+            Ok(_) => assert!(
+                cut >= binary || cut % 8 == 0,
+                "{name}: cut {cut} inside a word of the {binary}-byte records read"
+            ),
+        }
+    }
+    assert!(errors >= binary / 11 * 7 / 8, "{name}: {errors} errors");
+}
+
+#[test]
+fn truncated_input_gives_positioned_errors() {
+    let test = "truncated_input_gives_positioned_errors";
+    let mut protobufs = Vec::new();
+    let mut legacies = Vec::new();
+    if let Some(go) = real_tools::go_profiles() {
+        protobufs.extend([go.cpu.clone(), go.heap.clone()]);
+    }
+    legacies.extend(real_tools::gperftools_cpu_profile().map(Path::to_path_buf));
+    protobufs.extend(fixtures::third_party(
+        test,
+        "pprof/internal/report/testdata/sample.cpu",
+    ));
+    legacies.extend(fixtures::third_party(
+        test,
+        "pprof/profile/testdata/cppbench.cpu",
+    ));
+    for path in protobufs {
+        let name = path.display().to_string();
+        assert_cuts_of_protobuf_are_positioned(&name, &std::fs::read(&path).unwrap());
+    }
+    for path in legacies {
+        let name = path.display().to_string();
+        assert_cuts_of_legacy_are_positioned(&name, &std::fs::read(&path).unwrap());
     }
 }
 
@@ -683,18 +822,29 @@ impl Rng {
 #[test]
 fn mutated_inputs_never_panic() {
     let mut seeds = vec![
-        gunzip(
-            &std::fs::read(third_party().join("pprof/internal/report/testdata/sample.cpu"))
-                .unwrap(),
-        ),
-        gunzip(
-            &std::fs::read(third_party().join("speedscope/sample/profiles/pprof/simple.prof"))
-                .unwrap(),
-        ),
         pprof::to_message(&rich_profile()).encode_to_vec(),
         small_profile().encode_to_vec(),
-        std::fs::read(third_party().join("pprof/profile/testdata/go.crc32.cpu")).unwrap(),
     ];
+    // Real files: the ones written now, and the fixtures when present.
+    for path in generated_files() {
+        let bytes = std::fs::read(&path).unwrap();
+        seeds.push(if bytes.starts_with(&[0x1f, 0x8b]) {
+            gunzip(&bytes)
+        } else {
+            bytes
+        });
+    }
+    let test = "mutated_inputs_never_panic (fixtures)";
+    for (path, gzipped) in [
+        ("pprof/internal/report/testdata/sample.cpu", true),
+        ("speedscope/sample/profiles/pprof/simple.prof", true),
+        ("pprof/profile/testdata/go.crc32.cpu", false),
+    ] {
+        if let Some(path) = fixtures::third_party(test, path) {
+            let bytes = std::fs::read(path).unwrap();
+            seeds.push(if gzipped { gunzip(&bytes) } else { bytes });
+        }
+    }
     let mut gz = Vec::new();
     pprof::write(&rich_profile(), &mut gz).unwrap();
     seeds.push(gz);

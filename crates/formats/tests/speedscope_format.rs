@@ -3,19 +3,22 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{fixtures, real_tools};
 
 use rootline_formats::{FormatError, Position, chromium, speedscope};
 use rootline_profile::{FrameKind, Profile, SampleType};
 
-fn dir() -> std::path::PathBuf {
-    common::third_party().join("speedscope")
+/// speedscope's repository among the fixtures, or `None` (skipping `test`).
+fn dir(test: &str) -> Option<PathBuf> {
+    fixtures::third_party(test, "speedscope")
 }
 
 /// Stacks and weights speedscope's importer test recorded for `test` (all profiles merged).
-fn snapshot(test: &str) -> BTreeMap<String, i64> {
-    let text =
-        std::fs::read_to_string(dir().join("src/lib/__snapshots__/file-format.test.ts.snap"))
-            .unwrap();
+fn snapshot(dir: &Path, test: &str) -> BTreeMap<String, i64> {
+    let text = std::fs::read_to_string(dir.join("src/lib/__snapshots__/file-format.test.ts.snap"))
+        .unwrap();
     let mut out = BTreeMap::new();
     for block in text.split("exports[`importSpeedscopeProfiles ").skip(1) {
         let (title, body) = block.split_once("`] = `").unwrap();
@@ -48,6 +51,9 @@ fn snapshot(test: &str) -> BTreeMap<String, i64> {
 
 #[test]
 fn speedscope_samples_match_speedscope_snapshots() {
+    let Some(dir) = dir("speedscope_samples_match_speedscope_snapshots") else {
+        return;
+    };
     let cases = [
         ("0.0.1/simple.speedscope.json", "0.0.1 evented profile", 1),
         (
@@ -67,19 +73,22 @@ fn speedscope_samples_match_speedscope_snapshots() {
         ),
     ];
     for (file, test, unit) in cases {
-        let bytes = std::fs::read(dir().join("sample/profiles/speedscope").join(file)).unwrap();
+        let bytes = std::fs::read(dir.join("sample/profiles/speedscope").join(file)).unwrap();
         let profile = speedscope::read(&bytes[..]).unwrap();
         let ours: BTreeMap<String, i64> = common::merged_stack_totals(&profile, 0)
             .into_iter()
             .map(|(k, v)| (k, v / unit))
             .collect();
-        assert_eq!(ours, snapshot(test), "{file}");
+        assert_eq!(ours, snapshot(&dir, test), "{file}");
     }
 }
 
 #[test]
 fn speedscope_invalid_samples() {
-    let invalid = dir().join("sample/profiles/speedscope/invalid");
+    let Some(dir) = dir("speedscope_invalid_samples") else {
+        return;
+    };
+    let invalid = dir.join("sample/profiles/speedscope/invalid");
     let bytes = std::fs::read(invalid.join("out-of-order-events.json")).unwrap();
     let err = speedscope::read(&bytes[..]).unwrap_err().to_string();
     assert!(err.contains("\"B\" while \"A\" is the innermost"), "{err}");
@@ -92,7 +101,10 @@ fn speedscope_invalid_samples() {
 
 #[test]
 fn every_speedscope_fixture_reads_without_panic() {
-    let files = common::files_under(&dir().join("sample/profiles"), ".json");
+    let Some(dir) = dir("every_speedscope_fixture_reads_without_panic") else {
+        return;
+    };
+    let files = common::files_under(&dir.join("sample/profiles"), ".json");
     assert!(files.len() > 30);
     for path in files {
         let bytes = std::fs::read(&path).unwrap();
@@ -100,6 +112,57 @@ fn every_speedscope_fixture_reads_without_panic() {
         let _ = speedscope::read(&bytes[..]);
         let _ = chromium::read(&bytes[..]);
     }
+}
+
+/// Stacks (frame names root first, `;`-joined) with their summed weights in nanoseconds, worked out
+/// from a sampled speedscope file's JSON directly, all profiles merged.
+fn sampled_stacks(file: &serde_json::Value) -> BTreeMap<String, i64> {
+    let frames: Vec<&str> = file["shared"]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    let mut out = BTreeMap::new();
+    for profile in file["profiles"].as_array().unwrap() {
+        assert_eq!(profile["type"], "sampled");
+        assert_eq!(profile["unit"], "seconds");
+        let weights = profile["weights"].as_array().unwrap();
+        for (sample, weight) in profile["samples"].as_array().unwrap().iter().zip(weights) {
+            let stack: Vec<&str> = sample
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| frames[i.as_u64().unwrap() as usize])
+                .collect();
+            // A sample with no frames (py-spy's idle samples) has no stack to hold it: the reader
+            // leaves it out.
+            if stack.is_empty() {
+                continue;
+            }
+            let ns = (weight.as_f64().unwrap() * 1e9).round() as i64;
+            *out.entry(stack.join(";")).or_insert(0) += ns;
+        }
+    }
+    out
+}
+
+/// A file py-spy wrote while sampling a Python program: every stack and weight as in the JSON.
+#[test]
+fn a_py_spy_recording_reads_with_every_stack_and_weight() {
+    let Some(path) = real_tools::py_spy_speedscope() else {
+        return;
+    };
+    let bytes = std::fs::read(path).unwrap();
+    let expected = sampled_stacks(&serde_json::from_slice(&bytes).unwrap());
+    assert!(
+        expected
+            .keys()
+            .any(|s| s.ends_with("<module>;main;middle;leaf")),
+        "{expected:?}"
+    );
+    let profile = speedscope::read(&bytes[..]).unwrap();
+    assert_eq!(common::merged_stack_totals(&profile, 0), expected);
 }
 
 fn sample_profile() -> Profile {

@@ -6,7 +6,8 @@ mod options;
 mod outer_cache;
 mod pipeline;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,13 +101,49 @@ fn send_signal(pid: u32, signal: i32) {
     }
 }
 
+/// Checks that `program` names a file execve(2) would run, looked up in `PATH` as execvp(3) does
+/// when it has no `/`; the error is the one exec would give (`ENOENT`, `EACCES`, …).
+fn check_runnable(program: &OsStr) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let candidates: Vec<PathBuf> = if program.is_empty() {
+        Vec::new()
+    } else if program.as_bytes().contains(&b'/') {
+        vec![PathBuf::from(program)]
+    } else {
+        let path =
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(program))
+            .collect()
+    };
+    let mut error = std::io::Error::from_raw_os_error(libc::ENOENT);
+    for candidate in candidates {
+        match std::fs::metadata(&candidate) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(()),
+            // A directory or a file without execute permission.
+            Ok(_) => error = std::io::Error::from_raw_os_error(libc::EACCES),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => error = e,
+            Err(_) => {}
+        }
+    }
+    Err(error)
+}
+
 /// Launches `argv` stopped just before its exec: a shell stops itself, then execs the command
-/// when continued, so the event (enable-on-exec) is attached before the first instruction.
+/// when continued, so the event (enable-on-exec) is attached before the first instruction. A
+/// program that cannot run is an error here, before any shell starts.
 fn launch(argv: &[OsString]) -> Result<Child, RecordError> {
     let program = argv
         .first()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
+    check_runnable(argv.first().map_or(OsStr::new(""), OsString::as_os_str)).map_err(|source| {
+        RecordError::Launch {
+            command: program.clone(),
+            source,
+        }
+    })?;
     let child = Command::new("/bin/sh")
         .arg("-c")
         .arg("kill -STOP $$; exec \"$0\" \"$@\"")

@@ -134,8 +134,8 @@ pub enum RecordError {
     /// A target process does not exist or exited before recording started.
     #[error("process {0} does not exist (or exited before recording started)")]
     TargetGone(u32),
-    /// The command could not be started.
-    #[error("cannot start {command}: {source}")]
+    /// The command could not be started (no such program, not executable, …).
+    #[error("cannot run {command}: {source}")]
     Launch {
         /// The program.
         command: String,

@@ -197,3 +197,28 @@ impl Drop for Target {
         let _ = self.child.wait();
     }
 }
+
+/// A trace collected now: 2 seconds of `Rec.exe 150 30` (sample profiler and rundown), collected
+/// once per test binary; `None` after a printed reason when the tools are missing.
+pub fn recorded_trace(test: &str) -> Option<&'static [u8]> {
+    static TRACE: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    TRACE
+        .get_or_init(|| {
+            let (dotnet, mcs) = tools(test)?;
+            let dir = tempfile::tempdir().unwrap();
+            let exe = build_target(&dotnet, &mcs, dir.path());
+            let target = Target::start(&dotnet, &exe, 150, 30);
+            let options = rootline_dotnet::collect::CollectOptions {
+                duration: Some(Duration::from_secs(2)),
+                ..Default::default()
+            };
+            let mut trace = Vec::new();
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let summary =
+                rootline_dotnet::collect::collect(target.pid(), &options, &mut trace, &stop)
+                    .unwrap();
+            assert!(summary.complete, "{summary:?}");
+            Some(trace)
+        })
+        .as_deref()
+}

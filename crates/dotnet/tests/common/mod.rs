@@ -1,4 +1,5 @@
-//! Shared test helpers: the perfview fixtures, unzipped in memory, and a live .NET target.
+//! Shared test helpers: the perfview fixtures (optional), unzipped in memory, and a live .NET
+//! target.
 
 #![allow(dead_code)]
 
@@ -6,18 +7,21 @@ pub mod live;
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rootline_dotnet::NetTraceReader;
 
-/// `<workspace>/../shared/fixtures/third_party/perfview`.
-pub fn perfview_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/third_party/perfview")
+#[path = "../../../../tests/support/fixtures.rs"]
+pub mod fixtures;
+
+/// The perfview fixtures folder, or `None` (after printing why `test` skips) when absent.
+pub fn perfview_dir(test: &str) -> Option<PathBuf> {
+    fixtures::third_party(test, "perfview")
 }
 
-/// The bytes of `<name>.nettrace` from `<name>.nettrace.zip`.
-pub fn fixture(name: &str) -> Vec<u8> {
-    let path = perfview_dir().join(format!("{name}.nettrace.zip"));
+/// The bytes of `<name>.nettrace` from `<name>.nettrace.zip` in `dir`.
+pub fn fixture(dir: &Path, name: &str) -> Vec<u8> {
+    let path = dir.join(format!("{name}.nettrace.zip"));
     let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut zip = zip::ZipArchive::new(file).expect("zip archive");
     let mut entry = zip

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use rootline_profile::Profile;
 
-/// The third-party fixtures folder (`<workspace>/../shared/fixtures/third_party`).
-pub fn third_party() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/third_party")
-}
+#[path = "../../../../tests/support/fixtures.rs"]
+pub mod fixtures;
+#[path = "../../../../tests/support/real_tools.rs"]
+pub mod real_tools;
 
 /// All files under `dir` (recursively) whose name ends with `suffix`, sorted.
 pub fn files_under(dir: &Path, suffix: &str) -> Vec<PathBuf> {

@@ -1,4 +1,5 @@
-//! Helpers shared by the pprof and OTLP integration tests: fixture paths, external tools, stack maps.
+//! Helpers shared by the pprof and OTLP integration tests: fixtures and generated inputs, external
+//! tools, stack maps.
 
 #![allow(dead_code)]
 
@@ -13,10 +14,10 @@ pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The third-party fixtures directory.
-pub fn third_party() -> PathBuf {
-    workspace().join("../shared/fixtures/third_party")
-}
+#[path = "../../../../tests/support/fixtures.rs"]
+pub mod fixtures;
+#[path = "../../../../tests/support/real_tools.rs"]
+pub mod real_tools;
 
 /// A scratch directory for this test binary's outputs.
 pub fn scratch(name: &str) -> PathBuf {
