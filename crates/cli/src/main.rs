@@ -12,6 +12,7 @@ mod input;
 mod record;
 mod repair;
 mod report;
+mod view;
 
 use std::process::ExitCode;
 
@@ -33,7 +34,9 @@ and true (no caller skipped, no frame invented).
 Formats are chosen by file extension, or with --format:
   .rlp (native), .folded (collapsed stacks), .svg (flame graph, write only),
   .json/.chromium.json (Chromium trace events), .speedscope.json, .pb.gz/.pprof (pprof),
-  .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only)";
+  .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only)
+
+`rootline view FILE` shows any readable profile in an interactive viewer served on 127.0.0.1.";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -57,6 +60,8 @@ enum Command {
     Dotnet(dotnet::Args),
     /// Repair stacks another profiler cut at its depth cap (dotnet-trace 100, perf 127).
     Repair(repair::Args),
+    /// Show a profile in an interactive viewer (speedscope, built in) served on 127.0.0.1.
+    View(view::Args),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +86,7 @@ fn main() -> ExitCode {
         Command::Dotnet(args) => dotnet::run(args),
         Command::Repair(args) => repair::run(args),
         Command::Agent(args) => agent::run(args),
+        Command::View(args) => view::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
