@@ -5,6 +5,7 @@ mod agent;
 mod convert;
 #[cfg(target_os = "linux")]
 mod demo;
+mod diff;
 mod dotnet;
 mod exit;
 mod input;
@@ -36,7 +37,8 @@ Formats are chosen by file extension, or with --format:
   .json/.chromium.json (Chromium trace events), .speedscope.json, .pb.gz/.pprof (pprof),
   .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only)
 
-`rootline view FILE` shows any readable profile in an interactive viewer served on 127.0.0.1.";
+`rootline view FILE` shows any readable profile in an interactive viewer served on 127.0.0.1;
+`rootline diff BEFORE AFTER [-o diff.svg]` compares two.";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -60,6 +62,8 @@ enum Command {
     Dotnet(dotnet::Args),
     /// Repair stacks another profiler cut at its depth cap (dotnet-trace 100, perf 127).
     Repair(repair::Args),
+    /// Compare two profiles: a text diff of function shares, or a differential flame graph (-o x.svg).
+    Diff(diff::Args),
     /// Show a profile in an interactive viewer (speedscope, built in) served on 127.0.0.1.
     View(view::Args),
 }
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Command::Repair(args) => repair::run(args),
         Command::Agent(args) => agent::run(args),
         Command::View(args) => view::run(args),
+        Command::Diff(args) => diff::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@
 //! show those to the user.
 
 pub mod chromium;
+pub mod differential;
 mod error;
 pub mod folded;
 pub mod otlp;
