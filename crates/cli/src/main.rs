@@ -35,7 +35,8 @@ and true (no caller skipped, no frame invented).
 Formats are chosen by file extension, or with --format:
   .rlp (native), .folded (collapsed stacks), .svg (flame graph, write only),
   .json/.chromium.json (Chromium trace events), .speedscope.json, .pb.gz/.pprof (pprof),
-  .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only)
+  .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only),
+  .fxprof.json/.fxprof.json.gz (Firefox Profiler, write only: open in profiler.firefox.com)
 
 `rootline view FILE` shows any readable profile in an interactive viewer served on 127.0.0.1;
 `rootline diff BEFORE AFTER [-o diff.svg]` compares two.";
@@ -65,6 +66,9 @@ enum Command {
     /// Compare two profiles: a text diff of function shares, or a differential flame graph (-o x.svg).
     Diff(diff::Args),
     /// Show a profile in an interactive viewer (speedscope, built in) served on 127.0.0.1.
+    ///
+    /// For the Firefox Profiler instead, write the profile with
+    /// `rootline convert FILE -o FILE.fxprof.json.gz` and load that file in profiler.firefox.com.
     View(view::Args),
 }
 

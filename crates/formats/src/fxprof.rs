@@ -2,8 +2,9 @@
 //! written with `fxprof-processed-profile`, the writer samply uses. Write only; the files load in
 //! `profiler.firefox.com` (Load a profile from file) and in its `profiler-cli`.
 //!
-//! Each rootline process becomes a process and each thread a thread (the thread whose tid is its
-//! pid is the main thread). Frames are labels (already symbolicated) in a category per
+//! Each rootline process becomes a process and each thread a thread; the thread whose tid is its
+//! pid is the process's main thread and, as the profiler shows main threads, takes the process's
+//! name. Frames are labels (already symbolicated) in a category per
 //! [`FrameKind`]: Native, Kernel, JIT, Managed, Truncated, and Other for producer pseudo-frames;
 //! JIT and managed frames are flagged as script frames so the profiler's "JavaScript" filter
 //! shows only them.
