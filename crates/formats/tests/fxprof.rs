@@ -241,6 +241,18 @@ fn nanosecond_weights_become_an_interval_and_counts() {
 }
 
 #[test]
+fn the_extensions_choose_plain_or_gzipped() {
+    use rootline_formats::Format;
+    let plain = Format::from_path(Path::new("run.fxprof.json")).unwrap();
+    let gzipped = Format::from_path(Path::new("run.FXPROF.json.gz")).unwrap();
+    assert_eq!((plain, gzipped), (Format::Fxprof, Format::FxprofGz));
+    assert!(!plain.can_read() && plain.can_write());
+    let mut out = Vec::new();
+    rootline_formats::write(gzipped, &profile(), &mut out).unwrap();
+    assert_eq!(out[..2], [0x1f, 0x8b], "gzip magic");
+}
+
+#[test]
 fn the_gzipped_file_holds_the_same_json() {
     let p = profile();
     let (mut plain, mut gz) = (Vec::new(), Vec::new());
