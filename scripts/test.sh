@@ -62,6 +62,14 @@ if [ ! -d tests/js-speedscope/node_modules/speedscope ] || [ ! -d tests/js-speed
     (cd tests/js-speedscope && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# ---- the Firefox Profiler's own loading code (npm @firefox-devtools/profiler-cli, pinned by
+# tests/js-fxprof/package-lock.json) for the .fxprof.json check
+if [ ! -d tests/js-fxprof/node_modules/@firefox-devtools/profiler-cli ] \
+    || [ tests/js-fxprof/package-lock.json -nt tests/js-fxprof/node_modules ]; then
+    log "installing npm packages in tests/js-fxprof"
+    (cd tests/js-fxprof && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # ---- Rust checks and tests ---------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check

@@ -3,6 +3,8 @@
 // name shows, and that the expected frame names appear in the rendered views.
 //
 // Usage: node speedscope-check.mjs FILE.speedscope.json PROFILE_NAME FRAME_NAME...
+//        node speedscope-check.mjs http://URL PROFILE_NAME FRAME_NAME...
+// The second form opens a page some other server already serves (e.g. `rootline view`'s URL).
 // Prints one JSON line with what was seen; exits 0 only when everything checks out.
 import http from 'node:http';
 import fs from 'node:fs';
@@ -21,7 +23,8 @@ const appDir = path.join(here, 'node_modules/speedscope/dist/release');
 const types = { '.html': 'text/html', '.js': 'text/javascript', '.css': 'text/css', '.json': 'application/json',
   '.wasm': 'application/wasm', '.png': 'image/png', '.ico': 'image/x-icon', '.woff2': 'font/woff2', '.txt': 'text/plain' };
 
-const server = http.createServer((req, res) => {
+const pageUrl = /^https?:\/\//.test(file) ? file : null;
+const server = pageUrl ? null : http.createServer((req, res) => {
   const url = new URL(req.url, 'http://127.0.0.1');
   const target = url.pathname === '/profile.speedscope.json'
     ? path.resolve(file)
@@ -38,8 +41,8 @@ const server = http.createServer((req, res) => {
     res.writeHead(200, { 'content-type': types[path.extname(target)] || 'application/octet-stream' }).end(data);
   });
 });
-await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-const port = server.address().port;
+if (server) await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+const port = server ? server.address().port : null;
 const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'rootline-chromium-'));
 const problems = [];
 const seen = { alerts: [], consoleErrors: [], pageErrors: [] };
@@ -49,7 +52,8 @@ try {
     executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
     headless: true,
     args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-      '--disable-component-update', '--no-first-run', `--user-data-dir=${userDataDir}`,
+      '--disable-component-update', '--disable-quic', '--disable-sync', '--no-first-run',
+      `--user-data-dir=${userDataDir}`,
       '--enable-unsafe-swiftshader'],
   });
   const page = await browser.newPage();
@@ -63,7 +67,7 @@ try {
   });
   page.on('pageerror', (err) => seen.pageErrors.push(String(err)));
   const profileUrl = `http://127.0.0.1:${port}/profile.speedscope.json`;
-  await page.goto(`http://127.0.0.1:${port}/index.html#profileURL=${encodeURIComponent(profileUrl)}`,
+  await page.goto(pageUrl || `http://127.0.0.1:${port}/index.html#profileURL=${encodeURIComponent(profileUrl)}`,
     { waitUntil: 'load' });
   // The toolbar shows the profile's name once the file is imported.
   await page.waitForFunction((name) => document.body.innerText.includes(name), { timeout: 60000 }, profileName)
@@ -87,7 +91,7 @@ try {
   problems.push(String(err));
 } finally {
   if (browser) await browser.close();
-  server.close();
+  if (server) server.close();
   fs.rmSync(userDataDir, { recursive: true, force: true });
 }
 if (seen.alerts.length) problems.push(`alerts: ${seen.alerts.join(' | ')}`);

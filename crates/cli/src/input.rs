@@ -159,16 +159,24 @@ pub fn output_format(path: &Path, forced: Option<&str>) -> Result<Format> {
     Ok(format)
 }
 
-/// Writes `profile` to `path` in `format`. The file appears only when complete: it is written
-/// beside its final name and renamed into place.
+/// Writes `profile` to `path` in `format`. The file appears only when complete (see
+/// [`write_file`]).
 pub fn write_profile(profile: &Profile, path: &Path, format: Format) -> Result<()> {
+    write_file(path, |writer| {
+        rootline_formats::write(format, profile, writer)
+            .with_context(|| format!("writing {} as {}", path.display(), format.name()))
+    })
+}
+
+/// Writes `path` with `fill`. The file appears only when complete: it is written beside its final
+/// name and renamed into place.
+pub fn write_file(path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
     let partial = partial_path(path);
     let result = (|| -> Result<()> {
         let file = File::create(&partial)
             .with_context(|| format!("can't create {}", partial.display()))?;
         let mut writer = BufWriter::with_capacity(1 << 20, file);
-        rootline_formats::write(format, profile, &mut writer)
-            .with_context(|| format!("writing {} as {}", path.display(), format.name()))?;
+        fill(&mut writer)?;
         writer
             .flush()
             .with_context(|| format!("writing {}", path.display()))?;

@@ -5,6 +5,7 @@ mod agent;
 mod convert;
 #[cfg(target_os = "linux")]
 mod demo;
+mod diff;
 mod dotnet;
 mod exit;
 mod input;
@@ -12,6 +13,7 @@ mod input;
 mod record;
 mod repair;
 mod report;
+mod view;
 
 use std::process::ExitCode;
 
@@ -33,7 +35,11 @@ and true (no caller skipped, no frame invented).
 Formats are chosen by file extension, or with --format:
   .rlp (native), .folded (collapsed stacks), .svg (flame graph, write only),
   .json/.chromium.json (Chromium trace events), .speedscope.json, .pb.gz/.pprof (pprof),
-  .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only)";
+  .otlp.pb (OpenTelemetry profiles, write only), .nettrace (.NET EventPipe trace, read only),
+  .fxprof.json/.fxprof.json.gz (Firefox Profiler, write only: open in profiler.firefox.com)
+
+`rootline view FILE` shows any readable profile in an interactive viewer served on 127.0.0.1;
+`rootline diff BEFORE AFTER [-o diff.svg]` compares two.";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -57,6 +63,13 @@ enum Command {
     Dotnet(dotnet::Args),
     /// Repair stacks another profiler cut at its depth cap (dotnet-trace 100, perf 127).
     Repair(repair::Args),
+    /// Compare two profiles: a text diff of function shares, or a differential flame graph (-o x.svg).
+    Diff(diff::Args),
+    /// Show a profile in an interactive viewer (speedscope, built in) served on 127.0.0.1.
+    ///
+    /// For the Firefox Profiler instead, write the profile with
+    /// `rootline convert FILE -o FILE.fxprof.json.gz` and load that file in profiler.firefox.com.
+    View(view::Args),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +94,8 @@ fn main() -> ExitCode {
         Command::Dotnet(args) => dotnet::run(args),
         Command::Repair(args) => repair::run(args),
         Command::Agent(args) => agent::run(args),
+        Command::View(args) => view::run(args),
+        Command::Diff(args) => diff::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -20,7 +20,7 @@ use rootline_profile::Profile;
 use rootline_profile::rlp::RlpWriter;
 
 use crate::exit::Exit;
-use crate::{input, report};
+use crate::{input, report, view};
 
 /// Arguments of `rootline record`.
 #[derive(Debug, clap::Args)]
@@ -60,6 +60,11 @@ pub struct Args {
     /// the diagnostics-IPC EnablePerfMap command before sampling and DisablePerfMap after).
     #[arg(long)]
     pub no_perfmap: bool,
+    /// Show the recording in the viewer (as `rootline view` does) once recording ends.
+    #[arg(long)]
+    pub view: bool,
+    #[command(flatten, next_help_heading = "Viewer (with --view)")]
+    pub serve: view::ServeArgs,
     /// Launch this command and record it from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -113,6 +118,11 @@ pub fn run(args: Args) -> Result<()> {
     }
     let recording = recording?;
     summarize(&recording, &args.output, format);
+    if args.view {
+        // The Ctrl-C that ended the recording must not end the viewer too.
+        stop.store(false, Ordering::Release);
+        view::serve(&recording.profile, &args.output, &args.serve, &stop)?;
+    }
     Ok(())
 }
 

@@ -34,6 +34,9 @@ pub struct Args {
     /// Input format, overriding the extension and content of INPUT.
     #[arg(long, value_name = "F")]
     pub input_format: Option<String>,
+    /// Also list the functions whose share moved most since this earlier profile.
+    #[arg(long, value_name = "BEFORE")]
+    pub diff: Option<PathBuf>,
 }
 
 /// Runs `rootline report`.
@@ -56,6 +59,18 @@ pub fn run(args: Args) -> Result<()> {
     if args.tree {
         writeln!(out)?;
         write_tree(&profile, column, args.min_percent, &mut out)?;
+    }
+    if let Some(before_path) = &args.diff {
+        let before = input::read_profile(before_path, None)?;
+        writeln!(out)?;
+        crate::diff::write_text(
+            &before,
+            &profile,
+            crate::diff::Labels::new(before_path, &args.input),
+            args.value.as_deref(),
+            args.top,
+            &mut out,
+        )?;
     }
     Ok(())
 }

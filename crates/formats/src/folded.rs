@@ -160,7 +160,7 @@ pub fn read(mut reader: impl BufRead) -> Result<Profile, FormatError> {
 
 /// The value column the folded count comes from: the first `samples`/`count` column, else the
 /// first column; `None` when the profile has no value columns (each sample then counts 1).
-fn count_column(profile: &Profile) -> Option<usize> {
+pub(crate) fn count_column(profile: &Profile) -> Option<usize> {
     let types = profile.sample_types();
     types
         .iter()
@@ -210,7 +210,7 @@ pub fn lines(profile: &Profile) -> BTreeMap<String, i64> {
 }
 
 /// Appends a frame name, replacing the characters the format cannot hold (`;` and line ends).
-fn push_frame_name(line: &mut String, name: &str) {
+pub(crate) fn push_frame_name(line: &mut String, name: &str) {
     if name.is_empty() {
         return;
     }

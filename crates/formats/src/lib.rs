@@ -14,8 +14,10 @@
 //! show those to the user.
 
 pub mod chromium;
+pub mod differential;
 mod error;
 pub mod folded;
+pub mod fxprof;
 pub mod otlp;
 pub mod pprof;
 pub mod rlp;
@@ -57,6 +59,10 @@ pub enum Format {
     Pprof,
     /// OpenTelemetry profiles (`.otlp.pb`): an `ExportProfilesServiceRequest`, write only.
     Otlp,
+    /// Firefox Profiler processed profile JSON (`.fxprof.json`), write only.
+    Fxprof,
+    /// Firefox Profiler processed profile JSON, gzipped (`.fxprof.json.gz`), write only.
+    FxprofGz,
 }
 
 impl Format {
@@ -69,6 +75,8 @@ impl Format {
         Format::Speedscope,
         Format::Pprof,
         Format::Otlp,
+        Format::Fxprof,
+        Format::FxprofGz,
     ];
 
     /// The format's `--format` name.
@@ -81,6 +89,8 @@ impl Format {
             Format::Speedscope => "speedscope",
             Format::Pprof => "pprof",
             Format::Otlp => "otlp",
+            Format::Fxprof => "fxprof",
+            Format::FxprofGz => "fxprof-gz",
         }
     }
 
@@ -94,6 +104,8 @@ impl Format {
             Format::Speedscope => &[".speedscope.json"],
             Format::Pprof => &[".pb.gz", ".pprof"],
             Format::Otlp => &[".otlp.pb"],
+            Format::Fxprof => &[".fxprof.json"],
+            Format::FxprofGz => &[".fxprof.json.gz"],
         }
     }
 
@@ -119,7 +131,10 @@ impl Format {
 
     /// True when rootline can read this format.
     pub fn can_read(self) -> bool {
-        !matches!(self, Format::Svg | Format::Otlp)
+        !matches!(
+            self,
+            Format::Svg | Format::Otlp | Format::Fxprof | Format::FxprofGz
+        )
     }
 
     /// True when rootline can write this format.
@@ -142,10 +157,12 @@ pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError
         Format::Chromium => chromium::read(reader),
         Format::Speedscope => speedscope::read(reader),
         Format::Pprof => pprof::read(reader),
-        Format::Svg | Format::Otlp => Err(FormatError::Unsupported {
-            format: format.name(),
-            action: "read",
-        }),
+        Format::Svg | Format::Otlp | Format::Fxprof | Format::FxprofGz => {
+            Err(FormatError::Unsupported {
+                format: format.name(),
+                action: "read",
+            })
+        }
     }
 }
 
@@ -159,5 +176,7 @@ pub fn write(format: Format, profile: &Profile, writer: impl Write) -> Result<()
         Format::Speedscope => speedscope::write(profile, writer),
         Format::Pprof => pprof::write(profile, writer),
         Format::Otlp => otlp::write(profile, writer),
+        Format::Fxprof => fxprof::write(profile, writer),
+        Format::FxprofGz => fxprof::write_gz(profile, writer),
     }
 }

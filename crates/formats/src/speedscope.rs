@@ -399,6 +399,16 @@ fn thread_label(profile: &Profile, thread: ThreadId) -> String {
 
 /// Writes `profile` as a speedscope file: one `sampled` profile per thread, frames shared.
 pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
+    write_titled(profile, None, writer)
+}
+
+/// Writes `profile` as [`write`] does, with `title` as the file's name (speedscope shows it in its
+/// toolbar and window title); `None` names it after the profile's producer.
+pub fn write_titled(
+    profile: &Profile,
+    title: Option<&str>,
+    writer: impl Write,
+) -> Result<(), FormatError> {
     let samples = profile.samples();
     let column = weight_column(profile);
     let unit = column.map_or(Unit::None, |(_, u)| u);
@@ -455,10 +465,10 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
             weights,
         });
     }
-    let name = if profile.metadata.producer.is_empty() {
-        "rootline profile".to_owned()
-    } else {
-        format!("rootline profile ({})", profile.metadata.producer)
+    let name = match title {
+        Some(title) => title.to_owned(),
+        None if profile.metadata.producer.is_empty() => "rootline profile".to_owned(),
+        None => format!("rootline profile ({})", profile.metadata.producer),
     };
     let file = File {
         schema: Some(SCHEMA.to_owned()),
