@@ -13,7 +13,7 @@ use jit::{Graph, Rate, Running, Setup, dotnet, is_native_root, record_and_check,
 
 use rootline_capture::jit::parse_name;
 use rootline_capture::jit::perfinfo::PerfInfo;
-use rootline_capture::jit::r2r::{R2rImage, method_names};
+use rootline_dotnet::image::r2r::{R2rImage, method_names};
 
 const DEEP: usize = 150;
 const SHALLOW: usize = 30;

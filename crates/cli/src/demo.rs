@@ -58,7 +58,7 @@ pub fn run(args: Args) -> Result<()> {
         "rootline: also wrote {} (Chromium trace events)",
         json.display()
     );
-    let column = report::default_column(&recording.profile);
+    let column = input::default_column(&recording.profile);
     report::write_report(
         &recording.profile,
         column,

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use rootline_formats::differential;
 use rootline_profile::{FrameKind, Profile};
 
-use crate::{input, report};
+use crate::input;
 
 /// Arguments of `rootline diff`.
 #[derive(Debug, clap::Args)]
@@ -188,7 +188,7 @@ impl<'p> Shares<'p> {
 /// The column named `value` in `profile`, else the one `report` counts by default.
 fn column(profile: &Profile, value: Option<&str>, label: &str) -> Result<Option<usize>> {
     match value {
-        None => Ok(report::default_column(profile)),
+        None => Ok(input::default_column(profile)),
         Some(name) => match profile.sample_types().iter().position(|t| t.name == name) {
             Some(c) => Ok(Some(c)),
             None => bail!("{label} has no value column {name:?}"),

@@ -14,7 +14,6 @@ use rootline_dotnet::ipc::{
     DiagnosticsClient, E_UNKNOWN_COMMAND, IpcError, PerfMapType, Provider, SessionConfig,
 };
 use rootline_dotnet::{discover, read_profile_with_stats};
-use rootline_profile::Profile;
 use rootline_repair::RepairOptions;
 
 use crate::exit::{Exit, PERMISSION, TARGET_GONE};
@@ -127,45 +126,6 @@ fn run_ps() -> Result<()> {
         println!("{:>8}  {:<16}  {}", p.pid, p.name, p.command_line);
     }
     Ok(())
-}
-
-/// True when the input should be read as a `.nettrace`: `--format nettrace`, the extension, or the
-/// magic bytes.
-pub fn is_nettrace(path: &Path, forced: Option<&str>, head: &[u8]) -> bool {
-    match forced {
-        Some(f) => f.eq_ignore_ascii_case("nettrace"),
-        None => {
-            path.extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("nettrace"))
-                || head.starts_with(b"Nettrace")
-        }
-    }
-}
-
-/// [`is_nettrace`] for a file, looking at its first bytes.
-pub fn is_nettrace_file(path: &Path, forced: Option<&str>) -> bool {
-    let mut head = [0u8; 8];
-    let got = File::open(path)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
-        .unwrap_or(0);
-    is_nettrace(path, forced, &head[..got])
-}
-
-/// Reads a `.nettrace` file into a profile, with an error that names the file and the byte.
-pub fn read_nettrace(path: &Path) -> Result<Profile> {
-    let file = File::open(path).with_context(|| format!("can't open {}", path.display()))?;
-    let (profile, stats) = read_profile_with_stats(BufReader::with_capacity(1 << 20, file))
-        .with_context(|| format!("reading {} as nettrace", path.display()))?;
-    if stats.sample_frames > 0 && stats.resolved_sample_frames < stats.sample_frames {
-        eprintln!(
-            "rootline: warning: {}: {} of {} managed frames have no method name (the trace lacks \
-             their JIT or rundown events); they are shown as ?!0x…",
-            path.display(),
-            stats.sample_frames - stats.resolved_sample_frames,
-            stats.sample_frames
-        );
-    }
-    Ok(profile)
 }
 
 fn run_collect(args: CollectArgs) -> Result<()> {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rootline_dotnet::read_profile_with_stats;
 use rootline_formats::Format;
 use rootline_profile::Profile;
 
@@ -72,8 +73,8 @@ pub fn read_profile(path: &Path, forced: Option<&str>) -> Result<Profile> {
             .with_context(|| format!("reading {}", path.display()))?
             .to_vec()
     };
-    if crate::dotnet::is_nettrace(path, forced, &head) {
-        return crate::dotnet::read_nettrace(path);
+    if is_nettrace(path, forced, &head) {
+        return read_nettrace(path);
     }
     let format = input_format(path, forced, &head)?;
     if !format.can_read() {
@@ -193,4 +194,52 @@ fn partial_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".partial");
     path.with_file_name(name)
+}
+
+/// The column counted by default: the first named `samples`, else the first.
+pub fn default_column(profile: &Profile) -> Option<usize> {
+    let types = profile.sample_types();
+    types
+        .iter()
+        .position(|t| t.name == "samples")
+        .or(if types.is_empty() { None } else { Some(0) })
+}
+
+/// True when the input should be read as a `.nettrace`: `--format nettrace`, the extension, or the
+/// magic bytes.
+pub fn is_nettrace(path: &Path, forced: Option<&str>, head: &[u8]) -> bool {
+    match forced {
+        Some(f) => f.eq_ignore_ascii_case("nettrace"),
+        None => {
+            path.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("nettrace"))
+                || head.starts_with(b"Nettrace")
+        }
+    }
+}
+
+/// [`is_nettrace`] for a file, looking at its first bytes.
+pub fn is_nettrace_file(path: &Path, forced: Option<&str>) -> bool {
+    let mut head = [0u8; 8];
+    let got = File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    is_nettrace(path, forced, &head[..got])
+}
+
+/// Reads a `.nettrace` file into a profile, with an error that names the file and the byte.
+pub fn read_nettrace(path: &Path) -> Result<Profile> {
+    let file = File::open(path).with_context(|| format!("can't open {}", path.display()))?;
+    let (profile, stats) = read_profile_with_stats(BufReader::with_capacity(1 << 20, file))
+        .with_context(|| format!("reading {} as nettrace", path.display()))?;
+    if stats.sample_frames > 0 && stats.resolved_sample_frames < stats.sample_frames {
+        eprintln!(
+            "rootline: warning: {}: {} of {} managed frames have no method name (the trace lacks \
+             their JIT or rundown events); they are shown as ?!0x…",
+            path.display(),
+            stats.sample_frames - stats.resolved_sample_frames,
+            stats.sample_frames
+        );
+    }
+    Ok(profile)
 }

@@ -228,7 +228,7 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             cc.capped, cc.max_entries
         );
     }
-    let column = report::default_column(&recording.profile);
+    let column = input::default_column(&recording.profile);
     let _ = report::write_report(&recording.profile, column, 10, &mut err);
 }
 

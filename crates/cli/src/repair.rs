@@ -41,7 +41,7 @@ pub struct Args {
 /// Runs `rootline repair`.
 pub fn run(args: Args) -> Result<()> {
     // A .nettrace is read, never written: its repaired profile needs an output format.
-    let nettrace = crate::dotnet::is_nettrace_file(&args.input, args.input_format.as_deref());
+    let nettrace = crate::input::is_nettrace_file(&args.input, args.input_format.as_deref());
     let in_format = match nettrace {
         true => None,
         false => Some(input_format(&args.input, args.input_format.as_deref())?),

@@ -51,7 +51,7 @@ pub fn run(args: Args) -> Result<()> {
                 column_names(&profile)
             ),
         },
-        None => default_column(&profile),
+        None => input::default_column(&profile),
     };
     let stdout = io::stdout();
     let mut out = stdout.lock();
@@ -82,15 +82,6 @@ fn column_names(profile: &Profile) -> String {
         .map(|t| t.name.as_str())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The column counted by default: the first named `samples`, else the first.
-pub fn default_column(profile: &Profile) -> Option<usize> {
-    let types = profile.sample_types();
-    types
-        .iter()
-        .position(|t| t.name == "samples")
-        .or(if types.is_empty() { None } else { Some(0) })
 }
 
 /// Sum of the counted value per distinct stack.

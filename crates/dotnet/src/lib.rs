@@ -15,6 +15,8 @@
 //! EventPipe's 100-frame depth cap in the profile metadata, so that repair can find cut stacks.
 //! The parser has no platform code; the IPC client is Unix-only.
 
+#![forbid(unsafe_code)]
+
 #[cfg(unix)]
 pub mod collect;
 pub mod convert;
@@ -22,6 +24,7 @@ pub mod convert;
 pub mod discover;
 mod error;
 pub mod events;
+pub mod image;
 #[cfg(unix)]
 pub mod ipc;
 pub mod nettrace;

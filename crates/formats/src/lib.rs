@@ -13,6 +13,8 @@
 //! leave a warning in the profile's metadata under a key starting with [`WARNING_PREFIX`]; callers
 //! show those to the user.
 
+#![forbid(unsafe_code)]
+
 pub mod chromium;
 pub mod differential;
 mod error;

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::bytes::PAGE_CACHE_BYTES;
+/// Most memory the code pages of all modules may take together (part of the module budget).
+pub const PAGE_CACHE_BYTES: usize = 4 << 20;
 
 /// Counts the memory held by the images of one owner: every [`crate::CodeModule`]'s tables,
 /// the code pages they cache, and other tables charged to it ([`ModuleBudget::charge`]).

@@ -9,15 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use foldhash::{HashMap as FastMap, HashMapExt};
 
-use crate::budget::ModuleBudget;
+use crate::budget::{ModuleBudget, PAGE_CACHE_BYTES};
 
 /// Size of a cached code page.
 const PAGE: u64 = 4096;
 /// Code pages cached per file-backed module: the call sites that return addresses are checked
 /// against and the functions whose prologues are analysed. A miss costs one `pread`.
 pub(crate) const CACHED_PAGES: usize = 32;
-/// Most memory the code pages of all modules may take together (part of the module budget).
-pub const PAGE_CACHE_BYTES: usize = 4 << 20;
 /// Longest symbol name read from a file.
 const MAX_NAME: usize = 4096;
 
@@ -27,6 +25,14 @@ pub(crate) struct ModuleBytes {
     pages: Mutex<FastMap<u64, Box<[u8]>>>,
     /// Where the cached pages are counted.
     budget: ModuleBudget,
+}
+
+/// Where a module's bytes are, borrowed (see [`ModuleBytes::source`]).
+pub(crate) enum SourceRef<'a> {
+    /// Read from this file.
+    File(&'a File),
+    /// Already in memory.
+    Memory(&'a [u8]),
 }
 
 enum Source {
@@ -61,16 +67,11 @@ impl ModuleBytes {
         }
     }
 
-    /// The ELF layout of these bytes (headers through a read cache for a file, the bytes
-    /// themselves in memory; symbol tables streamed through [`ModuleBytes::read_at`]), read only
-    /// while the module's estimated memory stays within `limit` (see [`crate::layout::read`]).
-    pub(super) fn read_layout(
-        &self,
-        limit: Option<usize>,
-    ) -> Result<crate::layout::Layout, crate::ElfError> {
+    /// Where the bytes are: the file, or the bytes themselves.
+    pub(crate) fn source(&self) -> SourceRef<'_> {
         match &self.source {
-            Source::File(file) => crate::layout::read(&object::ReadCache::new(file), self, limit),
-            Source::Memory(bytes) => crate::layout::read(&bytes[..], self, limit),
+            Source::File(file) => SourceRef::File(file),
+            Source::Memory(bytes) => SourceRef::Memory(bytes),
         }
     }
 

@@ -14,8 +14,49 @@ use object::{Endianness, ReadRef, elf};
 use rootline_unwind::policy::THREAD_ENTRIES;
 
 use crate::ElfError;
-use crate::bytes::ModuleBytes;
-use crate::module::{NameRef, Segment, Symbol};
+use crate::bytes::{ModuleBytes, SourceRef};
+
+/// A loadable segment: link-time address range and where its bytes lie in the file.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment {
+    /// Link-time virtual address of the segment.
+    pub vaddr: u64,
+    /// Offset of the segment in the file.
+    pub offset: u64,
+    /// Bytes of the segment present in the file.
+    pub filesz: u64,
+    /// Whether the segment is executable.
+    pub exec: bool,
+}
+
+/// Where a symbol's name lies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NameRef {
+    /// The NUL-terminated name at this file offset.
+    At(u64),
+    /// A PLT stub: the name at this offset, then `@plt`.
+    Plt(u64),
+    /// The PLT header, `plt0@plt`.
+    Plt0,
+}
+
+/// A function symbol: its link-time address range and where its name lies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Symbol {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) name: NameRef,
+}
+
+/// The ELF layout of `bytes` (headers through a read cache for a file, the bytes themselves in
+/// memory; symbol tables streamed through [`ModuleBytes::read_at`]), read only while the module's
+/// estimated memory stays within `limit` (see [`read`]).
+pub(crate) fn read_layout(bytes: &ModuleBytes, limit: Option<usize>) -> Result<Layout, ElfError> {
+    match bytes.source() {
+        SourceRef::File(file) => read(&object::ReadCache::new(file), bytes, limit),
+        SourceRef::Memory(data) => read(data, bytes, limit),
+    }
+}
 
 /// Where a section lies: its link-time addresses and its bytes in the file.
 #[derive(Debug, Clone)]
@@ -447,12 +488,12 @@ mod tests {
     fn symbol_tables_are_read_only_up_to_the_limit() {
         let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
         let bytes = ModuleBytes::from_file(libc, &crate::ModuleBudget::new());
-        let whole = bytes.read_layout(None).expect("libc's layout");
+        let whole = read_layout(&bytes, None).expect("libc's layout");
         assert_eq!(whole.over_limit, None);
         let functions = whole.functions.len();
         assert!(functions > 1000, "{functions} functions");
         let exact = whole.estimate_bytes();
-        let roomy = bytes.read_layout(Some(usize::MAX)).expect("libc's layout");
+        let roomy = read_layout(&bytes, Some(usize::MAX)).expect("libc's layout");
         assert_eq!(roomy.over_limit, None);
         assert_eq!(roomy.functions.len(), functions);
         // Room for the unwind sections and a hundred symbols: reading stops there.
@@ -463,7 +504,7 @@ mod tests {
             ..whole
         };
         let limit = sections_only.estimate_bytes() + 100 * SYMBOL_COST;
-        let cut = bytes.read_layout(Some(limit)).expect("libc's layout");
+        let cut = read_layout(&bytes, Some(limit)).expect("libc's layout");
         // (Aliases are let go every half a limit's symbols, when it is checked.)
         let kept = cut.symbols.len();
         assert!((101..=151).contains(&kept), "{kept} symbols kept");
@@ -487,9 +528,9 @@ mod tests {
         // symbol): the module keeps one symbol per address, so only those count to the limit.
         let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
         let bytes = ModuleBytes::from_file(libc, &crate::ModuleBudget::new());
-        let whole = bytes.read_layout(None).expect("libc's layout");
+        let whole = read_layout(&bytes, None).expect("libc's layout");
         let exact = whole.estimate_bytes();
-        let fitting = bytes.read_layout(Some(exact)).expect("libc's layout");
+        let fitting = read_layout(&bytes, Some(exact)).expect("libc's layout");
         assert_eq!(
             fitting.over_limit, None,
             "refused with room for {exact} bytes"
@@ -520,7 +561,7 @@ mod tests {
         elf[fake + 40..fake + 44].copy_from_slice(&strings);
         let bytes = ModuleBytes::memory(elf.into(), &crate::ModuleBudget::new());
         for limit in [None, Some(0), Some(1 << 20)] {
-            let layout = bytes.read_layout(limit).expect("still an ELF file");
+            let layout = read_layout(&bytes, limit).expect("still an ELF file");
             assert!(!layout.symbols.is_empty());
             assert_eq!(layout.over_limit.is_some(), limit == Some(0), "{limit:?}");
         }

@@ -22,9 +22,10 @@ mod bytes;
 mod layout;
 mod module;
 
+pub use budget::PAGE_CACHE_BYTES;
 pub use budget::{ModuleBudget, TableCharge};
-pub use bytes::PAGE_CACHE_BYTES;
-pub use module::{CodeModule, ModuleError, Segment};
+pub use layout::Segment;
+pub use module::{CodeModule, ModuleError};
 
 /// What is wrong with an ELF file.
 #[derive(Debug, thiserror::Error)]

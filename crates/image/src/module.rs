@@ -12,7 +12,7 @@ use rootline_unwind::{Binary, Section, SectionLayout, UnwindSections};
 use crate::ElfError;
 use crate::budget::ModuleBudget;
 use crate::bytes::ModuleBytes;
-use crate::layout;
+use crate::layout::{self, NameRef, Segment, Symbol};
 
 /// Why an ELF file could not be used for unwinding.
 #[derive(Debug, thiserror::Error)]
@@ -41,38 +41,6 @@ pub enum ModuleError {
         /// The budget.
         budget: usize,
     },
-}
-
-/// A loadable segment: link-time address range and where its bytes lie in the file.
-#[derive(Debug, Clone, Copy)]
-pub struct Segment {
-    /// Link-time virtual address of the segment.
-    pub vaddr: u64,
-    /// Offset of the segment in the file.
-    pub offset: u64,
-    /// Bytes of the segment present in the file.
-    pub filesz: u64,
-    /// Whether the segment is executable.
-    pub exec: bool,
-}
-
-/// Where a symbol's name lies.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum NameRef {
-    /// The NUL-terminated name at this file offset.
-    At(u64),
-    /// A PLT stub: the name at this offset, then `@plt`.
-    Plt(u64),
-    /// The PLT header, `plt0@plt`.
-    Plt0,
-}
-
-/// A function symbol: its link-time address range and where its name lies.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Symbol {
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    pub(crate) name: NameRef,
 }
 
 /// A parsed ELF file: everything the unwinder needs, keyed by link-time addresses (SVMA).
@@ -128,7 +96,7 @@ impl CodeModule {
         limit: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::from_file(file, budget);
-        let layout = bytes.read_layout(limit.map(|l| budget.room(l)));
+        let layout = layout::read_layout(&bytes, limit.map(|l| budget.room(l)));
         CodeModule::build(name, layout, bytes, budget, limit)
     }
 
@@ -141,7 +109,7 @@ impl CodeModule {
         limit: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::memory(bytes, budget);
-        let layout = bytes.read_layout(limit.map(|l| budget.room(l)));
+        let layout = layout::read_layout(&bytes, limit.map(|l| budget.room(l)));
         CodeModule::build(name, layout, bytes, budget, limit)
     }
 

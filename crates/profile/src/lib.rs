@@ -21,6 +21,8 @@
 //! chunk and reports a torn or corrupt tail as an [`RlpTailError`] value rather than failing. The
 //! byte layout is in `docs/rlp-format.md`.
 
+#![forbid(unsafe_code)]
+
 mod ids;
 mod metadata;
 mod model;

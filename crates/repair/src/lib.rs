@@ -45,6 +45,8 @@
 //! [`Metadata::depth_cap`]: rootline_profile::Metadata::depth_cap
 //! [`Metadata::extra`]: rootline_profile::Metadata::extra
 
+#![forbid(unsafe_code)]
+
 mod align;
 pub mod detect;
 mod engine;

@@ -10,8 +10,8 @@
 use crate::binary::Binary;
 use crate::memory::Memory;
 use crate::policy::{self, TruncateReason};
+use crate::region::Region;
 use crate::regs::{self, Registers};
-use crate::space::Region;
 use crate::x86_64::instruction_analysis::{NoCfiRule, native};
 
 /// The rule for one frame without CFI, and whether a zero frame pointer or return address may

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 
-use super::r2r::{R2rError, R2rImage};
+use rootline_dotnet::image::r2r::{R2rError, R2rImage};
 use rootline_image::{ModuleBudget, TableCharge};
 
 /// A file's device, inode, modification time and size.

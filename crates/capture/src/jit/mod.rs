@@ -19,14 +19,12 @@
 //! code ([`rootline_unwind::x86_64::instruction_analysis::jit`]).
 
 mod budget;
-pub mod ecma;
 mod files;
 pub mod images;
 pub mod jitdump;
 pub mod names;
 pub mod perfinfo;
 pub mod perfmap;
-pub mod r2r;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -42,6 +40,7 @@ pub use names::{JitName, parse_name};
 pub use perfmap::{JitSymbol, PerfMap, SymbolTable};
 
 use crate::unwind::{Memory, NoCfiRule, ReadFailure, SampleStack};
+use rootline_dotnet::image::r2r::R2rImage;
 use rootline_image::{ModuleBudget, TableCharge};
 
 /// How often a missing perf map is looked for again.
@@ -65,7 +64,7 @@ pub struct JitProcess {
     /// Image loads of `info` already handled.
     images_done: usize,
     /// The process's ReadyToRun images by load address: `(end, image)`.
-    images: BTreeMap<u64, (u64, Arc<r2r::R2rImage>)>,
+    images: BTreeMap<u64, (u64, Arc<R2rImage>)>,
     /// Images read so far, shared with every other process.
     image_cache: ImageCache,
     /// The precompiled methods looked up so far, at their load addresses.
@@ -159,7 +158,7 @@ impl JitProcess {
         let symbol = JitSymbol {
             start,
             end,
-            name: image.jit_name(m),
+            name: JitName::precompiled(image, m),
         };
         self.precompiled.insert(symbol);
         self.account();

@@ -14,6 +14,7 @@
 //! [`FrameKind::Managed`] frame; runtime stubs, builtins and anything unrecognised make a
 //! [`FrameKind::Jit`] frame.
 
+use rootline_dotnet::image::r2r::{R2rImage, R2rMethod};
 use rootline_profile::FrameKind;
 
 /// A parsed JIT symbol name.
@@ -37,6 +38,22 @@ pub struct JitName {
     /// Precompiled code in a mapped image file (.NET ReadyToRun), not JIT memory: the frame
     /// keeps the image as its mapping.
     pub precompiled: bool,
+}
+
+impl JitName {
+    /// The name of `method`, precompiled code of the ReadyToRun `image`: a managed method of the
+    /// image's assembly, keeping the image file as its mapping.
+    pub fn precompiled(image: &R2rImage, method: &R2rMethod) -> JitName {
+        JitName {
+            name: method.name.clone(),
+            module: Some(image.assembly.clone()),
+            file: None,
+            kind: FrameKind::Managed,
+            single_function: !method.funclet,
+            pushed_returns: false,
+            precompiled: true,
+        }
+    }
 }
 
 const V8_METHOD_PREFIXES: [&str; 6] = [

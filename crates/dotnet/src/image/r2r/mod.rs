@@ -15,14 +15,11 @@
 
 use std::collections::BTreeMap;
 
-use rootline_profile::FrameKind;
-
 use super::ecma::{Metadata, SigReader, Style};
 
 mod native_format;
 mod pe;
 
-use super::names::JitName;
 use native_format::{NativeArray, NativeHashtable, NativeReader};
 use pe::Pe;
 
@@ -248,19 +245,6 @@ impl R2rImage {
         let i = self.methods.partition_point(|m| m.start <= rva);
         let m = self.methods.get(i.checked_sub(1)?)?;
         (rva < m.end).then_some(m)
-    }
-
-    /// The JIT-style name of a method of this image.
-    pub fn jit_name(&self, method: &R2rMethod) -> JitName {
-        JitName {
-            name: method.name.clone(),
-            module: Some(self.assembly.clone()),
-            file: None,
-            kind: FrameKind::Managed,
-            single_function: !method.funclet,
-            pushed_returns: false,
-            precompiled: true,
-        }
     }
 }
 
