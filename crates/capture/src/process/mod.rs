@@ -44,6 +44,18 @@ pub struct MapsEntry {
     pub path: String,
 }
 
+/// An executable mapping as `/proc/PID/maps` or an MMAP2 record gives it.
+struct Mapped<'a> {
+    start: u64,
+    end: u64,
+    /// File offset mapped at `start`.
+    offset: u64,
+    /// Device major, minor and inode of the file.
+    key: (u32, u32, u64),
+    /// Path or pseudo name.
+    path: &'a str,
+}
+
 /// Parses `/proc/PID/maps` text; lines that do not parse are skipped.
 pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
     text.lines().filter_map(parse_maps_line).collect()
@@ -235,9 +247,14 @@ impl Processes {
                 .region(e.start)
                 .is_some_and(|r| r.start == e.start && r.end == e.end);
             if !known {
-                self.add_region(
-                    &mut state, pid, e.start, e.end, e.offset, e.file_key, &e.path,
-                );
+                let mapped = Mapped {
+                    start: e.start,
+                    end: e.end,
+                    offset: e.offset,
+                    key: e.file_key,
+                    path: &e.path,
+                };
+                self.add_region(&mut state, pid, mapped);
             }
         }
         state.maps_read = true;
@@ -255,15 +272,14 @@ impl Processes {
         path: &str,
     ) {
         let mut state = self.procs.remove(&pid).unwrap_or_else(new_state);
-        self.add_region(
-            &mut state,
-            pid,
+        let mapped = Mapped {
             start,
-            start.saturating_add(len),
+            end: start.saturating_add(len),
             offset,
             key,
             path,
-        );
+        };
+        self.add_region(&mut state, pid, mapped);
         self.procs.insert(pid, state);
     }
 
@@ -308,17 +324,14 @@ impl Processes {
         Some((r, p.binaries.get(&r.start)?))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn add_region(
-        &mut self,
-        state: &mut ProcessState,
-        pid: u32,
-        start: u64,
-        end: u64,
-        offset: u64,
-        key: (u32, u32, u64),
-        path: &str,
-    ) {
+    fn add_region(&mut self, state: &mut ProcessState, pid: u32, mapped: Mapped<'_>) {
+        let Mapped {
+            start,
+            end,
+            offset,
+            key,
+            path,
+        } = mapped;
         if !state.pending.is_empty() {
             // The regions this one replaces no longer wait for anything.
             state.pending.retain(|&s, _| {
