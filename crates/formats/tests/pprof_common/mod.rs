@@ -153,3 +153,24 @@ pub fn rich_profile() -> Profile {
     }
     p
 }
+
+/// pprof files the real writers make now: Go's CPU and heap profiles (gzipped profile.proto) and
+/// a gperftools legacy CPU profile, each when its tool is installed.
+pub fn generated_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(go) = real_tools::go_profiles() {
+        out.extend([go.cpu.clone(), go.heap.clone()]);
+    }
+    out.extend(real_tools::gperftools_cpu_profile().map(Path::to_path_buf));
+    out
+}
+
+/// The bytes of gzip data.
+pub fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
