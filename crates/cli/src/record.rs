@@ -212,5 +212,5 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         );
     }
     let column = report::default_column(&recording.profile);
-    let _ = report::write_report(&recording.profile, column, 10, &mut err);
+    let _ = report::write_report(&recording.profile, column, 10, false, &mut err);
 }
