@@ -21,6 +21,7 @@ command -v node >/dev/null 2>&1 || need_apt nodejs   # also the JIT tests (node 
 need_apt mono-runtime    # JIT tests: mono --jitmap (crates/capture/tests/jit_dotnet.rs)
 need_apt openjdk-17-jdk-headless   # JIT tests: java/javac/jcmd (crates/capture/tests/jit_jvm.rs)
 need_apt libc6-dbg       # capture tests: glibc's full symbols (__libc_start_call_main, start_thread)
+need_apt linux-perf      # perf script text and perf.data inputs (crates/cli/tests/perf_inputs.rs)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi

@@ -51,6 +51,9 @@ fn sniff(head: &[u8]) -> Option<Format> {
     if rootline_formats::pprof::looks_like(head) {
         return Some(Format::Pprof);
     }
+    if rootline_formats::perf_script::looks_like(head) {
+        return Some(Format::PerfScript);
+    }
     let text = std::str::from_utf8(head).ok()?;
     let first = text.lines().find(|l| !l.trim().is_empty())?;
     let (_, count) = first.trim_end().rsplit_once(' ')?;

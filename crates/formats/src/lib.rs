@@ -17,6 +17,7 @@ pub mod chromium;
 mod error;
 pub mod folded;
 pub mod otlp;
+pub mod perf_script;
 pub mod pprof;
 pub mod rlp;
 pub mod speedscope;
@@ -57,6 +58,8 @@ pub enum Format {
     Pprof,
     /// OpenTelemetry profiles (`.otlp.pb`): an `ExportProfilesServiceRequest`, write only.
     Otlp,
+    /// `perf script` text (`.perf`, `.perf-script`; also found by content), read only.
+    PerfScript,
 }
 
 impl Format {
@@ -69,6 +72,7 @@ impl Format {
         Format::Speedscope,
         Format::Pprof,
         Format::Otlp,
+        Format::PerfScript,
     ];
 
     /// The format's `--format` name.
@@ -81,6 +85,7 @@ impl Format {
             Format::Speedscope => "speedscope",
             Format::Pprof => "pprof",
             Format::Otlp => "otlp",
+            Format::PerfScript => "perf-script",
         }
     }
 
@@ -94,6 +99,7 @@ impl Format {
             Format::Speedscope => &[".speedscope.json"],
             Format::Pprof => &[".pb.gz", ".pprof"],
             Format::Otlp => &[".otlp.pb"],
+            Format::PerfScript => &[".perf-script", ".perf"],
         }
     }
 
@@ -124,7 +130,7 @@ impl Format {
 
     /// True when rootline can write this format.
     pub fn can_write(self) -> bool {
-        true
+        !matches!(self, Format::PerfScript)
     }
 }
 
@@ -142,6 +148,7 @@ pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError
         Format::Chromium => chromium::read(reader),
         Format::Speedscope => speedscope::read(reader),
         Format::Pprof => pprof::read(reader),
+        Format::PerfScript => perf_script::read(reader),
         Format::Svg | Format::Otlp => Err(FormatError::Unsupported {
             format: format.name(),
             action: "read",
@@ -159,5 +166,9 @@ pub fn write(format: Format, profile: &Profile, writer: impl Write) -> Result<()
         Format::Speedscope => speedscope::write(profile, writer),
         Format::Pprof => pprof::write(profile, writer),
         Format::Otlp => otlp::write(profile, writer),
+        Format::PerfScript => Err(FormatError::Unsupported {
+            format: format.name(),
+            action: "written",
+        }),
     }
 }
