@@ -21,6 +21,7 @@
 //! (.NET, Mono, Node, the JVM) is named and unwound through the runtimes' perf maps and jitdump
 //! files ([`jit`]). The target is never stopped.
 
+pub mod import;
 pub mod jit;
 pub mod perf_event;
 pub mod process;

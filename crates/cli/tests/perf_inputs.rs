@@ -229,3 +229,213 @@ fn inferno_perf_script_fixtures_collapse_as_inferno_does() {
     }
     assert_eq!(compared, 3);
 }
+
+/// Stacks of `rootline convert PERF.DATA -o x.folded` for a recording with `call_graph`.
+fn imported(dir: &Path, call_graph: &str) -> BTreeSet<String> {
+    let data = perf_record(dir, call_graph);
+    folded_stacks(&data)
+}
+
+#[test]
+fn perf_data_with_frame_pointer_chains_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    if !perf_works(dir.path()) {
+        return;
+    }
+    let stacks = imported(dir.path(), "fp");
+    assert!(check_edges(&stacks, true) > 0, "{stacks:#?}");
+}
+
+#[test]
+fn perf_data_with_dwarf_stacks_is_unwound_whole_or_marked() {
+    let dir = tempfile::tempdir().unwrap();
+    if !perf_works(dir.path()) {
+        return;
+    }
+    let stacks = imported(dir.path(), "dwarf");
+    // DWARF unwinding recovers every caller: no edge may skip a function, even at the leaf.
+    let whole = check_edges(&stacks, false);
+    assert!(whole > 0, "{stacks:#?}");
+    for stack in &stacks {
+        let frames: Vec<&str> = stack.split(';').collect();
+        // Root first, after the comm: a stack either starts at a thread's entry or ends explicitly.
+        let root = frames[1];
+        let entry = root == "_start" || root.ends_with("clone3") || root.ends_with("clone");
+        assert!(
+            entry || root.starts_with("[truncated: "),
+            "neither whole nor marked: {stack}"
+        );
+        if stack.contains(";work;") {
+            assert!(
+                entry && (stack.contains(";main;work;") || stack.contains(";worker;work;")),
+                "the call graph program's stacks are shallow enough for perf's copy: {stack}"
+            );
+        }
+    }
+    let report = rootline()
+        .arg("report")
+        .arg(dir.path().join("dwarf.data"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    assert!(text.contains("main → work → a → leaf"), "{text}");
+}
+
+/// Recursion: fib (shallow, branching) and deep (2000 frames, past perf's stack copy and its
+/// call-chain depth limit).
+const RECURSION: &str = r#"
+#include <stdlib.h>
+#define FN __attribute__((noipa))
+volatile unsigned long sink;
+FN unsigned long fib(int n) { return n < 2 ? (sink++, (unsigned long)n) : fib(n - 1) + fib(n - 2); }
+FN unsigned long deep(int n) {
+    if (n == 0) { for (int i = 0; i < 2000; i++) sink += i; return sink; }
+    return deep(n - 1) + 1;
+}
+FN void run_fib(void) { sink += fib(24); }
+FN void run_deep(void) { sink += deep(2000); }
+int main(int argc, char **argv) {
+    long rounds = argc > 1 ? atol(argv[1]) : 200;
+    for (long r = 0; r < rounds; r++) { run_fib(); run_deep(); }
+    return 0;
+}
+"#;
+
+const RECURSION_EDGES: &[(&str, &str)] = &[
+    ("main", "run_fib"),
+    ("main", "run_deep"),
+    ("run_fib", "fib"),
+    ("fib", "fib"),
+    ("run_deep", "deep"),
+    ("deep", "deep"),
+];
+
+/// The recursion program recorded by perf with `call_graph`, imported from perf.data.
+fn recursion_stacks(dir: &Path, call_graph: &str) -> BTreeSet<String> {
+    let src = dir.join("recursion.c");
+    let exe = dir.join("recursion");
+    std::fs::write(&src, RECURSION).unwrap();
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("cc runs");
+    assert!(cc.success());
+    let data = dir.join(format!("recursion-{call_graph}.data"));
+    let out = Command::new("perf")
+        .args([
+            "record",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "999",
+            "-q",
+            "--call-graph",
+            call_graph,
+        ])
+        .arg("-o")
+        .arg(&data)
+        .arg("--")
+        .arg(&exe)
+        .arg("400")
+        .output()
+        .expect("perf runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    folded_stacks(&data)
+}
+
+/// Checks the recursion program's stacks: every edge between its functions is one the program
+/// has (`fp_leaf`: the leaf's caller may be missing, see [`check_edges`]), fib's stacks are whole
+/// (from `_start`; `whole_fib`), and each stack either starts at `_start` or at an explicit
+/// truncation. Returns the truncation frames seen.
+fn check_recursion(stacks: &BTreeSet<String>, fp_leaf: bool, whole_fib: bool) -> BTreeSet<String> {
+    let own = ["main", "run_fib", "run_deep", "fib", "deep"];
+    let mut truncations = BTreeSet::new();
+    for stack in stacks {
+        let frames: Vec<&str> = stack.split(';').skip(1).collect();
+        let last_own = frames.iter().rposition(|f| own.contains(f));
+        for (i, pair) in frames.windows(2).enumerate() {
+            let (caller, callee) = (pair[0], pair[1]);
+            if own.contains(&caller) && own.contains(&callee) {
+                let skip = fp_leaf && Some(i + 1) == last_own;
+                let ok = RECURSION_EDGES.contains(&(caller, callee))
+                    || skip
+                        && RECURSION_EDGES
+                            .iter()
+                            .any(|&(c, m)| c == caller && RECURSION_EDGES.contains(&(m, callee)));
+                assert!(ok, "wrong caller {caller} → {callee} in {stack}");
+            }
+        }
+        if frames[0].starts_with("[truncated: ") {
+            truncations.insert(frames[0].to_string());
+            assert!(
+                !stack.contains(";fib") || !whole_fib,
+                "fib's stacks fit perf's copy: {stack}"
+            );
+        } else if whole_fib && stack.contains(";fib") {
+            assert_eq!(frames[0], "_start", "{stack}");
+        }
+    }
+    truncations
+}
+
+#[test]
+fn perf_data_dwarf_recursion_is_whole_where_the_copy_reached_the_root() {
+    let dir = tempfile::tempdir().unwrap();
+    if !perf_works(dir.path()) {
+        return;
+    }
+    let stacks = recursion_stacks(dir.path(), "dwarf");
+    assert!(
+        stacks
+            .iter()
+            .any(|s| s.contains(";_start;__libc_start_main")),
+        "{stacks:#?}"
+    );
+    let truncations = check_recursion(&stacks, false, true);
+    // 2000 frames of deep do not fit perf's default 8 KiB copy of the stack.
+    assert_eq!(
+        truncations,
+        BTreeSet::from(["[truncated: stack-copy-exhausted]".to_string()]),
+        "{stacks:#?}"
+    );
+}
+
+#[test]
+fn perf_data_fp_recursion_marks_the_kernels_depth_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    if !perf_works(dir.path()) {
+        return;
+    }
+    let stacks = recursion_stacks(dir.path(), "fp");
+    // glibc is built without frame pointers: perf's chains end at __libc_start_call_main, which
+    // is no thread entry, so those stacks are marked as cut where the frame pointers end.
+    let truncations = check_recursion(&stacks, true, false);
+    assert_eq!(
+        truncations,
+        BTreeSet::from([
+            "[truncated: bad-frame-pointer]".to_string(),
+            "[truncated: depth cap 127]".to_string()
+        ]),
+        "{stacks:#?}"
+    );
+    for stack in stacks
+        .iter()
+        .filter(|s| s.contains("[truncated: depth cap"))
+    {
+        assert!(
+            stack.ends_with(";deep") || stack.contains(";deep;"),
+            "{stack}"
+        );
+    }
+}
