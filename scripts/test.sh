@@ -12,6 +12,7 @@ log() { printf '\n==> %s\n' "$*" >&2; }
 apt_packages=()
 need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
 need_apt gcc
+need_apt g++     # capture tests: C++ inlined-name check (crates/capture/tests/inlined_names.rs)
 need_apt zlib1g-dev
 need_apt golang-go   # pprof tests: `go tool pprof -raw` reads our output and the fixtures
 command -v npm >/dev/null || need_apt npm   # pprof tests: npm pprof-format
