@@ -57,8 +57,6 @@ const DEFAULT_MAX_STACK: u16 = 127;
 const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
 /// The marker that starts the kernel part of a call chain.
 const PERF_CONTEXT_KERNEL: u64 = -128i64 as u64;
-/// The marker that starts the user part of a call chain.
-const PERF_CONTEXT_USER: u64 = -512i64 as u64;
 
 /// One frame of a sample before symbolization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -364,8 +362,9 @@ impl Replay {
             for i in 0..chain.len() {
                 let Some(addr) = chain.get(i) else { break };
                 if addr >= PERF_CONTEXT_MAX {
+                    // A user marker without addresses after it (perf's dwarf mode excludes the
+                    // user chain) leaves the user stack to the unwinder.
                     kernel = addr == PERF_CONTEXT_KERNEL;
-                    user_chain |= addr == PERF_CONTEXT_USER;
                     first_in_context = true;
                     continue;
                 }
