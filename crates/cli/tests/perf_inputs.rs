@@ -439,3 +439,41 @@ fn perf_data_fp_recursion_marks_the_kernels_depth_cap() {
         );
     }
 }
+
+#[test]
+fn perf_data_of_a_rebuilt_binary_is_not_symbolized_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    if !perf_works(dir.path()) {
+        return;
+    }
+    let exe = callgraph::build_callgraph("perf_inputs_rebuilt", &["-O1"]);
+    let data = dir.path().join("rebuilt.data");
+    let out = Command::new("perf")
+        .args(["record", "-e", "cpu-clock", "-F", "999", "-q", "-g", "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(&exe)
+        .args(["0.3", "1"])
+        .output()
+        .expect("perf runs");
+    assert!(out.status.success());
+    // The same path, another build: its symbols would name the recorded addresses wrongly.
+    callgraph::build_callgraph("perf_inputs_rebuilt", &["-O2", "-DREBUILT=1"]);
+    let folded = dir.path().join("rebuilt.folded");
+    let out = rootline()
+        .arg("convert")
+        .arg(&data)
+        .arg("-o")
+        .arg(&folded)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("build id differs") && stderr.contains("perf_inputs_rebuilt"),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&folded).unwrap();
+    assert!(!text.contains(";work;"), "{text}");
+    assert!(text.contains("perf_inputs_rebuilt+0x"), "{text}");
+}
