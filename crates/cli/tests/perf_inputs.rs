@@ -228,6 +228,36 @@ fn inferno_perf_script_fixtures_collapse_as_inferno_does() {
         compared += 1;
     }
     assert_eq!(compared, 3);
+
+    // Every other perf script layout of the fixtures reads: with or without time, pid/tid or
+    // cpu, frames indented or not, a blank line before the frames, a garbled frame line.
+    let flamegraph = fixtures.join("flamegraph/test");
+    let mut inputs: Vec<PathBuf> = std::fs::read_dir(&flamegraph)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("perf-")
+        })
+        .collect();
+    for name in [
+        "empty-line",
+        "java-inline",
+        "single-event",
+        "sourcepawn-jitdump",
+        "versioned-vmlinux",
+        "weird-stack-line",
+    ] {
+        inputs.push(dir.join(format!("{name}.txt")));
+    }
+    assert!(inputs.len() > 10, "{inputs:?}");
+    for input in inputs {
+        let copy = tmp.path().join("fixture.perf");
+        std::fs::copy(&input, &copy).unwrap();
+        assert!(!folded_stacks(&copy).is_empty(), "{}", input.display());
+    }
 }
 
 /// Stacks of `rootline convert PERF.DATA -o x.folded` for a recording with `call_graph`.

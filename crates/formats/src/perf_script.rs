@@ -9,7 +9,8 @@
 //! ```
 //!
 //! The event line gives the command (which may contain spaces), the thread (`tid` or
-//! `pid/tid`), an optional `[cpu]`, the time in seconds, an optional period and the event's name.
+//! `pid/tid`), an optional `[cpu]`, the time in seconds (unless `-F` left it out), an optional
+//! period and the event's name (ending with `:`).
 //! A frame line gives the address, the symbol (with `+0x…` offset, dropped) and the module in
 //! parentheses (without `-g`, perf prints the one frame on the event line itself, which is read
 //! too); an unknown symbol is named after its module (`[libc.so.6]`, `[[kernel.kallsyms]]`)
@@ -60,14 +61,20 @@ fn parse_event(line: &str) -> Option<Event<'_>> {
         {
             rest = &rest[1..];
         }
-        let Some(time_ns) = rest.first().and_then(|(_, t)| parse_time(t)) else {
-            continue;
-        };
-        rest = &rest[1..];
+        // The time is left out by `perf script -F` without `time`.
+        let time_ns = rest.first().and_then(|(_, t)| parse_time(t));
+        if time_ns.is_some() {
+            rest = &rest[1..];
+        }
         let period = rest.first().and_then(|(_, t)| t.parse::<u64>().ok());
         if period.is_some() {
             rest = &rest[1..];
         }
+        // The event's name ends with `:` (then its modifiers, each ending with `:`).
+        if !rest.first().is_some_and(|(_, t)| t.ends_with(':')) {
+            continue;
+        }
+        let time_ns = time_ns.unwrap_or(0);
         let (at, event) = *rest.first()?;
         let after = line[at + event.len()..].trim();
         let event = event.split(':').next().unwrap_or(event);
@@ -204,7 +211,11 @@ pub fn read(mut reader: impl BufRead) -> Result<Profile, FormatError> {
         let text = String::from_utf8_lossy(&buf);
         let text = text.trim_end_matches(['\r', '\n']);
         if text.trim().is_empty() {
-            samples.extend(current.take());
+            // A blank line ends a sample; one straight after the event line is perf's quirk of
+            // printing an empty line before the frames, and does not.
+            if current.as_ref().is_some_and(|c| !c.frames.is_empty()) {
+                samples.extend(current.take());
+            }
             continue;
         }
         if text.starts_with('#') && current.is_none() {
@@ -359,7 +370,13 @@ mod tests {
             (e.comm, e.event, e.rest),
             ("false", "cycles", "7f _dl_start+0x4 (/ld.so)")
         );
+        let e = parse_event("func_ab 15294 cpu-clock: ").unwrap();
+        assert_eq!(
+            (e.comm, e.tid, e.time_ns, e.event),
+            ("func_ab", 15294, 0, "cpu-clock")
+        );
         assert!(parse_event("not an event").is_none());
+        assert!(parse_event("comm 12 34").is_none());
         assert!(parse_event("x 1 2.5").is_none());
     }
 
