@@ -252,6 +252,9 @@ pub fn read(path: &Path) -> Result<Profile, PerfDataError> {
         profile.metadata.start_time_ns = start;
         profile.metadata.end_time_ns = end;
     }
+    if truncated.contains_key("depth-cap") {
+        profile.metadata.depth_cap = Some(u32::from(replay.max_stack));
+    }
     for (reason, count) in truncated {
         profile.metadata.truncated_samples += count;
         profile
