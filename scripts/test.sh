@@ -12,6 +12,7 @@ log() { printf '\n==> %s\n' "$*" >&2; }
 apt_packages=()
 need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
 need_apt gcc
+need_apt g++     # capture tests: C++ inlined-name check (crates/capture/tests/inlined_names.rs)
 need_apt zlib1g-dev
 need_apt golang-go   # pprof tests: Go's runtime/pprof writes inputs, `go tool pprof -raw` reads them and our output
 need_apt linux-perf  # perf record/script make the `perf script` and collapsed-stack inputs
@@ -23,6 +24,7 @@ command -v node >/dev/null 2>&1 || need_apt nodejs   # also the JIT tests (node 
 need_apt mono-runtime    # JIT tests: mono --jitmap (crates/capture/tests/jit_dotnet.rs)
 need_apt openjdk-17-jdk-headless   # JIT tests: java/javac/jcmd (crates/capture/tests/jit_jvm.rs)
 need_apt libc6-dbg       # capture tests: glibc's full symbols (__libc_start_call_main, start_thread)
+need_apt linux-perf      # perf script text and perf.data inputs (crates/cli/tests/perf_inputs.rs)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     log "installing apt packages: ${apt_packages[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo_cmd=(); else sudo_cmd=(sudo); fi

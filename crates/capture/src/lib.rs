@@ -20,6 +20,7 @@
 //! and unwound through the runtimes' perf maps, jitdump files and ReadyToRun images ([`jit`]). The
 //! target is never stopped.
 
+pub mod import;
 pub mod jit;
 pub mod live;
 pub mod perf_event;

@@ -63,6 +63,7 @@ pub fn run(args: Args) -> Result<()> {
         &recording.profile,
         column,
         15,
+        false,
         &mut std::io::stdout().lock(),
     )?;
     Ok(())

@@ -52,6 +52,9 @@ fn sniff(head: &[u8]) -> Option<Format> {
     if rootline_formats::pprof::looks_like(head) {
         return Some(Format::Pprof);
     }
+    if rootline_formats::perf_script::looks_like(head) {
+        return Some(Format::PerfScript);
+    }
     let text = std::str::from_utf8(head).ok()?;
     let first = text.lines().find(|l| !l.trim().is_empty())?;
     let (_, count) = first.trim_end().rsplit_once(' ')?;
@@ -76,6 +79,9 @@ pub fn read_profile(path: &Path, forced: Option<&str>) -> Result<Profile> {
     if is_nettrace(path, forced, &head) {
         return read_nettrace(path);
     }
+    if is_perf_data(forced, &head) {
+        return read_perf_data(path);
+    }
     let format = input_format(path, forced, &head)?;
     if !format.can_read() {
         bail!(
@@ -99,6 +105,40 @@ pub fn read_profile(path: &Path, forced: Option<&str>) -> Result<Profile> {
         eprintln!("rootline: warning: {}: {message}", path.display());
     }
     Ok(profile)
+}
+
+/// Whether the input is perf record's `perf.data` (`--input-format perf-data`, or perf's magic
+/// `PERFILE2` at its start).
+fn is_perf_data(forced: Option<&str>, head: &[u8]) -> bool {
+    match forced {
+        Some(f) => f.eq_ignore_ascii_case("perf-data"),
+        None => head.starts_with(b"PERFILE2"),
+    }
+}
+
+/// Reads a `perf.data` file: its call chains, or its DWARF samples unwound, symbolized from the
+/// binaries it names.
+#[cfg(target_os = "linux")]
+fn read_perf_data(path: &Path) -> Result<Profile> {
+    let profile = rootline_capture::import::perf_data::read(path).with_context(|| {
+        format!(
+            "reading {} as perf.data (write it with `perf record`; `perf script` text is read too)",
+            path.display()
+        )
+    })?;
+    for (_, message) in rootline_formats::warnings(&profile) {
+        eprintln!("rootline: warning: {}: {message}", path.display());
+    }
+    Ok(profile)
+}
+
+/// `perf.data` is read on Linux only (its binaries are symbolized from this machine).
+#[cfg(not(target_os = "linux"))]
+fn read_perf_data(path: &Path) -> Result<Profile> {
+    bail!(
+        "{} is a perf.data file; rootline reads those on Linux only",
+        path.display()
+    )
 }
 
 /// Opens `path` for reading with errors that say what is wrong with it.

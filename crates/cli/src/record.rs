@@ -229,7 +229,7 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         );
     }
     let column = input::default_column(&recording.profile);
-    let _ = report::write_report(&recording.profile, column, 10, &mut err);
+    let _ = report::write_report(&recording.profile, column, 10, false, &mut err);
 }
 
 /// How a recorded command ended, for the summary: `exited with status N` or `was killed by signal N

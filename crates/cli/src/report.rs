@@ -4,6 +4,10 @@
 //! the leaf-most frame that is real code (producer pseudo-frames such as `CPU_TIME` are skipped);
 //! total time counts a function once per sample however often it recurses. Runs of recursion are
 //! folded for display only (`f ×1000`); the profile itself is never shortened.
+//!
+//! The hottest paths are shown as they read: identical displayed paths (stacks that differ only by
+//! thread or by address within the same functions) are one entry, and the language runtime's
+//! start-up frames are left out unless asked for (see [`startup_len`]).
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -37,6 +41,10 @@ pub struct Args {
     /// Also list the functions whose share moved most since this earlier profile.
     #[arg(long, value_name = "BEFORE")]
     pub diff: Option<PathBuf>,
+    /// Show the runtime's start-up frames (_start, __libc_start_main, std::rt::lang_start…,
+    /// start_thread, clone3) at the root of the hottest paths; hidden by default.
+    #[arg(long)]
+    pub show_startup: bool,
 }
 
 /// Runs `rootline report`.
@@ -55,7 +63,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    write_report(&profile, column, args.top, &mut out)?;
+    write_report(&profile, column, args.top, args.show_startup, &mut out)?;
     if args.tree {
         writeln!(out)?;
         write_tree(&profile, column, args.min_percent, &mut out)?;
@@ -108,11 +116,13 @@ fn percent(part: i64, whole: i64) -> f64 {
     }
 }
 
-/// Writes the header, the top functions by self and total, and the hottest paths.
+/// Writes the header, the top functions by self and total, and the hottest paths (without the
+/// runtime's start-up frames unless `show_startup`).
 pub fn write_report(
     profile: &Profile,
     column: Option<usize>,
     top: usize,
+    show_startup: bool,
     out: &mut dyn Write,
 ) -> Result<()> {
     let meta = &profile.metadata;
@@ -198,29 +208,127 @@ pub fn write_report(
         false,
     )?;
 
-    let mut hot: Vec<(StackId, i64)> = sums.into_iter().collect();
-    hot.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    writeln!(
-        out,
-        "\nHottest paths (root → leaf, recursion folded for display)"
-    )?;
+    // Identical displayed paths are one entry: (displayed path, value, fewest and most frames).
+    let mut hot: Vec<(String, i64, usize, usize)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
     let mut frames = Vec::new();
-    for (rank, (stack, value)) in hot.iter().take(top).enumerate() {
-        profile.stack_frames_root_first(*stack, &mut frames);
-        let path: Vec<String> = fold_recursion(profile, &frames)
+    let mut stacks: Vec<(StackId, i64)> = sums.into_iter().collect();
+    stacks.sort();
+    for (stack, value) in stacks {
+        profile.stack_frames_root_first(stack, &mut frames);
+        let hidden = if show_startup {
+            0
+        } else {
+            startup_len(profile, &frames)
+        };
+        let shown = &frames[hidden..];
+        let path: Vec<String> = fold_recursion(profile, shown)
             .into_iter()
             .map(|(name, run)| display_run(name, run, run))
             .collect();
+        let path = path.join(" → ");
+        match index.get(&path) {
+            Some(&i) => {
+                let entry = &mut hot[i];
+                entry.1 = entry.1.saturating_add(value);
+                entry.2 = entry.2.min(shown.len());
+                entry.3 = entry.3.max(shown.len());
+            }
+            None => {
+                index.insert(path.clone(), hot.len());
+                hot.push((path, value, shown.len(), shown.len()));
+            }
+        }
+    }
+    hot.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let startup = if show_startup {
+        "start-up frames shown"
+    } else {
+        "runtime start-up frames hidden (the root up to the last of them), --show-startup shows them"
+    };
+    writeln!(
+        out,
+        "\nHottest paths (root → leaf, recursion folded for display, identical paths merged; {startup})"
+    )?;
+    for (rank, (path, value, fewest, most)) in hot.iter().take(top).enumerate() {
+        let depth = if fewest == most {
+            format!("{most}")
+        } else {
+            format!("{fewest}–{most}")
+        };
         writeln!(
             out,
-            "  {:>2}. {:6.2}%  {value}  [{} frames]\n      {}",
+            "  {:>2}. {:6.2}%  {value}  [{depth} frames]\n      {path}",
             rank + 1,
             percent(*value, grand),
-            frames.len(),
-            path.join(" → ")
         )?;
     }
     Ok(())
+}
+
+/// Whether `name` is a frame of the language runtime's start-up: the C library's process and
+/// thread entry (`_start`, `__libc_start_main`, `start_thread`, `clone3`, …) and Rust's chain from
+/// there to the program's `main` or a thread's closure (`std::rt::lang_start…`, the thread
+/// start-up in `std::sys`/`std::thread`, `__rust_begin_short_backtrace`, the unwinding guards and
+/// `FnOnce::call_once` shims between them).
+fn is_startup(name: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "_start",
+        "__libc_start_main",
+        "__libc_start_main_impl",
+        "__libc_start_call_main",
+        "start_thread",
+        "clone",
+        "clone3",
+        "__clone",
+        "__clone3",
+        "thread_start",
+        "__rust_try",
+    ];
+    const PREFIXES: &[&str] = &[
+        "std::rt::",
+        "std::sys::backtrace::__rust_begin_short_backtrace",
+        "std::sys::pal::unix::thread::",
+        "std::sys::thread::",
+        "std::thread::Builder::spawn_unchecked_",
+        "std::thread::lifecycle::",
+        "std::thread::local::",
+        "std::panicking::",
+        "std::panic::catch_unwind",
+        "core::ops::function::",
+    ];
+    // A closure or function called through the `FnOnce`/`Fn` traits by the runtime (`<&dyn Fn() as
+    // FnOnce<()>>::call_once`, `<Box<F> as FnOnce>::call_once`).
+    let call_shim = name.starts_with('<') && name.contains(" as core::ops::function::Fn");
+    // glibc's internal aliases (`__GI___clone3`) are the same functions; a method's path may be
+    // written `<Type>::method`.
+    let name = name.strip_prefix("__GI_").unwrap_or(name);
+    let path = name.trim_start_matches('<');
+    EXACT.contains(&name) || PREFIXES.iter().any(|p| path.starts_with(p)) || call_shim
+}
+
+/// How many frames at the root of `frames` (root first) are the runtime's start-up: the leading
+/// run of start-up frames (see [`is_startup`]; producer pseudo-frames within it do not end it),
+/// up to and including the last start-up frame of that run. A `main` counts when the next frame
+/// is start-up too (Rust's `main` calling `std::rt::lang_start`); a C program's `main` is its own
+/// code and stays. At least the leaf is always kept.
+fn startup_len(profile: &Profile, frames: &[FrameId]) -> usize {
+    let mut hidden = 0;
+    for (i, &frame) in frames.iter().enumerate() {
+        if !is_code(profile, frame) {
+            continue;
+        }
+        let name = profile.frame_name(frame);
+        let next_is_startup = frames
+            .get(i + 1)
+            .is_some_and(|&f| is_startup(profile.frame_name(f)));
+        if is_startup(name) || (name == "main" && next_is_startup) {
+            hidden = i + 1;
+        } else {
+            break;
+        }
+    }
+    hidden.min(frames.len().saturating_sub(1))
 }
 
 fn write_top(

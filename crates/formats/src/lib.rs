@@ -21,6 +21,7 @@ mod error;
 pub mod folded;
 pub mod fxprof;
 pub mod otlp;
+pub mod perf_script;
 pub mod pprof;
 pub mod rlp;
 pub mod speedscope;
@@ -65,6 +66,8 @@ pub enum Format {
     Fxprof,
     /// Firefox Profiler processed profile JSON, gzipped (`.fxprof.json.gz`), write only.
     FxprofGz,
+    /// `perf script` text (`.perf`, `.perf-script`; also found by content), read only.
+    PerfScript,
 }
 
 impl Format {
@@ -79,6 +82,7 @@ impl Format {
         Format::Otlp,
         Format::Fxprof,
         Format::FxprofGz,
+        Format::PerfScript,
     ];
 
     /// The format's `--format` name.
@@ -93,6 +97,7 @@ impl Format {
             Format::Otlp => "otlp",
             Format::Fxprof => "fxprof",
             Format::FxprofGz => "fxprof-gz",
+            Format::PerfScript => "perf-script",
         }
     }
 
@@ -108,6 +113,7 @@ impl Format {
             Format::Otlp => &[".otlp.pb"],
             Format::Fxprof => &[".fxprof.json"],
             Format::FxprofGz => &[".fxprof.json.gz"],
+            Format::PerfScript => &[".perf-script", ".perf"],
         }
     }
 
@@ -141,7 +147,7 @@ impl Format {
 
     /// True when rootline can write this format.
     pub fn can_write(self) -> bool {
-        true
+        !matches!(self, Format::PerfScript)
     }
 }
 
@@ -159,6 +165,7 @@ pub fn read(format: Format, reader: impl BufRead) -> Result<Profile, FormatError
         Format::Chromium => chromium::read(reader),
         Format::Speedscope => speedscope::read(reader),
         Format::Pprof => pprof::read(reader),
+        Format::PerfScript => perf_script::read(reader),
         Format::Svg | Format::Otlp | Format::Fxprof | Format::FxprofGz => {
             Err(FormatError::Unsupported {
                 format: format.name(),
@@ -180,5 +187,9 @@ pub fn write(format: Format, profile: &Profile, writer: impl Write) -> Result<()
         Format::Otlp => otlp::write(profile, writer),
         Format::Fxprof => fxprof::write(profile, writer),
         Format::FxprofGz => fxprof::write_gz(profile, writer),
+        Format::PerfScript => Err(FormatError::Unsupported {
+            format: format.name(),
+            action: "written",
+        }),
     }
 }

@@ -8,6 +8,7 @@
 //! `.debug_abbrev`. A binary whose DWARF does not fit is named from symbol tables only (a separate
 //! debug file's full symbol table is still read), without inlined frames or lines.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use object::read::elf::{FileHeader, SectionHeader};
 use object::{Endianness, elf};
 
 use super::SymbolizerBudgets;
+use super::names::ClosureNames;
 use crate::unwind::CodeModule;
 
 /// Batches a binary's DWARF stays loaded after its last use ([`DwarfCache::end_batch`]).
@@ -32,6 +34,10 @@ pub(super) struct Entry {
     pub loader: Option<addr2line::Loader>,
     /// The separate debug file's symbol table, when its DWARF was not loaded.
     pub symbols: Option<CodeModule>,
+    /// The file the loaded DWARF is read from.
+    source: Option<PathBuf>,
+    /// Its closures' numbered names, read when first needed.
+    closures: OnceCell<Option<ClosureNames>>,
     cost: usize,
     used: u64,
 }
@@ -42,9 +48,21 @@ impl Entry {
         Entry {
             loader: None,
             symbols: None,
+            source: None,
+            closures: OnceCell::new(),
             cost: 0,
             used,
         }
+    }
+
+    /// The numbered name of the Rust closure whose legacy linkage name is `linkage`, from the
+    /// DWARF (read once per binary, when its first closure is named).
+    pub fn closure_name(&self, linkage: &str) -> Option<&str> {
+        let source = self.source.as_deref()?;
+        self.closures
+            .get_or_init(|| ClosureNames::read(source))
+            .as_ref()?
+            .get(linkage)
     }
 }
 
@@ -105,15 +123,17 @@ impl DwarfCache {
         };
         let cost = dwarf_cost(source).unwrap_or(0);
         if self.make_room(cost) {
-            let loader = addr2line::Loader::new(source).ok().or_else(|| {
+            let mut loaded = addr2line::Loader::new(source).ok().map(|l| (l, source));
+            if loaded.is_none() && debug_file.is_some() && debug_info {
                 // A separate debug file that does not load: the binary's own DWARF, if any.
-                (debug_file.is_some() && debug_info)
-                    .then(|| addr2line::Loader::new(path).ok())
-                    .flatten()
-            });
+                loaded = addr2line::Loader::new(path).ok().map(|l| (l, path));
+            }
+            let (loader, source) = loaded.unzip();
             return Entry {
                 loader,
                 symbols: None,
+                source: source.map(Path::to_path_buf),
+                closures: OnceCell::new(),
                 cost,
                 used: self.batch,
             };
@@ -133,6 +153,8 @@ impl DwarfCache {
         Entry {
             loader: None,
             symbols,
+            source: None,
+            closures: OnceCell::new(),
             cost: 0,
             used: self.batch,
         }

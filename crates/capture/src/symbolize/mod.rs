@@ -16,6 +16,7 @@ pub struct SymbolFrame {
 }
 
 mod dwarf;
+mod names;
 
 use dwarf::DwarfCache;
 use rootline_image::ModuleBudget;
@@ -89,11 +90,12 @@ impl Symbolizer {
         let entry = self.dwarf.get(path, build_id, debug_info);
         let loader = entry.loader.as_ref();
         let debug_symbols = entry.symbols.as_ref();
+        let closure = |linkage: &str| entry.closure_name(linkage).map(str::to_string);
         svmas
             .iter()
             .map(|&a| {
                 let name = symbol(a).or_else(|| debug_symbols.and_then(|m| m.symbol_name(a)));
-                symbolize_one(loader, a, name)
+                symbolize_one(loader, a, name, &closure)
             })
             .collect()
     }
@@ -114,19 +116,30 @@ impl Symbolizer {
     }
 }
 
+/// The frames at `addr`, physical first. Names are the functions' linkage names demangled the
+/// way their unit's language does (the bare `DW_AT_name` only where DWARF has no linkage name),
+/// with Rust closures numbered by `closure` (see [`names`]).
 fn symbolize_one(
     loader: Option<&addr2line::Loader>,
     addr: u64,
     symbol: Option<String>,
+    closure: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<SymbolFrame> {
+    let numbered = |raw: &str| {
+        names::is_legacy_closure(raw)
+            .then(|| closure(raw))
+            .flatten()
+    };
     let mut frames = Vec::new();
     if let Some(Ok(mut iter)) = loader.map(|l| l.find_frames(addr)) {
         while let Ok(Some(frame)) = iter.next() {
             let name = frame
                 .function
                 .as_ref()
-                .and_then(|f| f.demangle().ok())
-                .map(|n| n.into_owned())
+                .and_then(|f| {
+                    let raw = f.raw_name().ok()?;
+                    numbered(&raw).or_else(|| f.demangle().ok().map(|n| n.into_owned()))
+                })
                 .unwrap_or_default();
             let (file, line) = frame
                 .location
@@ -139,7 +152,7 @@ fn symbolize_one(
     frames.reverse();
     let symbol = symbol
         .or_else(|| loader.and_then(|l| l.find_symbol(addr)).map(str::to_string))
-        .map(|s| demangle_symbol(&s));
+        .map(|s| numbered(&s).unwrap_or_else(|| demangle_symbol(&s)));
     match (symbol, frames.first_mut()) {
         (Some(symbol), Some(physical)) => physical.name = symbol,
         (Some(symbol), None) => frames.push(SymbolFrame {

@@ -1,0 +1,3 @@
+//! Profiles recorded by other tools' samplers, read with rootline's unwinder and symbolizer.
+
+pub mod perf_data;
