@@ -22,6 +22,7 @@ mod budget;
 pub mod ecma;
 mod files;
 pub mod frame_state;
+pub mod hotspot;
 pub mod images;
 pub mod jitdump;
 pub mod names;
@@ -75,6 +76,8 @@ pub struct JitProcess {
     pub image_errors: Vec<String>,
     /// Images refused for the module budget, tried again once it has room.
     refused_images: Vec<RefusedImage>,
+    /// A HotSpot JVM asked for its perf map.
+    jvm: hotspot::JvmPerfMap,
     last_open_try: Option<Instant>,
     last_read: Option<Instant>,
     /// Why the perf map was last refused, when it exists but was not used.
@@ -105,6 +108,7 @@ impl JitProcess {
             precompiled: SymbolTable::default(),
             image_errors: Vec::new(),
             refused_images: Vec::new(),
+            jvm: hotspot::JvmPerfMap::default(),
             last_open_try: None,
             last_read: None,
             refused: None,
@@ -130,6 +134,7 @@ impl JitProcess {
     /// re-reading them (at most every 10 ms) when it misses.
     pub fn symbol(&mut self, addr: u64) -> Option<&JitSymbol> {
         if self.lookup(addr).is_none() && !self.precompiled_method(addr) {
+            self.jvm.missed(self.pid, addr);
             self.refresh();
             self.precompiled_method(addr);
         }
@@ -170,6 +175,15 @@ impl JitProcess {
             return;
         }
         let now = Instant::now();
+        // A JVM rewrites its perf map whole with each answer: read it from the start then, and
+        // only then (not while it is being rewritten).
+        let rewritten = self.jvm.rewritten();
+        if rewritten {
+            self.map.as_mut().map(PerfMap::rewind);
+            self.last_open_try = None;
+            self.last_read = None;
+        }
+        let mut read_map = rewritten || !self.jvm.asking();
         let missing = self.map.is_none() || self.dump.is_none() || self.info.is_none();
         if missing
             && self
@@ -181,6 +195,7 @@ impl JitProcess {
                 && let Some(f) = self.open(perf_map_path(self.pid))
             {
                 self.map = Some(PerfMap::new(f));
+                read_map = true;
             }
             if self.dump.is_none()
                 && let Some(path) = jitdump::mapped_jitdump(self.pid)
@@ -202,7 +217,7 @@ impl JitProcess {
             return;
         }
         self.last_read = Some(now);
-        if let Some(m) = self.map.as_mut() {
+        if let Some(m) = self.map.as_mut().filter(|_| read_map) {
             let _ = m.read_more();
         }
         self.account();

@@ -31,6 +31,8 @@ use crate::process::thread_ids;
 
 /// How often the supervisor looks at the caller's stop flag (its only timed wake-up).
 const STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long the JVMs being asked get to write their perf maps once more at the end.
+const JVM_LAST_ASK: Duration = Duration::from_secs(3);
 
 fn online_cpus() -> Vec<u32> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
@@ -214,6 +216,7 @@ pub fn record(
     let mut events = Vec::new();
     let mut child = None;
     let start_ns = monotonic_ns();
+    let mut attach_notes = Vec::new();
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
@@ -230,6 +233,8 @@ pub fn record(
         }
         Target::Pids(pids) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
+            // JVMs write their perf maps before the first sample.
+            attach_notes = crate::jit::hotspot::ask_at_attach(pids);
             for &pid in pids {
                 attach(pid, &cfg, &cpus, &mut events)?;
             }
@@ -373,6 +378,7 @@ pub fn record(
                     }
                     drain.round(&mut events, &mut pipeline);
                     if finishing {
+                        pipeline.ask_jvms_again(Instant::now() + JVM_LAST_ASK);
                         pipeline.finish();
                     }
                     if finishing || last_flush.elapsed() >= interval {
@@ -457,7 +463,12 @@ pub fn record(
         )))
     };
     reader.join().map_err(panicked)?;
-    let (profile, stats, sink_error) = builder.join().map_err(panicked)?;
+    let (profile, mut stats, sink_error) = builder.join().map_err(panicked)?;
+    for note in attach_notes.into_iter().rev() {
+        if !stats.jit_notes.contains(&note) {
+            stats.jit_notes.insert(0, note);
+        }
+    }
     if let Some(c) = child.as_mut()
         && exit_status.is_none()
     {

@@ -58,6 +58,10 @@ pub struct Stats {
     /// Times a sample was set aside to wait for a binary's parse (a sample may count more than
     /// once if it needed several).
     pub deferred: u64,
+    /// Distinct JIT frames left without a name, by why.
+    pub jit_unnamed: std::collections::BTreeMap<String, u64>,
+    /// Why runtimes were not asked for their JIT maps (a JVM with attach off), one line each.
+    pub jit_notes: Vec<String>,
 }
 
 /// Counts of the kernel callchain cross-check (see [`crate::unwind::callchain`]).
@@ -616,7 +620,22 @@ impl Pipeline {
             frame.address
         };
         let pid = mapping.pid;
-        self.jit.process(pid).symbol(lookup).map(|s| s.name.clone())
+        let jit = self.jit.process(pid);
+        let name = jit.symbol(lookup).map(|s| s.name.clone());
+        if name.is_none() {
+            *self
+                .stats
+                .jit_unnamed
+                .entry(jit.unnamed_reason())
+                .or_default() += 1;
+        }
+        name
+    }
+
+    /// Asks the JVMs being asked for their perf maps once more, waiting until `deadline`: call at
+    /// the end, before the last batch names its frames.
+    pub fn ask_jvms_again(&mut self, deadline: Instant) {
+        self.jit.ask_jvms_again(deadline);
     }
 
     /// Everything new since the previous call, for the builder.
@@ -627,6 +646,7 @@ impl Pipeline {
         let jit_names = (f..self.frames.len())
             .map(|i| self.jit_name(self.frames[i]))
             .collect::<Vec<_>>();
+        self.stats.jit_notes = self.jit.jvm_notes();
         let mut batch = Batch {
             mappings: self.mappings[m..].to_vec(),
             frames: self.frames[f..].to_vec(),
