@@ -55,13 +55,13 @@ pub enum AttachError {
     },
     /// It does not handle SIGQUIT: still starting, or started with `-Xrs`.
     #[error(
-        "process {0} does not handle SIGQUIT (still starting, or started with -Xrs), so its attach \
+        "the JVM does not handle SIGQUIT (still starting, or started with -Xrs), so its attach \
          listener cannot be started"
     )]
     NoQuitHandler(u32),
     /// No attach socket appeared after SIGQUIT.
     #[error(
-        "process {pid} opened no attach socket within {} s of SIGQUIT: it was started with \
+        "no attach socket within {} s of SIGQUIT: the JVM was started with \
          -XX:+DisableAttachMechanism (or is too busy to answer); run it without that flag, or \
          with -XX:+DumpPerfMapAtExit, to get names for its JIT-compiled code",
         LISTENER_TIMEOUT.as_secs()
@@ -403,19 +403,21 @@ impl PerfMapAsker {
         self.shared.lock().stopped.clone()
     }
 
-    /// Asks now, without waiting for the interval; [`PerfMapAsker::wait`] waits for the answer.
+    /// Asks now, without waiting for the interval. Returns the count of answers at which one
+    /// asked for after this call has arrived, for [`PerfMapAsker::wait`].
     pub fn ask_now(&self) -> u64 {
         let mut st = self.shared.lock();
         st.wanted = true;
         st.urgent = true;
         self.shared.changed.notify_all();
-        st.answers
+        // A request being made may have started before the code in question was compiled.
+        st.answers + if st.in_flight { 2 } else { 1 }
     }
 
-    /// Waits until an answer past `answers` arrives, the JVM is given up on, or `deadline`.
+    /// Waits until `answers` answers have arrived, the JVM is given up on, or `deadline`.
     pub fn wait(&self, answers: u64, deadline: Instant) {
         let mut st = self.shared.lock();
-        while st.answers <= answers && st.stopped.is_none() {
+        while st.answers < answers && st.stopped.is_none() {
             let now = Instant::now();
             if now >= deadline {
                 break;
@@ -502,10 +504,8 @@ pub fn ask_at_attach(pids: &[u32]) -> Vec<String> {
         asks.into_iter()
             .filter_map(|(pid, h)| match h.join() {
                 Ok(Ok(_)) => None,
-                Ok(Err(e)) => Some(format!("JVM {pid}: no perf map: {e}")),
-                Err(_) => Some(format!(
-                    "JVM {pid}: no perf map: the asking thread panicked"
-                )),
+                Ok(Err(e)) => Some(format!("JVM {pid}: {e}")),
+                Err(_) => Some(format!("JVM {pid}: the thread asking it panicked")),
             })
             .collect()
     })
@@ -552,6 +552,15 @@ impl JvmPerfMap {
         }
     }
 
+    /// The asker, when a fresh answer may still name `addr`: no answer asked for after the
+    /// address was first missed has arrived yet.
+    fn may_still_name(&self, addr: u64) -> Option<&PerfMapAsker> {
+        let asker = self.asker.as_ref().filter(|a| a.stopped().is_none())?;
+        let answers = asker.answers();
+        let first = self.misses.get(&addr).copied().unwrap_or(answers);
+        (answers < first + 2).then_some(asker)
+    }
+
     /// Whether the process is a JVM being asked: its perf map changes only with an answer.
     pub fn asking(&self) -> bool {
         self.asker.is_some()
@@ -572,6 +581,19 @@ impl JvmPerfMap {
 }
 
 impl super::JitProcess {
+    /// The symbol at `addr`, for naming a frame: when a JVM's perf map misses it and a fresh
+    /// answer may still name it, asks the JVM at once and waits for the answer until `deadline`.
+    pub fn symbol_or_ask(&mut self, addr: u64, deadline: Instant) -> Option<&super::JitSymbol> {
+        if self.symbol(addr).is_none()
+            && Instant::now() < deadline
+            && let Some(asker) = self.jvm.may_still_name(addr)
+        {
+            asker.wait(asker.ask_now(), deadline);
+            self.refresh();
+        }
+        self.symbol(addr)
+    }
+
     /// Why a JIT address of this process has no name, for the record summary.
     pub fn unnamed_reason(&self) -> String {
         if let Some(why) = self.jvm.asker().and_then(PerfMapAsker::stopped) {

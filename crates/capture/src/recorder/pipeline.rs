@@ -153,6 +153,9 @@ pub(crate) struct Batch {
 /// The parent of a root node.
 pub(crate) const NO_NODE: u32 = u32::MAX;
 
+/// How long a batch waits, at most, for JVMs to name code their perf maps missed.
+const JVM_NAME_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How long after its exit record a thread (and, once gone, its process) is forgotten.
 const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -606,7 +609,7 @@ impl Pipeline {
     }
 
     /// The JIT map name of a frame in code without a file image.
-    fn jit_name(&mut self, frame: RawFrame) -> Option<JitName> {
+    fn jit_name(&mut self, frame: RawFrame, deadline: Instant) -> Option<JitName> {
         let RawKind::User(m, is_return) = frame.kind else {
             return None;
         };
@@ -621,7 +624,7 @@ impl Pipeline {
         };
         let pid = mapping.pid;
         let jit = self.jit.process(pid);
-        let name = jit.symbol(lookup).map(|s| s.name.clone());
+        let name = jit.symbol_or_ask(lookup, deadline).map(|s| s.name.clone());
         if name.is_none() {
             *self
                 .stats
@@ -643,8 +646,10 @@ impl Pipeline {
         let (m, f, n) = self.sent;
         let pending = self.pending.len();
         self.sent = (self.mappings.len(), self.frames.len(), self.nodes.len());
+        // New JIT code of a JVM is named by asking it again; the reader waits this long at most.
+        let deadline = Instant::now() + JVM_NAME_WAIT;
         let jit_names = (f..self.frames.len())
-            .map(|i| self.jit_name(self.frames[i]))
+            .map(|i| self.jit_name(self.frames[i], deadline))
             .collect::<Vec<_>>();
         self.stats.jit_notes = self.jit.jvm_notes();
         let mut batch = Batch {
