@@ -10,9 +10,11 @@ mod jit;
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use jit::{Graph, Running, Setup, check, is_native_root, record_pid, require, sources, which};
+use rootline_capture::recorder::{RecordOptions, Target, record};
 use rootline_profile::Profile;
 
 const DEEP: usize = 20;
@@ -247,4 +249,60 @@ fn a_process_that_is_not_a_jvm_is_not_signalled() {
     );
     let _ = sleep.kill();
     let _ = sleep.wait();
+}
+
+#[test]
+fn launched_jvm_is_asked_once_up() {
+    let test = "launched_jvm_is_asked_once_up";
+    let setup = Setup::new();
+    let Some(jdk) = jdk(test, &setup) else {
+        return;
+    };
+    let argv: Vec<std::ffi::OsString> = vec![
+        jdk.java.clone().into(),
+        "-cp".into(),
+        setup.path().into(),
+        "Rec".into(),
+        DEEP.to_string().into(),
+        "2".into(),
+        "1".into(),
+        "8".into(),
+    ];
+    let mut opts = RecordOptions::new(Target::Command(argv));
+    opts.frequency_hz = 2_000;
+    opts.duration = Some(Duration::from_secs(30));
+    let recording =
+        record(&opts, &AtomicBool::new(false), None).expect("recording a launched JVM works");
+    println!(
+        "{test}: {} samples; unnamed JIT frames {:?}, notes {:?}",
+        recording.stats.samples, recording.stats.jit_unnamed, recording.stats.jit_notes
+    );
+    assert!(
+        recording.stats.jit_notes.is_empty(),
+        "{:?}",
+        recording.stats.jit_notes
+    );
+    // The code is compiled while recording (from the JVM's start): the warm-up's interpreted
+    // and on-stack-replaced frames count against wholeness, so only naming is checked.
+    for (what, short) in [
+        (
+            "main methods",
+            &main_short as &dyn Fn(&str) -> Option<&'static str>,
+        ),
+        ("late methods", &late_short),
+    ] {
+        let (all, named) = frames_named(&recording.profile, short);
+        println!(
+            "{test} ({what}): {named} of {all} frames between program frames named ({:.2}%)",
+            100.0 * named as f64 / all.max(1) as f64
+        );
+        assert!(named >= 10_000, "{what}: {named} named frames");
+        assert!(named * 100 >= all * 99, "{what}: frames named < 99%");
+    }
+    // The JVM leaves its perf map behind; the pid will be reused.
+    let pids: std::collections::BTreeSet<u32> =
+        recording.profile.threads().iter().map(|t| t.pid).collect();
+    for pid in pids {
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    }
 }

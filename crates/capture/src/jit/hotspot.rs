@@ -333,6 +333,13 @@ fn connect(pid: u32, st: Status, socket: &Path) -> Result<UnixStream, AttachErro
     stream.map_err(err)
 }
 
+/// What [`PerfMapAsker::wait`] waits for.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket {
+    answers: u64,
+    failed: u64,
+}
+
 /// What the asking thread and its owner share.
 #[derive(Debug, Default)]
 struct State {
@@ -342,10 +349,14 @@ struct State {
     urgent: bool,
     /// A request is being made.
     in_flight: bool,
+    /// Requests that failed (a starting JVM), in all.
+    failed: u64,
     /// Answers received (each rewrote the perf map).
     answers: u64,
     /// Why the JVM will not be asked again.
     stopped: Option<String>,
+    /// It is not asked because it ended: nothing to note.
+    ended: bool,
     /// The owner is gone.
     closed: bool,
 }
@@ -403,21 +414,32 @@ impl PerfMapAsker {
         self.shared.lock().stopped.clone()
     }
 
-    /// Asks now, without waiting for the interval. Returns the count of answers at which one
-    /// asked for after this call has arrived, for [`PerfMapAsker::wait`].
-    pub fn ask_now(&self) -> u64 {
+    /// Why the JVM is not asked any more, if it is not and that is worth a note (not when it
+    /// ended).
+    pub fn note(&self) -> Option<String> {
+        let st = self.shared.lock();
+        st.stopped.clone().filter(|_| !st.ended)
+    }
+
+    /// Asks now, without waiting for the interval (after a failure the interval is kept).
+    /// Returns what [`PerfMapAsker::wait`] waits for.
+    pub fn ask_now(&self) -> Ticket {
         let mut st = self.shared.lock();
         st.wanted = true;
         st.urgent = true;
         self.shared.changed.notify_all();
-        // A request being made may have started before the code in question was compiled.
-        st.answers + if st.in_flight { 2 } else { 1 }
+        Ticket {
+            // A request being made may have started before the code in question was compiled.
+            answers: st.answers + if st.in_flight { 2 } else { 1 },
+            failed: st.failed,
+        }
     }
 
-    /// Waits until `answers` answers have arrived, the JVM is given up on, or `deadline`.
-    pub fn wait(&self, answers: u64, deadline: Instant) {
+    /// Waits until the answer `ticket` waits for has arrived, a request failed since, the JVM is
+    /// given up on, or `deadline`.
+    pub fn wait(&self, ticket: Ticket, deadline: Instant) {
         let mut st = self.shared.lock();
-        while st.answers < answers && st.stopped.is_none() {
+        while st.answers < ticket.answers && st.failed == ticket.failed && st.stopped.is_none() {
             let now = Instant::now();
             if now >= deadline {
                 break;
@@ -467,16 +489,23 @@ fn ask_loop(pid: u32, shared: &Shared) {
                 }
                 Err(e) if e.may_pass_later() && failures < STARTING_TRIES => {
                     failures += 1;
+                    st.failed += 1;
+                    // Urgency does not cut the rest after a failure: a starting JVM gets its
+                    // tries spread over STARTING_TRIES intervals.
+                    st.urgent = false;
                     st.wanted = true;
                 }
                 Err(e) => {
+                    st.ended = matches!(e, AttachError::Gone(_));
                     st.stopped = Some(e.to_string());
                     shared.changed.notify_all();
                     return;
                 }
             }
             shared.changed.notify_all();
-            while !st.closed && !st.urgent {
+            // An urgent request cuts the rest short, unless the last try failed.
+            let cut = |st: &State| st.closed || st.urgent && failures == 0;
+            while !cut(&st) {
                 let now = Instant::now();
                 if now >= rested {
                     break;
@@ -527,6 +556,14 @@ pub struct JvmPerfMap {
 }
 
 impl JvmPerfMap {
+    /// Asking state for a process not seen yet; with `ask` false, no JVM is asked.
+    pub fn new(ask: bool) -> JvmPerfMap {
+        JvmPerfMap {
+            checked: !ask,
+            ..JvmPerfMap::default()
+        }
+    }
+
     /// A code address of process `pid` has no symbol: the first time, find out whether it is a
     /// HotSpot JVM and start asking it; later, ask again — unless an answer asked for after the
     /// address was first missed did not name it either (then it never will).
@@ -618,7 +655,7 @@ impl super::JitMaps {
     /// Asks every JVM being asked for a last perf map, waiting for the answers until
     /// `deadline` (the end of a recording, before its last frames are named).
     pub fn ask_jvms_again(&mut self, deadline: Instant) {
-        let asked: Vec<(&PerfMapAsker, u64)> = self
+        let asked: Vec<(&PerfMapAsker, Ticket)> = self
             .procs
             .values()
             .filter_map(|p| p.jvm.asker())
@@ -635,7 +672,7 @@ impl super::JitMaps {
         let mut notes: Vec<String> = self
             .procs
             .iter()
-            .filter_map(|(pid, p)| Some(format!("JVM {pid}: {}", p.jvm.asker()?.stopped()?)))
+            .filter_map(|(pid, p)| Some(format!("JVM {pid}: {}", p.jvm.asker()?.note()?)))
             .collect();
         notes.sort();
         notes

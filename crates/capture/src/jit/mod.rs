@@ -408,6 +408,8 @@ pub struct JitMaps {
     procs: HashMap<u32, JitProcess>,
     images: ImageCache,
     budget: Option<usize>,
+    /// JVMs are not asked for perf maps.
+    pub(crate) ask_jvms_off: bool,
 }
 
 impl JitMaps {
@@ -418,9 +420,11 @@ impl JitMaps {
 
     /// The state of process `pid` (created on first use; nothing is read until needed).
     pub fn process(&mut self, pid: u32) -> &mut JitProcess {
-        self.procs
-            .entry(pid)
-            .or_insert_with(|| JitProcess::new(pid, self.images.clone(), self.budget))
+        self.procs.entry(pid).or_insert_with(|| {
+            let mut p = JitProcess::new(pid, self.images.clone(), self.budget);
+            p.jvm = hotspot::JvmPerfMap::new(!self.ask_jvms_off);
+            p
+        })
     }
 
     /// The process exec'd: its old JIT state no longer applies.

@@ -234,7 +234,9 @@ pub fn record(
         Target::Pids(pids) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
             // JVMs write their perf maps before the first sample.
-            attach_notes = crate::jit::hotspot::ask_at_attach(pids);
+            if opts.ask_jvms {
+                attach_notes = crate::jit::hotspot::ask_at_attach(pids);
+            }
             for &pid in pids {
                 attach(pid, &cfg, &cpus, &mut events)?;
             }
@@ -291,6 +293,7 @@ pub fn record(
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
     let skip_own_process = opts.skip_own_process;
+    let ask_jvms = opts.ask_jvms;
     let dwarf_budget = opts.dwarf_budget;
     let user_callchain = cfg.user_callchain;
     let period_nanos = match event_kind {
@@ -355,6 +358,7 @@ pub fn record(
                 if let Some(bytes) = module_budget {
                     pipeline.set_module_budget(bytes);
                 }
+                pipeline.set_ask_jvms(ask_jvms);
                 if skip_own_process {
                     pipeline.skip_process(std::process::id());
                 }

@@ -56,6 +56,10 @@ pub struct RecordOptions {
     /// debug sections (None: no limit). Binaries past it are named from their symbol tables,
     /// without inlined frames or source lines.
     pub dwarf_budget: Option<usize>,
+    /// Ask HotSpot JVMs among the targets to write their perf maps, over their attach protocol
+    /// (see [`crate::jit::hotspot`]): before sampling a JVM given by pid, and whenever code of a
+    /// JVM has no name. On by default.
+    pub ask_jvms: bool,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -81,6 +85,7 @@ impl RecordOptions {
             module_budget: None,
             skip_own_process: false,
             dwarf_budget: None,
+            ask_jvms: true,
         }
     }
 }

@@ -503,6 +503,11 @@ impl Pipeline {
         }
     }
 
+    /// Whether JVMs are asked for their perf maps (see [`crate::jit::hotspot`]); on until called.
+    pub fn set_ask_jvms(&mut self, ask: bool) {
+        self.jit.ask_jvms_off = !ask;
+    }
+
     /// Drops the samples of process `pid` unread (the profiler's own, when it samples the host).
     pub fn skip_process(&mut self, pid: u32) {
         self.skip_pid = Some(pid);
