@@ -678,3 +678,96 @@ impl super::JitMaps {
         notes
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+
+    /// Plays the JVM's side of one exchange: checks the request, sends `answer`.
+    fn exchange_with(answer: &'static str) -> Result<String, AttachError> {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let jvm = std::thread::spawn(move || {
+            let mut request = vec![0u8; REQUEST.len()];
+            theirs.read_exact(&mut request).unwrap();
+            assert_eq!(request, REQUEST);
+            theirs.write_all(answer.as_bytes()).unwrap();
+        });
+        let result = exchange(ours, Path::new("/tmp/.java_pid1"));
+        jvm.join().unwrap();
+        result
+    }
+
+    #[test]
+    fn the_answer_says_whether_the_perf_map_was_written() {
+        assert_eq!(exchange_with("0\n").unwrap(), "");
+        let refused =
+            exchange_with("-1\njava.lang.IllegalArgumentException: Unknown diagnostic command\n");
+        assert!(
+            matches!(&refused, Err(AttachError::Refused { status, message })
+                if status == "-1" && message.contains("Unknown diagnostic command")),
+            "{refused:?}"
+        );
+        let inside = exchange_with("0\njava.lang.IllegalArgumentException: Unknown command\n");
+        assert!(
+            matches!(inside, Err(AttachError::Refused { .. })),
+            "{inside:?}"
+        );
+        assert!(matches!(
+            exchange_with(""),
+            Err(AttachError::Refused { .. })
+        ));
+    }
+
+    #[test]
+    fn a_perf_map_rewritten_whole_is_read_again_and_merged() {
+        use super::super::PerfMap;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("perf-1.map");
+        std::fs::write(
+            &path,
+            "0x7f0000001000 0x100 int A.a()\n0x7f0000002000 0x100 int A.b()\n",
+        )
+        .unwrap();
+        let mut map = PerfMap::new(File::open(&path).unwrap());
+        map.read_more().unwrap();
+        // The JVM's next answer: A.a freed, A.b kept, A.c new, longer lines before the old end.
+        std::fs::write(
+            &path,
+            "0x00007f0000002000 0x0000000000000100 int A.b()\n\
+             0x00007f0000003000 0x0000000000000100 int A.c()\n",
+        )
+        .unwrap();
+        map.rewind();
+        map.read_more().unwrap();
+        assert!(map.bad_lines.is_empty(), "{:?}", map.bad_lines);
+        let names: Vec<String> = [0x7f00_0000_1010, 0x7f00_0000_2010, 0x7f00_0000_3010]
+            .iter()
+            .map(|&a| map.symbols.lookup(a).unwrap().name.name.clone())
+            .collect();
+        // Frames already sampled in freed code keep their names.
+        assert_eq!(names, ["A.a()", "A.b()", "A.c()"]);
+        assert_eq!(map.symbols.len(), 3);
+    }
+
+    #[test]
+    fn a_process_without_a_sigquit_handler_is_never_signalled() {
+        // `sleep` does not handle SIGQUIT: it would dump core.
+        let mut sleep = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = sleep.id();
+        assert!(!is_hotspot(pid));
+        let result = ask_perf_map(pid);
+        assert!(
+            matches!(result, Err(AttachError::NoQuitHandler(p)) if p == pid),
+            "{result:?}"
+        );
+        assert!(sleep.try_wait().unwrap().is_none(), "sleep was signalled");
+        let trigger = format!("/proc/{pid}/cwd/.attach_pid{}", namespace_pid(pid));
+        assert!(!Path::new(&trigger).exists(), "{trigger} was left behind");
+        let _ = sleep.kill();
+        let _ = sleep.wait();
+    }
+}
