@@ -13,7 +13,10 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use jit::{Graph, Running, Setup, check, is_native_root, record_pid, require, sources, which};
+use jit::{
+    Graph, Running, Setup, check, is_native_root, record_pid, require, sources, start_in_namespace,
+    which,
+};
 use rootline_capture::recorder::{RecordOptions, Target, record};
 use rootline_profile::Profile;
 
@@ -305,4 +308,51 @@ fn launched_jvm_is_asked_once_up() {
     for pid in pids {
         let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     }
+}
+
+/// A JVM as pid 1 of its own PID and mount namespace with a private `/tmp` (as in a container):
+/// the trigger file, the attach socket and the perf map are all `…1` in a `/tmp` the host sees
+/// only through `/proc/PID/root`.
+#[test]
+fn jvm_in_a_pid_and_mount_namespace() {
+    let test = "jvm_in_a_pid_and_mount_namespace";
+    let Some(unshare) = require(test, "unshare (util-linux)", which("unshare")) else {
+        return;
+    };
+    let setup = Setup::new();
+    // Outside /tmp, which the target's private /tmp hides.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some(jdk) = jdk(test, &setup) else {
+        return;
+    };
+    std::fs::copy(setup.path().join("Rec.class"), dir.path().join("Rec.class")).unwrap();
+    let args: Vec<std::ffi::OsString> = ["-cp", ".", "Rec", &DEEP.to_string(), "2", "60", "120"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    let (_target, pid) = start_in_namespace(&unshare, dir.path(), &jdk.java, &args, &[]);
+    let recording = record_pid(pid, 4_000, 5.0, 16);
+    assert!(
+        recording.stats.jit_notes.is_empty(),
+        "{:?}",
+        recording.stats.jit_notes
+    );
+    assert!(
+        std::fs::metadata(format!("/proc/{pid}/root/tmp/perf-1.map")).is_ok(),
+        "the JVM wrote its perf map into its own /tmp"
+    );
+    assert!(std::fs::metadata(format!("/tmp/perf-{pid}.map")).is_err());
+    let main = Graph {
+        short: &main_short,
+        entries: &["worker"],
+        edges: &[("worker", "down"), ("down", "down"), ("down", "spin")],
+        recursion: Some(("down", "spin", vec![("worker", DEEP + 1)])),
+        is_root: &is_native_root,
+    };
+    let (v, whole, named) = measure(test, "in a namespace", &recording.profile, &main);
+    assert!(v.program_samples >= 2_000, "{} samples", v.program_samples);
+    assert_eq!(v.impossible_edges, 0, "impossible caller edges");
+    assert_eq!(v.wrong_recursion, 0, "wrong recursion counts");
+    assert!(whole >= 0.99, "whole and true < 99%");
+    assert!(named >= 0.99, "frames named < 99%");
 }
