@@ -551,6 +551,8 @@ pub struct JvmPerfMap {
     asker: Option<PerfMapAsker>,
     /// Answers already read.
     seen: u64,
+    /// Answers after which samples set aside for this JVM were unwound again.
+    replayed: u64,
     /// Code addresses missing from the perf map, with the answers received when first missed.
     misses: std::collections::HashMap<u64, u64>,
 }
@@ -618,6 +620,18 @@ impl JvmPerfMap {
 }
 
 impl super::JitProcess {
+    /// Whether a fresh perf map of this JVM may still name `addr`, which has no symbol now; if
+    /// so, the JVM is asked at once.
+    pub fn jvm_may_name(&mut self, addr: u64) -> bool {
+        if self.symbol(addr).is_some() {
+            return false;
+        }
+        self.jvm
+            .may_still_name(addr)
+            .map(PerfMapAsker::ask_now)
+            .is_some()
+    }
+
     /// The symbol at `addr`, for naming a frame: when a JVM's perf map misses it and a fresh
     /// answer may still name it, asks the JVM at once and waits for the answer until `deadline`.
     pub fn symbol_or_ask(&mut self, addr: u64, deadline: Instant) -> Option<&super::JitSymbol> {
@@ -665,6 +679,19 @@ impl super::JitMaps {
         for (asker, answers) in asked {
             asker.wait(answers, deadline);
         }
+    }
+
+    /// The JVMs that answered since the last call.
+    pub fn answered_jvms(&mut self) -> Vec<u32> {
+        self.procs
+            .iter_mut()
+            .filter_map(|(&pid, p)| {
+                let answers = p.jvm.asker()?.answers();
+                let new = answers > p.jvm.replayed;
+                p.jvm.replayed = answers;
+                new.then_some(pid)
+            })
+            .collect()
     }
 
     /// Why JVMs are not asked for perf maps, one line each.

@@ -34,6 +34,7 @@ use crate::unwind::{
 
 use super::outer_cache::{self, Observed, Outer, OuterCache, OuterCacheStats, Plan};
 
+mod jvm_wait;
 mod user_stack;
 
 /// Counts kept while recording.
@@ -290,6 +291,7 @@ impl Pipeline {
                 None => pids.contains(&d.space),
             });
         }
+        self.replay_answered_jvms();
         let now = Instant::now();
         while let Some(&(pid, tid, at)) = self.exited.front() {
             if now.duration_since(at) < FORGET_AFTER {
