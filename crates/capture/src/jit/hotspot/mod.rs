@@ -68,8 +68,8 @@ pub enum AttachError {
     /// No attach socket appeared after SIGQUIT.
     #[error(
         "no attach socket within {} s of SIGQUIT: the JVM was started with \
-         -XX:+DisableAttachMechanism (or is too busy to answer); run it without that flag, or \
-         with -XX:+DumpPerfMapAtExit, to get names for its JIT-compiled code",
+         -XX:+DisableAttachMechanism (or is too busy to answer); run it without that flag to get \
+         names for its JIT-compiled code",
         LISTENER_TIMEOUT.as_secs()
     )]
     NoListener {

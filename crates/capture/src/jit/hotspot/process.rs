@@ -66,9 +66,10 @@ impl JvmPerfMap {
         (answers < first + 2).then_some(asker)
     }
 
-    /// Whether the process is a JVM being asked: its perf map changes only with an answer.
+    /// Whether the process is a JVM being asked: its perf map changes only with an answer (one
+    /// given up on may still have it written otherwise, and it is read as it grows).
     pub fn asking(&self) -> bool {
-        self.asker.is_some()
+        self.asker.as_ref().is_some_and(|a| a.stopped().is_none())
     }
 
     /// Whether a new answer arrived since the last call (the perf map was rewritten whole).
