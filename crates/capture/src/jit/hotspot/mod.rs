@@ -65,6 +65,12 @@ pub enum AttachError {
          listener cannot be started"
     )]
     NoQuitHandler(u32),
+    /// Its options switch attach off: it is not signalled.
+    #[error(
+        "the JVM was started with -XX:+DisableAttachMechanism, so it cannot be asked for its perf \
+         map; run it without that flag to get names for its JIT-compiled code"
+    )]
+    AttachOff,
     /// No attach socket appeared after SIGQUIT.
     #[error(
         "no attach socket within {} s of SIGQUIT: the JVM was started with \
@@ -199,11 +205,47 @@ fn ask_perf_map_of(pid: u32, st: Status) -> Result<String, AttachError> {
         Some(Ok(s)) => s,
         // No listener yet, or a socket left behind by an earlier process with this pid.
         _ => {
+            if attach_off_by_option(pid) {
+                // SIGQUIT would only print a thread dump on its output.
+                return Err(AttachError::AttachOff);
+            }
             start_listener(pid, st, &socket)?;
             connect(pid, st, &socket)?
         }
     };
     exchange(stream, &socket)
+}
+
+/// Whether the JVM's options, on its command line or in the variables the launcher and the JVM
+/// read, switch its attach mechanism off (the last `±DisableAttachMechanism` wins; the command
+/// line comes after `JDK_JAVA_OPTIONS` and `JAVA_TOOL_OPTIONS`, `_JAVA_OPTIONS` after it).
+fn attach_off_by_option(pid: u32) -> bool {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let var = |name: &str| -> Vec<u8> {
+        environ
+            .split(|&b| b == 0)
+            .find_map(|v| v.strip_prefix(format!("{name}=").as_bytes()))
+            .unwrap_or_default()
+            .to_vec()
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut off = false;
+    for options in [
+        var("JDK_JAVA_OPTIONS"),
+        var("JAVA_TOOL_OPTIONS"),
+        cmdline,
+        var("_JAVA_OPTIONS"),
+    ] {
+        let text = String::from_utf8_lossy(&options);
+        for word in text.split(|c: char| c == '\0' || c.is_whitespace()) {
+            match word {
+                "-XX:+DisableAttachMechanism" => off = true,
+                "-XX:-DisableAttachMechanism" => off = false,
+                _ => {}
+            }
+        }
+    }
+    off
 }
 
 /// Sends the request and reads the answer.
@@ -396,6 +438,37 @@ mod tests {
             exchange_with(""),
             Err(AttachError::Refused { .. })
         ));
+    }
+
+    #[test]
+    fn attach_switched_off_by_options_is_seen_without_asking() {
+        let run = |env: &str, arg: &str| {
+            let mut sh = std::process::Command::new("sh")
+                .args(["-c", "sleep 30; true", arg])
+                .env("JAVA_TOOL_OPTIONS", env)
+                .spawn()
+                .unwrap();
+            // Until the exec, /proc shows this test's command line and environment.
+            let cmdline = format!("/proc/{}/cmdline", sh.id());
+            while !std::fs::read(&cmdline)
+                .unwrap_or_default()
+                .starts_with(b"sh\0")
+            {
+                std::thread::yield_now();
+            }
+            let off = attach_off_by_option(sh.id());
+            let _ = sh.kill();
+            let _ = sh.wait();
+            off
+        };
+        assert!(run("-Xmx1g -XX:+DisableAttachMechanism", "x"));
+        assert!(run("", "-XX:+DisableAttachMechanism"));
+        // The command line comes after JAVA_TOOL_OPTIONS.
+        assert!(!run(
+            "-XX:+DisableAttachMechanism",
+            "-XX:-DisableAttachMechanism"
+        ));
+        assert!(!run("-XX:+DisableAttachMechanismX", "x"));
     }
 
     #[test]
