@@ -6,63 +6,10 @@
 
 mod jit;
 
-use std::path::Path;
-use std::process::Command;
-use std::time::{Duration, Instant};
-
-use jit::{Rate, Running, Setup, dotnet, node, record_and_check, require, which};
+use jit::{Rate, Setup, dotnet, node, record_and_check, require, start_in_namespace, which};
 use rootline_capture::jit::perfinfo::PerfInfo;
 
 const DEEP: usize = 10;
-
-/// The first child of `pid` (unshare --fork runs the command as its child).
-fn child_of(pid: u32) -> u32 {
-    let t0 = Instant::now();
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(c) = children.split_whitespace().next() {
-            return c.parse().unwrap();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "unshare has no child"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Starts `program args…` as pid 1 of a new PID and mount namespace with its own `/tmp` (a
-/// private tmpfs, as in a container), from `dir`, with `env` added. Returns the running `unshare` and the
-/// target's pid as seen from here, after checking that the target is pid 1 in there.
-fn start_in_namespace(
-    unshare: &Path,
-    dir: &Path,
-    program: &Path,
-    args: &[std::ffi::OsString],
-    env: &[(&str, &str)],
-) -> (Running, u32) {
-    let mut cmd = Command::new(unshare);
-    cmd.current_dir(dir)
-        .envs(env.iter().copied())
-        .args(["--fork", "--pid", "--mount-proc", "--mount", "sh", "-c"])
-        .arg("mount -t tmpfs rootline-private-tmp /tmp && exec \"$@\"")
-        .arg("sh")
-        .arg(program)
-        .args(args);
-    let target = Running::start(cmd);
-    let pid = child_of(target.pid());
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let nspid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .unwrap()
-        .split_whitespace()
-        .collect::<Vec<_>>();
-    assert_eq!(nspid.len(), 2, "the target is in a child PID namespace");
-    assert_eq!(nspid[1], "1");
-    (target, pid)
-}
 
 #[test]
 fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {

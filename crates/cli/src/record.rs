@@ -56,8 +56,10 @@ pub struct Args {
     /// Record every process on every CPU.
     #[arg(short = 'a', long = "all-cpus")]
     pub all_cpus: bool,
-    /// Don't ask .NET 8+ processes given with -p to write perf maps (by default rootline sends them
-    /// the diagnostics-IPC EnablePerfMap command before sampling and DisablePerfMap after).
+    /// Don't ask runtimes to write perf maps (by default rootline sends .NET 8+ processes given
+    /// with -p the diagnostics-IPC EnablePerfMap command before sampling and DisablePerfMap after,
+    /// and asks HotSpot JVMs for `Compiler.perfmap` over their attach protocol, as `jcmd` does:
+    /// before sampling a JVM given with -p, and whenever a JVM's code has no name).
     #[arg(long)]
     pub no_perfmap: bool,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
@@ -95,6 +97,7 @@ pub fn run(args: Args) -> Result<()> {
     opts.kernel = args.kernel;
     opts.stack_bytes = args.stack_size;
     opts.live_stack_budget = args.live_stack_budget;
+    opts.ask_jvms = !args.no_perfmap;
     if let Some(secs) = args.duration {
         if !(secs > 0.0 && secs.is_finite()) {
             bail!("--duration must be a positive number of seconds, not {secs}");
@@ -209,6 +212,16 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
     reasons.sort();
     for (reason, n) in reasons {
         let _ = writeln!(err, "  truncated: {n} × {}", reason.frame_name());
+    }
+    for note in &stats.jit_notes {
+        let _ = writeln!(err, "  note: {note}");
+    }
+    let unnamed: u64 = stats.jit_unnamed.values().sum();
+    if unnamed > 0 {
+        let _ = writeln!(err, "  {unnamed} distinct JIT frames stayed unnamed:");
+        for (why, n) in &stats.jit_unnamed {
+            let _ = writeln!(err, "    {n} × {why}");
+        }
     }
     let cc = &stats.callchain;
     if cc.capped > 0 {

@@ -13,13 +13,14 @@
 //! parses each runtime's name style ([`names`]); reads the jitdump file the process maps
 //! ([`jitdump`]); for .NET, reads the image loads of `perfinfo-NSPID.map` ([`perfinfo`], found
 //! and checked like the perf map) and names the precompiled code of each ReadyToRun image from
-//! the image itself ([`r2r`], [`ecma`]; each image read once for all processes and held to the
+//! the image itself (with `rootline_dotnet::image`; each image read once for all processes and held to the
 //! module memory budget, [`images`]); reads JIT
 //! code from `/proc/PID/mem`, caching each function's bytes; and decides the frame state in JIT
 //! code ([`rootline_unwind::x86_64::instruction_analysis::jit`]).
 
 mod budget;
 mod files;
+pub mod hotspot;
 pub mod images;
 pub mod jitdump;
 pub mod names;
@@ -73,6 +74,8 @@ pub struct JitProcess {
     pub image_errors: Vec<String>,
     /// Images refused for the module budget, tried again once it has room.
     refused_images: Vec<RefusedImage>,
+    /// A HotSpot JVM asked for its perf map.
+    jvm: hotspot::JvmPerfMap,
     last_open_try: Option<Instant>,
     last_read: Option<Instant>,
     /// Why the perf map was last refused, when it exists but was not used.
@@ -106,6 +109,7 @@ impl JitProcess {
             precompiled: SymbolTable::default(),
             image_errors: Vec::new(),
             refused_images: Vec::new(),
+            jvm: hotspot::JvmPerfMap::default(),
             last_open_try: None,
             last_read: None,
             refused: None,
@@ -132,6 +136,7 @@ impl JitProcess {
     /// re-reading them (at most every 10 ms) when it misses.
     pub fn symbol(&mut self, addr: u64) -> Option<&JitSymbol> {
         if self.lookup(addr).is_none() && !self.precompiled_method(addr) {
+            self.jvm.missed(self.pid, addr);
             self.refresh();
             self.precompiled_method(addr);
         }
@@ -172,6 +177,15 @@ impl JitProcess {
             return;
         }
         let now = Instant::now();
+        // A JVM rewrites its perf map whole with each answer: read it from the start then, and
+        // only then (not while it is being rewritten).
+        let rewritten = self.jvm.rewritten();
+        if rewritten {
+            self.map.as_mut().map(PerfMap::rewind);
+            self.last_open_try = None;
+            self.last_read = None;
+        }
+        let mut read_map = rewritten || !self.jvm.asking();
         let missing = self.map.is_none() || self.dump.is_none() || self.info.is_none();
         if missing
             && self
@@ -183,6 +197,7 @@ impl JitProcess {
                 && let Some(f) = self.open(perf_map_path(self.pid))
             {
                 self.map = Some(PerfMap::new(f));
+                read_map = true;
             }
             if self.dump.is_none()
                 && let Some(path) = jitdump::mapped_jitdump(self.pid)
@@ -204,7 +219,7 @@ impl JitProcess {
             return;
         }
         self.last_read = Some(now);
-        if let Some(m) = self.map.as_mut() {
+        if let Some(m) = self.map.as_mut().filter(|_| read_map) {
             let _ = m.read_more();
         }
         self.account();
@@ -395,6 +410,8 @@ pub struct JitMaps {
     procs: HashMap<u32, JitProcess>,
     images: ImageCache,
     budget: Option<usize>,
+    /// JVMs are not asked for perf maps.
+    pub(crate) ask_jvms_off: bool,
 }
 
 impl JitMaps {
@@ -404,14 +421,17 @@ impl JitMaps {
             procs: HashMap::new(),
             images: ImageCache::new(modules),
             budget: None,
+            ask_jvms_off: false,
         }
     }
 
     /// The state of process `pid` (created on first use; nothing is read until needed).
     pub fn process(&mut self, pid: u32) -> &mut JitProcess {
-        self.procs
-            .entry(pid)
-            .or_insert_with(|| JitProcess::new(pid, self.images.clone(), self.budget))
+        self.procs.entry(pid).or_insert_with(|| {
+            let mut p = JitProcess::new(pid, self.images.clone(), self.budget);
+            p.jvm = hotspot::JvmPerfMap::new(!self.ask_jvms_off);
+            p
+        })
     }
 
     /// The process exec'd: its old JIT state no longer applies.

@@ -55,6 +55,8 @@ impl JitName {
         }
     }
 }
+/// The name of a frame in HotSpot's interpreter (the perf map's `Interpreter` blob).
+pub const INTERPRETED_JAVA: &str = "[interpreted Java]";
 
 const V8_METHOD_PREFIXES: [&str; 6] = [
     "JS:",
@@ -79,7 +81,12 @@ pub fn parse_name(raw: &str) -> JitName {
         .split_once(':')
         .is_some_and(|(tag, _)| !tag.is_empty() && tag.chars().all(|c| c.is_ascii_alphanumeric()));
     let jit = |name: &str| JitName {
-        name: name.to_string(),
+        // HotSpot's template interpreter: its frames are Java methods run interpreted.
+        name: if name == "Interpreter" {
+            INTERPRETED_JAVA.to_string()
+        } else {
+            name.to_string()
+        },
         module: None,
         file: None,
         kind: FrameKind::Jit,
@@ -249,7 +256,10 @@ mod tests {
             n("Rec::down (3 bytes)"),
             ("Rec::down (3 bytes)".into(), None, FrameKind::Managed)
         );
-        assert_eq!(n("Interpreter").2, FrameKind::Jit);
+        assert_eq!(
+            n("Interpreter"),
+            ("[interpreted Java]".into(), None, FrameKind::Jit)
+        );
         assert!(!parse_name("Interpreter").single_function);
         assert!(parse_name("Interpreter").pushed_returns);
         assert!(!parse_name("StubRoutines (1)").single_function);

@@ -260,6 +260,13 @@ impl<R: Read + Seek> PerfMap<R> {
     pub fn offset(&self) -> u64 {
         self.lines.offset()
     }
+
+    /// Reads the file from its start again at the next [`PerfMap::read_more`], keeping the
+    /// symbols read so far (newer entries replace those they overlap): for a runtime that
+    /// rewrites its map whole (HotSpot's `Compiler.perfmap`).
+    pub fn rewind(&mut self) {
+        self.lines = AppendedLines::default();
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ use launch::{process_alive, send_signal};
 
 /// How often the supervisor looks at the caller's stop flag (its only timed wake-up).
 const STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long the JVMs being asked get to write their perf maps once more at the end.
+const JVM_LAST_ASK: Duration = Duration::from_secs(3);
 
 fn online_cpus() -> Vec<u32> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
@@ -165,6 +167,7 @@ pub fn record(
     let mut events = Vec::new();
     let mut child = None;
     let start_ns = monotonic_ns();
+    let mut attach_notes = Vec::new();
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
@@ -181,6 +184,10 @@ pub fn record(
         }
         Target::Pids(pids) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
+            // JVMs write their perf maps before the first sample.
+            if opts.ask_jvms {
+                attach_notes = crate::jit::hotspot::ask_at_attach(pids);
+            }
             for &pid in pids {
                 attach(pid, &cfg, &cpus, &mut events)?;
             }
@@ -243,6 +250,7 @@ pub fn record(
         modules: opts.modules.clone(),
         module_limit: opts.module_budget,
     };
+    let ask_jvms = opts.ask_jvms;
     let user_callchain = cfg.user_callchain;
     let period_nanos = match event_kind {
         EventKind::CpuClock => None,
@@ -306,6 +314,7 @@ pub fn record(
                 if let Some(bytes) = module_budget {
                     pipeline.set_module_budget(bytes);
                 }
+                pipeline.set_ask_jvms(ask_jvms);
                 if skip_own_process {
                     pipeline.skip_process(std::process::id());
                 }
@@ -329,6 +338,7 @@ pub fn record(
                     }
                     drain.round(&mut events, &mut pipeline);
                     if finishing {
+                        pipeline.ask_jvms_again(Instant::now() + JVM_LAST_ASK);
                         pipeline.finish();
                     }
                     if finishing || last_flush.elapsed() >= interval {
@@ -413,7 +423,12 @@ pub fn record(
         )))
     };
     reader.join().map_err(panicked)?;
-    let (profile, stats, sink_error) = builder.join().map_err(panicked)?;
+    let (profile, mut stats, sink_error) = builder.join().map_err(panicked)?;
+    for note in attach_notes.into_iter().rev() {
+        if !stats.jit_notes.contains(&note) {
+            stats.jit_notes.insert(0, note);
+        }
+    }
     if let Some(c) = child.as_mut()
         && exit_status.is_none()
     {

@@ -61,6 +61,10 @@ pub struct RecordOptions {
     /// debug sections (None: no limit). Binaries past it are named from their symbol tables,
     /// without inlined frames or source lines.
     pub dwarf_budget: Option<usize>,
+    /// Ask HotSpot JVMs among the targets to write their perf maps, over their attach protocol
+    /// (see [`crate::jit::hotspot`]): before sampling a JVM given by pid, and whenever code of a
+    /// JVM has no name. On by default.
+    pub ask_jvms: bool,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -87,6 +91,7 @@ impl RecordOptions {
             modules: ModuleBudget::new(),
             skip_own_process: false,
             dwarf_budget: None,
+            ask_jvms: true,
         }
     }
 }

@@ -34,6 +34,7 @@ use rootline_image::ModuleBudget;
 
 use super::outer_cache::{self, Observed, Outer, OuterCache, OuterCacheStats, Plan};
 
+mod jvm_wait;
 mod user_stack;
 
 /// Counts kept while recording.
@@ -58,6 +59,10 @@ pub struct Stats {
     /// Times a sample was set aside to wait for a binary's parse (a sample may count more than
     /// once if it needed several).
     pub deferred: u64,
+    /// Distinct JIT frames left without a name, by why.
+    pub jit_unnamed: std::collections::BTreeMap<String, u64>,
+    /// Why runtimes were not asked for their JIT maps (a JVM with attach off), one line each.
+    pub jit_notes: Vec<String>,
 }
 
 /// Counts of the kernel callchain cross-check (see [`crate::live::callchain`]).
@@ -148,6 +153,9 @@ pub(crate) struct Batch {
 
 /// The parent of a root node.
 pub(crate) const NO_NODE: u32 = u32::MAX;
+
+/// How long a batch waits, at most, for JVMs to name code their perf maps missed.
+const JVM_NAME_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How long after its exit record a thread (and, once gone, its process) is forgotten.
 const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
@@ -284,6 +292,7 @@ impl Pipeline {
                 None => pids.contains(&d.space),
             });
         }
+        self.replay_answered_jvms();
         let now = Instant::now();
         while let Some(&(pid, tid, at)) = self.exited.front() {
             if now.duration_since(at) < FORGET_AFTER {
@@ -497,6 +506,11 @@ impl Pipeline {
         }
     }
 
+    /// Whether JVMs are asked for their perf maps (see [`crate::jit::hotspot`]); on until called.
+    pub fn set_ask_jvms(&mut self, ask: bool) {
+        self.jit.ask_jvms_off = !ask;
+    }
+
     /// Drops the samples of process `pid` unread (the profiler's own, when it samples the host).
     pub fn skip_process(&mut self, pid: u32) {
         self.skip_pid = Some(pid);
@@ -603,7 +617,7 @@ impl Pipeline {
     }
 
     /// The JIT map name of a frame in code without a file image.
-    fn jit_name(&mut self, frame: RawFrame) -> Option<JitName> {
+    fn jit_name(&mut self, frame: RawFrame, deadline: Instant) -> Option<JitName> {
         let RawKind::User(m, is_return) = frame.kind else {
             return None;
         };
@@ -617,7 +631,22 @@ impl Pipeline {
             frame.address
         };
         let pid = mapping.pid;
-        self.jit.process(pid).symbol(lookup).map(|s| s.name.clone())
+        let jit = self.jit.process(pid);
+        let name = jit.symbol_or_ask(lookup, deadline).map(|s| s.name.clone());
+        if name.is_none() {
+            *self
+                .stats
+                .jit_unnamed
+                .entry(jit.unnamed_reason())
+                .or_default() += 1;
+        }
+        name
+    }
+
+    /// Asks the JVMs being asked for their perf maps once more, waiting until `deadline`: call at
+    /// the end, before the last batch names its frames.
+    pub fn ask_jvms_again(&mut self, deadline: Instant) {
+        self.jit.ask_jvms_again(deadline);
     }
 
     /// Everything new since the previous call, for the builder.
@@ -625,9 +654,12 @@ impl Pipeline {
         let (m, f, n) = self.sent;
         let pending = self.pending.len();
         self.sent = (self.mappings.len(), self.frames.len(), self.nodes.len());
+        // New JIT code of a JVM is named by asking it again; the reader waits this long at most.
+        let deadline = Instant::now() + JVM_NAME_WAIT;
         let jit_names = (f..self.frames.len())
-            .map(|i| self.jit_name(self.frames[i]))
+            .map(|i| self.jit_name(self.frames[i], deadline))
             .collect::<Vec<_>>();
+        self.stats.jit_notes = self.jit.jvm_notes();
         let mut batch = Batch {
             mappings: self.mappings[m..].to_vec(),
             frames: self.frames[f..].to_vec(),

@@ -55,6 +55,18 @@ impl Pipeline {
             }
             end = self.unwind(space, s.pid, s.tid, &regs, s.stack, &s.user_ips, plan);
         }
+        if let Some(raw) = raw
+            && self.deferred_bytes + raw.len() <= DEFER_BUDGET
+            && self.waits_for_jvm(space, s.pid, end)
+        {
+            self.defer(Deferred {
+                raw: raw.to_vec(),
+                space,
+                waits_for: None,
+            });
+            self.stats.deferred += 1;
+            return None;
+        }
         let mut passed = self.passed_at;
         let used_live = self.sps.last().is_some_and(|&s| s > copy_end);
         let beyond_copy = used_live || end == StackEnd::Stopped;

@@ -260,6 +260,39 @@ mod tests {
     }
 
     #[test]
+    fn hotspot_osr_code_enters_after_its_padding() {
+        use NoCfiRule::*;
+        // C2 on-stack-replacement code: call <stub>; nopw (padding); mov [rsp-0x14000],eax;
+        // push rbp; sub rsp,0x30; mov r13,[rsi]; call r10; movabs rbp,imm (rbp reused).
+        let code = [
+            0xe8, 0xbb, 0xd1, 0x35, 0x16, // 0 call
+            0x66, 0x66, 0x66, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, // 5 nopw
+            0x89, 0x84, 0x24, 0x00, 0xc0, 0xfe, 0xff, // 0x10 stack bang
+            0x55, // 0x17 push rbp
+            0x48, 0x83, 0xec, 0x30, // 0x18 sub rsp,0x30
+            0x4c, 0x8b, 0x2e, // 0x1c mov r13,[rsi]
+            0x41, 0xff, 0xd2, // 0x1f call r10
+            0x48, 0xbd, 0xd8, 0x8a, 0xc1, 0x9e, 0x06, 0, 0, 0, // 0x22 movabs rbp
+            0x41, 0xff, 0xd2, // 0x2c call r10
+        ];
+        let framed = ReturnAt {
+            ra: 0x38,
+            saved_bp: Some(0x30),
+        };
+        assert_eq!(leaf_rule(&code, 0x10, &code[0x10..]), Some(ReturnAtSp));
+        assert_eq!(
+            leaf_rule(&code, 0x18, &code[0x18..]),
+            Some(ReturnAt {
+                ra: 8,
+                saved_bp: Some(0)
+            })
+        );
+        assert_eq!(leaf_rule(&code, 0x1c, &code[0x1c..]), Some(framed));
+        assert_eq!(caller_rule(&code, 0x22), Some(framed));
+        assert_eq!(caller_rule(&code, 0x2f), Some(framed));
+    }
+
+    #[test]
     fn v8_baseline_code_calls_its_prologue() {
         // mov ebx,0x40; call +0 (the out-of-line prologue); push rax; call +0
         let code = [

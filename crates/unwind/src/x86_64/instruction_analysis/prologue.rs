@@ -111,6 +111,14 @@ pub(super) fn prologue_state(code: &[u8], target: usize) -> Option<State> {
             || instr.mnemonic() == Mnemonic::Add && op0_is_rsp(&instr)
             || instr.mnemonic() == Mnemonic::Mov && op0_is_rsp(&instr);
         if flow_ends || epilogue {
+            if at == 0 && instr.mnemonic() == Mnemonic::Call && padding_follows(&mut decoder) {
+                // HotSpot's on-stack-replacement code: its normal entry is a call to a stub
+                // that never returns here, padded to the OSR entry, whose prologue follows.
+                if decoder.position() > target {
+                    return Some(s);
+                }
+                continue;
+            }
             if s == INITIAL && instr.mnemonic() == Mnemonic::Call {
                 // A call before anything was pushed: an out-of-line prologue (V8's baseline code
                 // calls a builtin that pushes `rbp` and sets it). A function that calls must move
@@ -130,4 +138,21 @@ pub(super) fn prologue_state(code: &[u8], target: usize) -> Option<State> {
         }
     }
     Some(s)
+}
+
+/// Skips the `nop`s that follow (alignment padding); whether there was at least one.
+fn padding_follows(decoder: &mut Decoder<'_>) -> bool {
+    let mut any = false;
+    let mut instr = Instruction::default();
+    while decoder.can_decode() {
+        let at = decoder.position();
+        decoder.decode_out(&mut instr);
+        if instr.mnemonic() != Mnemonic::Nop {
+            // Back to the first instruction after the padding.
+            let _ = decoder.set_position(at);
+            break;
+        }
+        any = true;
+    }
+    any
 }
