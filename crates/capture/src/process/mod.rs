@@ -142,6 +142,16 @@ fn is_pseudo(path: &str) -> bool {
         || path.starts_with("/memfd:")
 }
 
+/// An executable mapping to add to a process: `start..end` maps `path` (file identity `key`)
+/// from file offset `offset`.
+struct NewRegion<'a> {
+    start: u64,
+    end: u64,
+    offset: u64,
+    key: (u32, u32, u64),
+    path: &'a str,
+}
+
 impl Processes {
     /// No processes yet; binaries are parsed on the calling thread when first mapped.
     pub fn new() -> Processes {
@@ -227,9 +237,14 @@ impl Processes {
                 .region(e.start)
                 .is_some_and(|r| r.start == e.start && r.end == e.end);
             if !known {
-                self.add_region(
-                    &mut state, pid, e.start, e.end, e.offset, e.file_key, &e.path,
-                );
+                let region = NewRegion {
+                    start: e.start,
+                    end: e.end,
+                    offset: e.offset,
+                    key: e.file_key,
+                    path: &e.path,
+                };
+                self.add_region(&mut state, pid, region);
             }
         }
         state.maps_read = true;
@@ -247,15 +262,14 @@ impl Processes {
         path: &str,
     ) {
         let mut state = self.procs.remove(&pid).unwrap_or_else(new_state);
-        self.add_region(
-            &mut state,
-            pid,
+        let region = NewRegion {
             start,
-            start.saturating_add(len),
+            end: start.saturating_add(len),
             offset,
             key,
             path,
-        );
+        };
+        self.add_region(&mut state, pid, region);
         self.procs.insert(pid, state);
     }
 
@@ -300,17 +314,14 @@ impl Processes {
         Some((r, p.binaries.get(&r.start)?))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn add_region(
-        &mut self,
-        state: &mut ProcessState,
-        pid: u32,
-        start: u64,
-        end: u64,
-        offset: u64,
-        key: (u32, u32, u64),
-        path: &str,
-    ) {
+    fn add_region(&mut self, state: &mut ProcessState, pid: u32, region: NewRegion<'_>) {
+        let NewRegion {
+            start,
+            end,
+            offset,
+            key,
+            path,
+        } = region;
         if !state.pending.is_empty() {
             // The regions this one replaces no longer wait for anything.
             state.pending.retain(|&s, _| {
