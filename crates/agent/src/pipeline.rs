@@ -121,6 +121,7 @@ impl Agent {
             cache: StackCache::new(config.cache.limits()),
             plan: InsertPlan::default(),
             evicted: Vec::new(),
+            table: 0,
             processes: HashMap::new(),
             targets,
             proc_root: proc_root.to_path_buf(),
@@ -223,6 +224,8 @@ struct Capture {
     cache: StackCache,
     plan: InsertPlan,
     evicted: Vec<u64>,
+    /// The id of the stack table the cache's stacks come from (0: none yet).
+    table: u64,
     /// Target decision per pid seen: `None` = not a target.
     processes: HashMap<u32, Option<Arc<ProcessInfo>>>,
     targets: Targets,
@@ -298,18 +301,34 @@ impl Capture {
             return;
         };
         counters.captured.fetch_add(1, Relaxed);
-        // Root first: a stack cut short starts with its `[truncated: reason]` frame.
-        if let Some(cut) = sample
-            .frames
-            .first()
-            .filter(|f| f.kind == FrameKind::Truncated)
-        {
+        // A stack cut short starts (root first) with its `[truncated: reason]` frame. A node the
+        // table lacks (a broken source) is resolved as a missing definition at export.
+        let summary = sample.stacks.summary(sample.stack, |root| {
+            (root.kind == FrameKind::Truncated).then(|| &*root.name == MODULE_LIMIT_FRAME)
+        });
+        let (depth, cut) = summary.unwrap_or((1, None));
+        if let Some(module_limited) = cut {
             counters.truncated.fetch_add(1, Relaxed);
-            if &*cut.name == MODULE_LIMIT_FRAME {
+            if module_limited {
                 counters.module_limited.fetch_add(1, Relaxed);
             }
         }
         let mut hand = shared.lock();
+        if sample.stacks.id() != self.table {
+            // The source replaced its table: let go of the old one's stacks, in one record.
+            if self.cache.stale(sample.stacks) > 0 {
+                if !make_room(&shared, &mut hand, 1, RECORD_COST) {
+                    counters.dropped.fetch_add(1, Relaxed);
+                    return;
+                }
+                self.cache.evict_stale(sample.stacks, &mut self.evicted);
+                self.evicted.clear();
+                hand.active.push(Record::Retire {
+                    table: sample.stacks.id(),
+                });
+            }
+            self.table = sample.stacks.id();
+        }
         if !make_room(&shared, &mut hand, 1, RECORD_COST) {
             counters.dropped.fetch_add(1, Relaxed);
             return;
@@ -323,20 +342,21 @@ impl Capture {
                 weight_ns: sample.weight_ns,
             })
         };
-        match self.cache.lookup(sample.frames) {
+        match self.cache.lookup(sample.stacks, sample.stack, depth) {
             Lookup::Hit(key) => hand.active.push(record(key)),
             Lookup::Miss(miss) => {
                 self.cache.plan_insert(&miss, &mut self.plan);
                 let extra = self.plan.evictions() + usize::from(!self.plan.cacheable());
                 let records = 2 + extra;
-                let bytes = define_cost(sample.frames.len()) + RECORD_COST * (1 + extra);
+                let bytes = define_cost(depth as usize) + RECORD_COST * (1 + extra);
                 if !make_room(&shared, &mut hand, records, bytes) {
                     counters.dropped.fetch_add(1, Relaxed);
                     return;
                 }
-                let inserted =
-                    self.cache
-                        .insert(&miss, sample.frames, &self.plan, &mut self.evicted);
+                let stack = (sample.stacks, sample.stack);
+                let inserted = self
+                    .cache
+                    .insert(&miss, stack, &self.plan, &mut self.evicted);
                 let key = inserted.key;
                 hand.active.push(Record::Define {
                     key,
