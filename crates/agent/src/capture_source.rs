@@ -345,3 +345,94 @@ impl ChunkSink for Forward {
 pub fn default_source(config: &AgentConfig) -> Result<Box<dyn SampleSource>, SourceError> {
     Ok(Box::new(CaptureSource::start(config)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rootline_profile::{FrameKind, SampleType};
+
+    /// Pushes one sample of pid 4242 per stack (names root first) into `profile`.
+    fn push_stacks(profile: &mut Profile, stacks: &[&[&str]]) {
+        let thread = profile.intern_thread(4242, 4243);
+        for (i, names) in stacks.iter().enumerate() {
+            let mut stack = None;
+            for name in *names {
+                let frame = profile.intern_named_frame(name, FrameKind::Native);
+                stack = Some(profile.intern_stack(stack, frame));
+            }
+            let stack = stack.expect("a stack has frames");
+            profile
+                .push_sample(i as u64, thread, stack, &[1, 10_000_000])
+                .expect("ids of this profile");
+        }
+    }
+
+    fn new_profile() -> Profile {
+        Profile::new(vec![SampleType::samples(), SampleType::cpu_nanoseconds()])
+    }
+
+    /// Each delivered sample's stack, root first, by name, and its table's id.
+    fn delivered(rx: &Receiver<Flush>) -> Vec<(u64, Vec<String>)> {
+        let mut out = Vec::new();
+        let mut frames = Vec::new();
+        while let Ok(flush) = rx.try_recv() {
+            flush.deliver(&mut |s| {
+                s.stacks.read().frames_root_first(s.stack, &mut frames);
+                let names = frames.iter().map(|f| f.name.to_string()).collect();
+                out.push((s.stacks.id(), names));
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn flushed_samples_name_their_whole_stacks_in_the_shared_table_across_a_start_over() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(8);
+        let mut forward = Forward::new(tx, Arc::new(Shared::default()));
+        let mut profile = new_profile();
+        push_stacks(
+            &mut profile,
+            &[&["_start", "main", "a"], &["_start", "main", "b"]],
+        );
+        forward.write_chunk(&profile).unwrap();
+        profile.take_samples();
+        // The next flush adds nodes under known ones and repeats a known stack.
+        push_stacks(
+            &mut profile,
+            &[&["_start", "main", "a", "c"], &["_start", "main", "b"]],
+        );
+        forward.write_chunk(&profile).unwrap();
+        // The recording starts over: ids restart, and the same ids now name other stacks.
+        forward.started_over();
+        let mut fresh = new_profile();
+        push_stacks(
+            &mut fresh,
+            &[&["_start", "other"], &["_start", "main", "a"]],
+        );
+        forward.write_chunk(&fresh).unwrap();
+
+        let got = delivered(&rx);
+        let names: Vec<Vec<&str>> = got
+            .iter()
+            .map(|(_, n)| n.iter().map(String::as_str).collect())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                vec!["_start", "main", "a"],
+                vec!["_start", "main", "b"],
+                vec!["_start", "main", "a", "c"],
+                vec!["_start", "main", "b"],
+                vec!["_start", "other"],
+                vec!["_start", "main", "a"],
+            ]
+        );
+        let tables: Vec<u64> = got.iter().map(|(t, _)| *t).collect();
+        assert_eq!(
+            tables[0], tables[3],
+            "one table until the recording starts over"
+        );
+        assert_ne!(tables[3], tables[4], "a new table after it");
+        assert_eq!(tables[4], tables[5]);
+    }
+}
