@@ -3,6 +3,9 @@
 //! The [`Resolver`] mirrors the capture thread's stack cache from the definitions and evictions in
 //! the record stream, so it holds at most what the cache holds (plus stacks evicted while still
 //! referenced in a buffer). Keys are never reused, so a mirror entry can never name the wrong stack.
+//! A mirror entry is a handle to the source's shared [`crate::StackTable`] and a node in it; each
+//! process's profile interns a node (and its callers) once, walking the table, so no stack is
+//! copied per sample.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,9 +15,9 @@ use rootline_profile::{
 };
 
 use crate::buffer::{Record, SampleBuffer};
-use crate::cache::{SharedStack, StackKey};
+use crate::cache::StackKey;
 use crate::process::ProcessInfo;
-use crate::source::FrameDesc;
+use crate::stacks::{FrameDesc, StackRef, StackView};
 
 /// The samples of one process for one export.
 #[derive(Debug)]
@@ -45,7 +48,7 @@ pub struct ExportBatch {
 /// Mirror of the stack cache, fed by the record stream.
 #[derive(Debug, Default)]
 pub struct Resolver {
-    stacks: HashMap<StackKey, SharedStack>,
+    stacks: HashMap<StackKey, StackRef>,
     unresolved: u64,
 }
 
@@ -54,7 +57,12 @@ struct Builder {
     profile: Profile,
     samples: u64,
     stack_ids: HashMap<StackKey, StackId>,
-    frame_ids: HashMap<FrameDesc, FrameId>,
+    /// This profile's node for each `(table id, node)` resolved so far.
+    node_ids: HashMap<(u64, u32), StackId>,
+    /// This profile's frame for each `(table id, frame index)` resolved so far.
+    frame_ids: HashMap<(u64, u32), FrameId>,
+    /// Scratch: the nodes of a stack not resolved yet, leaf first.
+    path: Vec<(StackId, u32)>,
 }
 
 impl Resolver {
@@ -74,10 +82,13 @@ impl Resolver {
         for record in buffer.records() {
             match record {
                 Record::Define { key, stack } => {
-                    self.stacks.insert(*key, Arc::clone(stack));
+                    self.stacks.insert(*key, stack.clone());
                 }
                 Record::Evict { key } => {
                     self.stacks.remove(key);
+                }
+                Record::Retire { table } => {
+                    self.stacks.retain(|_, s| s.table.id() == *table);
                 }
                 Record::Sample(sample) => {
                     let stack = self.stacks.get(&sample.key);
@@ -90,7 +101,7 @@ impl Resolver {
                         sample.time_ns,
                         sample.weight_ns,
                         sample.key,
-                        stack.map(|s| &s[..]),
+                        stack,
                     );
                 }
             }
@@ -127,7 +138,7 @@ impl BatchBuilder {
         time_ns: u64,
         weight_ns: u64,
         key: StackKey,
-        stack: Option<&[FrameDesc]>,
+        stack: Option<&StackRef>,
     ) {
         let pid = process.pid;
         let rate = self.sample_rate_hz;
@@ -181,7 +192,9 @@ impl Builder {
             profile,
             samples: 0,
             stack_ids: HashMap::new(),
+            node_ids: HashMap::new(),
             frame_ids: HashMap::new(),
+            path: Vec::new(),
         }
     }
 
@@ -192,7 +205,7 @@ impl Builder {
         time_ns: u64,
         weight_ns: u64,
         key: StackKey,
-        stack: Option<&[FrameDesc]>,
+        stack: Option<&StackRef>,
     ) {
         let stack_id = match self.stack_ids.get(&key) {
             Some(&id) => id,
@@ -211,35 +224,48 @@ impl Builder {
         self.samples += 1;
     }
 
-    fn intern_stack(&mut self, stack: Option<&[FrameDesc]>) -> StackId {
+    fn intern_stack(&mut self, stack: Option<&StackRef>) -> StackId {
+        let resolved = stack.and_then(|s| self.intern_node(s.table.id(), &s.table.read(), s.id));
+        resolved.unwrap_or_else(|| {
+            let id = self
+                .profile
+                .intern_truncated(TruncateReason::StackDefinitionMissing);
+            self.profile.intern_stack(None, id)
+        })
+    }
+
+    /// This profile's node for node `id` of table `table` (None: the table has no such node).
+    /// Walks up to the first caller already resolved, then interns the rest root-most first.
+    fn intern_node(&mut self, table: u64, view: &StackView<'_>, id: StackId) -> Option<StackId> {
+        self.path.clear();
+        let mut next = Some(id);
         let mut parent = None;
-        match stack {
-            Some(frames) if !frames.is_empty() => {
-                for frame in frames {
-                    let id = self.intern_frame(frame);
-                    parent = Some(self.profile.intern_stack(parent, id));
-                }
+        while let Some(node) = next {
+            if let Some(&known) = self.node_ids.get(&(table, node.0)) {
+                parent = Some(known);
+                break;
             }
-            Some(_) => {
-                let id = self
-                    .profile
-                    .intern_truncated(TruncateReason::NoStackInInput);
-                parent = Some(self.profile.intern_stack(None, id));
-            }
-            None => {
-                let id = self
-                    .profile
-                    .intern_truncated(TruncateReason::StackDefinitionMissing);
-                parent = Some(self.profile.intern_stack(None, id));
-            }
+            let (caller, frame) = view.node(node)?;
+            self.path.push((node, frame));
+            next = caller;
         }
-        parent.unwrap_or(StackId(0))
+        while let Some((node, frame)) = self.path.pop() {
+            let frame_id = match self.frame_ids.get(&(table, frame)) {
+                Some(&f) => f,
+                None => {
+                    let f = self.intern_frame(view.frame(frame)?);
+                    self.frame_ids.insert((table, frame), f);
+                    f
+                }
+            };
+            let stack = self.profile.intern_stack(parent, frame_id);
+            self.node_ids.insert((table, node.0), stack);
+            parent = Some(stack);
+        }
+        parent
     }
 
     fn intern_frame(&mut self, frame: &FrameDesc) -> FrameId {
-        if let Some(&id) = self.frame_ids.get(frame) {
-            return id;
-        }
         let name = self.profile.intern_string(&frame.name);
         let function = self.profile.intern_function(Function { name, file: None });
         let mapping = frame.module.as_ref().map(|module| {
@@ -252,7 +278,7 @@ impl Builder {
                 build_id: None,
             })
         });
-        let id = self.profile.intern_frame(Frame {
+        self.profile.intern_frame(Frame {
             function,
             mapping,
             address: frame.address,
@@ -260,8 +286,6 @@ impl Builder {
             inline_depth: frame.inline_depth,
             kind: frame.kind,
             from_live_memory: false,
-        });
-        self.frame_ids.insert(frame.clone(), id);
-        id
+        })
     }
 }

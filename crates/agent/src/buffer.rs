@@ -3,12 +3,14 @@
 //! A buffer is a preallocated list of [`Record`]s with a byte budget. Records come in stream order:
 //! a stack [`Record::Define`] always precedes the first sample that refers to its key, and a
 //! [`Record::Evict`] retires a key after its last use. Memory is bounded: the record slots are
-//! allocated once, and the frames of defined stacks are counted against the same budget.
+//! allocated once, and the frames of defined stacks are counted against the same budget (a
+//! definition names its stack in the source's shared table; it does not copy it).
 
 use std::sync::Arc;
 
-use crate::cache::{SharedStack, StackKey, stack_cost};
+use crate::cache::{StackKey, stack_cost};
 use crate::process::ProcessInfo;
+use crate::stacks::StackRef;
 
 /// One sample, referring to its stack by key.
 #[derive(Debug, Clone)]
@@ -32,13 +34,19 @@ pub enum Record {
     Define {
         /// The new key.
         key: StackKey,
-        /// The stack, root first.
-        stack: SharedStack,
+        /// The stack, in its source's table.
+        stack: StackRef,
     },
     /// The stack under `key` left the cache; the key is not used again.
     Evict {
         /// The retired key.
         key: StackKey,
+    },
+    /// The source replaced its stack table: every key of a table other than `table` left the
+    /// cache and is not used again.
+    Retire {
+        /// The id of the table still in use ([`crate::StackTable::id`]).
+        table: u64,
     },
     /// A sample.
     Sample(SampleRecord),
@@ -84,8 +92,8 @@ impl SampleBuffer {
     /// Appends a record; the caller has checked [`SampleBuffer::has_room`] for it.
     pub fn push(&mut self, record: Record) {
         self.bytes += match &record {
-            Record::Define { stack, .. } => define_cost(stack.len()),
-            Record::Evict { .. } => RECORD_COST,
+            Record::Define { stack, .. } => define_cost(stack.depth as usize),
+            Record::Evict { .. } | Record::Retire { .. } => RECORD_COST,
             Record::Sample(_) => {
                 self.samples += 1;
                 RECORD_COST

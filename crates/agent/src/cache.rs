@@ -1,8 +1,9 @@
 //! The bounded stack cache, in the style of Windows ETW's stack cache.
 //!
 //! Stacks are hashed into a fixed number of buckets. A bucket holds at most `bucket_limit` stacks
-//! in most-recently-used order; a lookup compares the *full* stack (every frame) with each entry of
-//! its bucket, so two stacks are the same only when all frames are equal. A hit moves the entry to
+//! in most-recently-used order. A stack is named by its source's [`StackTable`] and its node
+//! there; tables intern every frame and node by full value, so two stacks of one table are the
+//! same exactly when their ids are, and a lookup compares ids, not frames. A hit moves the entry to
 //! the front and returns its key. A miss inserts the stack under a fresh key (keys are never
 //! reused), evicting the bucket's tail when the bucket is full and, while the byte budget is
 //! exceeded, the tails of other buckets in round-robin order. The caller writes a *definition* for
@@ -12,20 +13,19 @@
 //! end.
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-use std::sync::Arc;
 
-use crate::source::FrameDesc;
+use rootline_profile::StackId;
+
+use crate::stacks::{FrameDesc, StackRef, StackTable};
 
 /// Key naming a cached stack in the sample stream. Keys are never reused.
 pub type StackKey = u64;
 
-/// A cached stack: its frames root first, shared with the sample buffers that define it.
-pub type SharedStack = Arc<[FrameDesc]>;
-
-/// Fixed bytes an entry costs besides its frames (key, hash, size, `Arc` header and slice fat pointer).
+/// Fixed bytes an entry costs besides its frames (key, hash, size, table handle and id).
 pub const ENTRY_OVERHEAD: usize = 64;
 
-/// Bytes a stack of `frames` frames costs in the cache.
+/// Bytes a stack of `frames` frames is charged in the cache: its frames are held once in the
+/// source's table (shared with other stacks), so this is a bound, not a copy.
 pub fn stack_cost(frames: usize) -> usize {
     ENTRY_OVERHEAD + frames * FrameDesc::COST
 }
@@ -63,7 +63,7 @@ struct Entry {
     key: StackKey,
     hash: u64,
     bytes: usize,
-    stack: SharedStack,
+    stack: StackRef,
 }
 
 /// Result of [`StackCache::lookup`].
@@ -81,6 +81,7 @@ pub struct Miss {
     bucket: usize,
     hash: u64,
     bytes: usize,
+    depth: u32,
 }
 
 impl Miss {
@@ -117,8 +118,8 @@ impl InsertPlan {
 pub struct Inserted {
     /// Its new key.
     pub key: StackKey,
-    /// Its frames, to put in the definition.
-    pub stack: SharedStack,
+    /// The stack, to put in the definition.
+    pub stack: StackRef,
 }
 
 /// The bounded, bucketed stack cache. See the module documentation.
@@ -168,14 +169,15 @@ impl StackCache {
         }
     }
 
-    /// Looks `frames` up by full comparison; a hit becomes its bucket's most recently used entry.
-    pub fn lookup(&mut self, frames: &[FrameDesc]) -> Lookup {
-        let hash = self.hasher.hash_one(frames);
+    /// Looks up stack `id` of `table`, which has `depth` frames; a hit becomes its bucket's
+    /// most recently used entry.
+    pub fn lookup(&mut self, table: &StackTable, id: StackId, depth: u32) -> Lookup {
+        let hash = self.hasher.hash_one((table.id(), id));
         let bucket = (hash % self.buckets.len() as u64) as usize;
         let entries = &mut self.buckets[bucket];
         if let Some(pos) = entries
             .iter()
-            .position(|e| e.hash == hash && *e.stack == *frames)
+            .position(|e| e.hash == hash && e.stack.id == id && e.stack.table.id() == table.id())
         {
             let entry = entries.remove(pos);
             let key = entry.key;
@@ -187,7 +189,8 @@ impl StackCache {
         Lookup::Miss(Miss {
             bucket,
             hash,
-            bytes: stack_cost(frames.len()),
+            bytes: stack_cost(depth as usize),
+            depth,
         })
     }
 
@@ -232,13 +235,17 @@ impl StackCache {
     pub fn insert(
         &mut self,
         miss: &Miss,
-        frames: &[FrameDesc],
+        (table, id): (&StackTable, StackId),
         plan: &InsertPlan,
         evicted: &mut Vec<StackKey>,
     ) -> Inserted {
         let key = self.next_key;
         self.next_key += 1;
-        let stack: SharedStack = Arc::from(frames);
+        let stack = StackRef {
+            table: table.clone(),
+            id,
+            depth: miss.depth,
+        };
         for &(bucket, victim) in &plan.victims {
             let entries = &mut self.buckets[bucket];
             if let Some(pos) = entries.iter().position(|e| e.key == victim) {
@@ -257,7 +264,7 @@ impl StackCache {
                     key,
                     hash: miss.hash,
                     bytes: miss.bytes,
-                    stack: Arc::clone(&stack),
+                    stack: stack.clone(),
                 },
             );
             self.bytes += miss.bytes;
@@ -267,6 +274,32 @@ impl StackCache {
             self.stats.evictions += 1;
         }
         Inserted { key, stack }
+    }
+
+    /// Stacks cached from tables other than `table` (which a source replaced).
+    pub fn stale(&self, table: &StackTable) -> usize {
+        self.buckets
+            .iter()
+            .flatten()
+            .filter(|e| e.stack.table.id() != table.id())
+            .count()
+    }
+
+    /// Evicts every stack of a table other than `table`, appending their keys to `evicted`, so
+    /// that replaced tables are let go of.
+    pub fn evict_stale(&mut self, table: &StackTable, evicted: &mut Vec<StackKey>) {
+        for bucket in &mut self.buckets {
+            bucket.retain(|e| {
+                let keep = e.stack.table.id() == table.id();
+                if !keep {
+                    self.bytes -= e.bytes;
+                    self.entries -= 1;
+                    self.stats.evictions += 1;
+                    evicted.push(e.key);
+                }
+                keep
+            });
+        }
     }
 
     /// Empties the cache, returning every cached key (the final rundown) and counting them.
@@ -286,24 +319,33 @@ impl StackCache {
 mod tests {
     use super::*;
 
-    fn stack(ids: &[u64]) -> Vec<FrameDesc> {
-        ids.iter()
+    thread_local! {
+        static TABLE: StackTable = StackTable::new();
+    }
+
+    /// A stack of the test's table: frames `f{i}` for each of `ids`.
+    fn stack(ids: &[u64]) -> (StackTable, StackId, u32) {
+        let frames: Vec<FrameDesc> = ids
+            .iter()
             .map(|&i| FrameDesc::native(&format!("f{i}"), 0x1000 + i))
-            .collect()
+            .collect();
+        let table = TABLE.with(Clone::clone);
+        let id = table.intern(&frames);
+        (table, id, ids.len() as u32)
     }
 
     fn touch(
         cache: &mut StackCache,
-        frames: &[FrameDesc],
+        (table, id, depth): (StackTable, StackId, u32),
         evicted: &mut Vec<StackKey>,
     ) -> StackKey {
-        match cache.lookup(frames) {
+        match cache.lookup(&table, id, depth) {
             Lookup::Hit(key) => key,
             Lookup::Miss(miss) => {
                 let mut plan = InsertPlan::default();
                 cache.plan_insert(&miss, &mut plan);
                 let before = evicted.len();
-                let inserted = cache.insert(&miss, frames, &plan, evicted);
+                let inserted = cache.insert(&miss, (&table, id), &plan, evicted);
                 assert_eq!(evicted.len() - before, plan.evictions());
                 inserted.key
             }
@@ -318,10 +360,10 @@ mod tests {
             byte_budget: 1 << 20,
         });
         let mut ev = Vec::new();
-        let a = touch(&mut cache, &stack(&[1, 2, 3]), &mut ev);
-        let b = touch(&mut cache, &stack(&[1, 2, 4]), &mut ev);
+        let a = touch(&mut cache, stack(&[1, 2, 3]), &mut ev);
+        let b = touch(&mut cache, stack(&[1, 2, 4]), &mut ev);
         assert_ne!(a, b);
-        assert_eq!(touch(&mut cache, &stack(&[1, 2, 3]), &mut ev), a);
+        assert_eq!(touch(&mut cache, stack(&[1, 2, 3]), &mut ev), a);
         let s = cache.stats();
         assert_eq!((s.hits, s.misses, s.evictions, s.entries), (1, 2, 0, 2));
     }
@@ -334,12 +376,12 @@ mod tests {
             byte_budget: 1 << 20,
         });
         let mut ev = Vec::new();
-        let a = touch(&mut cache, &stack(&[1]), &mut ev);
-        let b = touch(&mut cache, &stack(&[2]), &mut ev);
-        assert_eq!(touch(&mut cache, &stack(&[1]), &mut ev), a); // a is now MRU
-        let _c = touch(&mut cache, &stack(&[3]), &mut ev);
+        let a = touch(&mut cache, stack(&[1]), &mut ev);
+        let b = touch(&mut cache, stack(&[2]), &mut ev);
+        assert_eq!(touch(&mut cache, stack(&[1]), &mut ev), a); // a is now MRU
+        let _c = touch(&mut cache, stack(&[3]), &mut ev);
         assert_eq!(ev, vec![b]);
-        let b2 = touch(&mut cache, &stack(&[2]), &mut ev);
+        let b2 = touch(&mut cache, stack(&[2]), &mut ev);
         assert_ne!(b2, b, "an evicted stack is re-defined under a new key");
         assert_eq!(cache.stats().evictions, 2);
     }
@@ -354,7 +396,7 @@ mod tests {
         });
         let mut ev = Vec::new();
         for i in 0..200u64 {
-            touch(&mut cache, &stack(&[i, i + 1, i + 2]), &mut ev);
+            touch(&mut cache, stack(&[i, i + 1, i + 2]), &mut ev);
             assert!(cache.stats().bytes as usize <= budget);
         }
         let s = cache.stats();
@@ -374,16 +416,41 @@ mod tests {
             byte_budget: stack_cost(2),
         });
         let mut ev = Vec::new();
-        touch(&mut cache, &stack(&[1]), &mut ev);
-        let big = stack(&[1, 2, 3, 4, 5]);
-        let Lookup::Miss(miss) = cache.lookup(&big) else {
+        touch(&mut cache, stack(&[1]), &mut ev);
+        let (table, big, depth) = stack(&[1, 2, 3, 4, 5]);
+        let Lookup::Miss(miss) = cache.lookup(&table, big, depth) else {
             panic!("expected a miss")
         };
         let mut plan = InsertPlan::default();
         cache.plan_insert(&miss, &mut plan);
         assert!(!plan.cacheable());
-        cache.insert(&miss, &big, &plan, &mut ev);
+        cache.insert(&miss, (&table, big), &plan, &mut ev);
         assert_eq!(cache.stats().entries, 1);
-        assert!(matches!(cache.lookup(&big), Lookup::Miss(_)));
+        assert!(matches!(cache.lookup(&table, big, depth), Lookup::Miss(_)));
+    }
+
+    #[test]
+    fn the_same_id_in_another_table_is_another_stack_and_stale_tables_are_evicted() {
+        let mut cache = StackCache::new(CacheLimits {
+            buckets: 4,
+            bucket_limit: 4,
+            byte_budget: 1 << 20,
+        });
+        let mut ev = Vec::new();
+        let (old, id, depth) = stack(&[1, 2]);
+        let a = touch(&mut cache, (old.clone(), id, depth), &mut ev);
+        let new = StackTable::new();
+        let same_id = new.intern(&[FrameDesc::native("other", 1), FrameDesc::native("x", 2)]);
+        assert_eq!(
+            same_id, id,
+            "both tables give their first stack the same id"
+        );
+        let b = touch(&mut cache, (new.clone(), same_id, 2), &mut ev);
+        assert_ne!(a, b);
+        assert_eq!(cache.stale(&new), 1);
+        cache.evict_stale(&new, &mut ev);
+        assert_eq!(ev, vec![a]);
+        assert_eq!((cache.stats().entries, cache.stale(&new)), (1, 0));
+        assert_eq!(touch(&mut cache, (new, same_id, 2), &mut ev), b);
     }
 }

@@ -2,12 +2,13 @@
 //! symbolizer, sampling every CPU (`cpu-clock`, or cycles where a PMU exists).
 //!
 //! rootline-capture builds a [`Profile`] and hands it to a [`ChunkSink`] at every flush; this
-//! adapter turns the flush's samples into [`RawSample`]s (frames resolved through the capture
-//! profile's tables once per frame) and passes them to the agent's capture thread over a bounded
+//! adapter appends the frames and stack nodes new in the capture profile to a shared
+//! [`StackTable`] with the same ids (each frame resolved once), and passes the flush's samples —
+//! each a [`StackId`], nothing copied per sample — to the agent's capture thread over a bounded
 //! channel. The sink asks for [`Retention::HandOver`]: the recording drops each flush's samples
-//! once handed over and starts its tables over past [`TABLE_ENTRIES`], so one recording runs for
-//! as long as the agent does in bounded memory. Samples the channel cannot take are counted as
-//! lost.
+//! once handed over and starts its tables over past [`TABLE_ENTRIES`], and the adapter then
+//! starts a new table, so one recording runs for as long as the agent does in bounded memory.
+//! Samples the channel cannot take are counted as lost.
 //!
 //! The whole host is always sampled: the agent's target rules pick the processes, so targets that
 //! start later are seen from their first sample. The agent's own process is left out.
@@ -20,13 +21,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Retention, Target};
-use rootline_profile::{FrameId, Profile};
+use rootline_profile::{FrameId, Profile, StackId};
 
 use crate::config::AgentConfig;
-use crate::source::{FrameDesc, PollStats, RawSample, SampleSource, SourceError};
+use crate::source::{PollStats, RawSample, SampleSource, SourceError};
+use crate::stacks::{FrameDesc, StackTable};
 
 /// Distinct frames, stack nodes and threads the capture profile holds before it starts over
-/// (bounds its memory; the frame descriptions cached here are dropped with it).
+/// (bounds its memory, and that of the shared table mirroring it).
 pub const TABLE_ENTRIES: usize = 200_000;
 
 /// How often the recorder flushes (and so how often samples reach the agent).
@@ -40,7 +42,28 @@ struct OwnedSample {
     tid: u32,
     time_ns: u64,
     weight_ns: u64,
-    frames: Vec<FrameDesc>,
+    stack: StackId,
+}
+
+/// One flush's samples and the table their stacks are in.
+struct Flush {
+    stacks: StackTable,
+    samples: Vec<OwnedSample>,
+}
+
+impl Flush {
+    fn deliver(&self, sink: &mut dyn FnMut(&RawSample<'_>)) {
+        for s in &self.samples {
+            sink(&RawSample {
+                pid: s.pid,
+                tid: s.tid,
+                time_ns: s.time_ns,
+                weight_ns: s.weight_ns,
+                stack: s.stack,
+                stacks: &self.stacks,
+            });
+        }
+    }
 }
 
 /// Counters and state shared between the recorder thread and the source.
@@ -57,7 +80,7 @@ pub const AGENT_LIVE_STACK_BUDGET: usize = 8 * 1024 * 1024;
 
 /// rootline-capture as a [`SampleSource`]. See the module documentation.
 pub struct CaptureSource {
-    rx: Receiver<Vec<OwnedSample>>,
+    rx: Receiver<Flush>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     reported_lost: u64,
@@ -121,22 +144,11 @@ impl SampleSource for CaptureSource {
         timeout: Duration,
         sink: &mut dyn FnMut(&RawSample<'_>),
     ) -> Result<PollStats, SourceError> {
-        let mut deliver = |batch: Vec<OwnedSample>| {
-            for s in &batch {
-                sink(&RawSample {
-                    pid: s.pid,
-                    tid: s.tid,
-                    time_ns: s.time_ns,
-                    weight_ns: s.weight_ns,
-                    frames: &s.frames,
-                });
-            }
-        };
         match self.rx.recv_timeout(timeout) {
-            Ok(batch) => {
-                deliver(batch);
-                while let Ok(batch) = self.rx.try_recv() {
-                    deliver(batch);
+            Ok(flush) => {
+                flush.deliver(sink);
+                while let Ok(flush) = self.rx.try_recv() {
+                    flush.deliver(sink);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -172,16 +184,8 @@ impl SampleSource for CaptureSource {
         while let Ok(batch) = self.rx.try_recv() {
             pending.push(batch);
         }
-        for batch in pending {
-            for s in &batch {
-                sink(&RawSample {
-                    pid: s.pid,
-                    tid: s.tid,
-                    time_ns: s.time_ns,
-                    weight_ns: s.weight_ns,
-                    frames: &s.frames,
-                });
-            }
+        for flush in pending {
+            flush.deliver(sink);
         }
         Ok(self.take_lost())
     }
@@ -199,7 +203,7 @@ impl CaptureSource {
 }
 
 /// The recorder thread: one recording until the source stops it.
-fn run(options: RecordOptions, tx: SyncSender<Vec<OwnedSample>>, shared: Arc<Shared>) {
+fn run(options: RecordOptions, tx: SyncSender<Flush>, shared: Arc<Shared>) {
     let sink = Forward::new(tx, Arc::clone(&shared));
     let result = recorder::record(&options, &shared.stop, Some(Box::new(sink)));
     if let Err(e) = result {
@@ -213,27 +217,30 @@ fn run(options: RecordOptions, tx: SyncSender<Vec<OwnedSample>>, shared: Arc<Sha
 
 /// The [`ChunkSink`] that forwards new samples to the agent.
 struct Forward {
-    tx: SyncSender<Vec<OwnedSample>>,
+    tx: SyncSender<Flush>,
     shared: Arc<Shared>,
     lost_seen: u64,
-    frames: HashMap<FrameId, FrameDesc>,
+    /// The capture profile's frames and stack nodes, same ids, shared with the agent.
+    stacks: StackTable,
+    /// Frames and stack nodes of the capture profile already in `stacks`.
+    mirrored: (usize, usize),
+    /// Names and module paths, each held once.
     names: HashMap<String, Arc<str>>,
-    stack: Vec<FrameId>,
     /// Unix time minus monotonic time, to stamp samples in Unix nanoseconds.
     clock_offset: i128,
 }
 
 impl Forward {
-    fn new(tx: SyncSender<Vec<OwnedSample>>, shared: Arc<Shared>) -> Forward {
+    fn new(tx: SyncSender<Flush>, shared: Arc<Shared>) -> Forward {
         let mono = recorder::monotonic_ns() as i128;
         let unix = crate::now_ns() as i128;
         Forward {
             tx,
             shared,
             lost_seen: 0,
-            frames: HashMap::new(),
+            stacks: StackTable::new(),
+            mirrored: (0, 0),
             names: HashMap::new(),
-            stack: Vec::new(),
             clock_offset: unix - mono,
         }
     }
@@ -248,24 +255,32 @@ impl Forward {
     }
 
     fn frame(&mut self, profile: &Profile, id: FrameId) -> FrameDesc {
-        if let Some(f) = self.frames.get(&id) {
-            return f.clone();
-        }
         let frame = profile.frame(id);
         let name = Forward::intern(&mut self.names, profile.frame_name(id));
         let module = frame.mapping.map(|m| {
             let path = profile.string(profile.mapping(m).path);
             Forward::intern(&mut self.names, path)
         });
-        let desc = FrameDesc {
+        FrameDesc {
             name,
             module,
             address: frame.address,
             inline_depth: frame.inline_depth,
             kind: frame.kind,
-        };
-        self.frames.insert(id, desc.clone());
-        desc
+        }
+    }
+
+    /// Appends what is new in the capture profile's frames and stack trie to the shared table.
+    fn mirror(&mut self, profile: &Profile) {
+        let (frames, nodes) = self.mirrored;
+        let new_frames: Vec<FrameDesc> = (frames..profile.frames().len())
+            .map(|i| self.frame(profile, FrameId(i as u32)))
+            .collect();
+        let new_nodes = profile.stacks()[nodes.min(profile.stacks().len())..]
+            .iter()
+            .map(|n| (n.parent, n.frame.0));
+        self.stacks.append(new_frames, new_nodes);
+        self.mirrored = (profile.frames().len(), profile.stacks().len());
     }
 }
 
@@ -277,8 +292,10 @@ impl ChunkSink for Forward {
     }
 
     fn started_over(&mut self) {
-        // Frame ids restart with the new profile; names are interned again as they recur.
-        self.frames.clear();
+        // Ids restart with the new profile: a new table (the agent lets go of the old one once
+        // its stacks are exported); names are interned again as they recur.
+        self.stacks = StackTable::new();
+        self.mirrored = (0, 0);
         self.names.clear();
     }
 
@@ -288,6 +305,7 @@ impl ChunkSink for Forward {
             self.shared.lost.fetch_add(lost - self.lost_seen, Relaxed);
             self.lost_seen = lost;
         }
+        self.mirror(profile);
         let samples = profile.samples();
         let cpu = profile
             .sample_types()
@@ -301,25 +319,24 @@ impl ChunkSink for Forward {
             if thread.pid == me {
                 continue; // the agent does not profile itself
             }
-            let mut stack = std::mem::take(&mut self.stack);
-            stack.clear();
-            profile.stack_frames_root_first(samples.stacks[i], &mut stack);
-            let frames = stack.iter().map(|&f| self.frame(profile, f)).collect();
-            self.stack = stack;
             let time = (samples.times[i] as i128 + self.clock_offset).max(0) as u64;
             batch.push(OwnedSample {
                 pid: thread.pid,
                 tid: thread.tid,
                 time_ns: time,
                 weight_ns: cpu.map_or(0, |c| samples.values[c][i].max(0) as u64),
-                frames,
+                stack: samples.stacks[i],
             });
         }
         if batch.is_empty() {
             return Ok(());
         }
         let n = batch.len() as u64;
-        match self.tx.try_send(batch) {
+        let flush = Flush {
+            stacks: self.stacks.clone(),
+            samples: batch,
+        };
+        match self.tx.try_send(flush) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 self.shared.lost.fetch_add(n, Relaxed);
@@ -329,5 +346,101 @@ impl ChunkSink for Forward {
             }
         }
         Ok(())
+    }
+}
+
+/// The production source for `config`: rootline-capture's sampler on every CPU.
+pub fn default_source(config: &AgentConfig) -> Result<Box<dyn SampleSource>, SourceError> {
+    Ok(Box::new(CaptureSource::start(config)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rootline_profile::{FrameKind, SampleType};
+
+    /// Pushes one sample of pid 4242 per stack (names root first) into `profile`.
+    fn push_stacks(profile: &mut Profile, stacks: &[&[&str]]) {
+        let thread = profile.intern_thread(4242, 4243);
+        for (i, names) in stacks.iter().enumerate() {
+            let mut stack = None;
+            for name in *names {
+                let frame = profile.intern_named_frame(name, FrameKind::Native);
+                stack = Some(profile.intern_stack(stack, frame));
+            }
+            let stack = stack.expect("a stack has frames");
+            profile
+                .push_sample(i as u64, thread, stack, &[1, 10_000_000])
+                .expect("ids of this profile");
+        }
+    }
+
+    fn new_profile() -> Profile {
+        Profile::new(vec![SampleType::samples(), SampleType::cpu_nanoseconds()])
+    }
+
+    /// Each delivered sample's stack, root first, by name, and its table's id.
+    fn delivered(rx: &Receiver<Flush>) -> Vec<(u64, Vec<String>)> {
+        let mut out = Vec::new();
+        let mut frames = Vec::new();
+        while let Ok(flush) = rx.try_recv() {
+            flush.deliver(&mut |s| {
+                s.stacks.read().frames_root_first(s.stack, &mut frames);
+                let names = frames.iter().map(|f| f.name.to_string()).collect();
+                out.push((s.stacks.id(), names));
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn flushed_samples_name_their_whole_stacks_in_the_shared_table_across_a_start_over() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(8);
+        let mut forward = Forward::new(tx, Arc::new(Shared::default()));
+        let mut profile = new_profile();
+        push_stacks(
+            &mut profile,
+            &[&["_start", "main", "a"], &["_start", "main", "b"]],
+        );
+        forward.write_chunk(&profile).unwrap();
+        profile.take_samples();
+        // The next flush adds nodes under known ones and repeats a known stack.
+        push_stacks(
+            &mut profile,
+            &[&["_start", "main", "a", "c"], &["_start", "main", "b"]],
+        );
+        forward.write_chunk(&profile).unwrap();
+        // The recording starts over: ids restart, and the same ids now name other stacks.
+        forward.started_over();
+        let mut fresh = new_profile();
+        push_stacks(
+            &mut fresh,
+            &[&["_start", "other"], &["_start", "main", "a"]],
+        );
+        forward.write_chunk(&fresh).unwrap();
+
+        let got = delivered(&rx);
+        let names: Vec<Vec<&str>> = got
+            .iter()
+            .map(|(_, n)| n.iter().map(String::as_str).collect())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                vec!["_start", "main", "a"],
+                vec!["_start", "main", "b"],
+                vec!["_start", "main", "a", "c"],
+                vec!["_start", "main", "b"],
+                vec!["_start", "other"],
+                vec!["_start", "main", "a"],
+            ]
+        );
+        let tables: Vec<u64> = got.iter().map(|(t, _)| *t).collect();
+        assert_eq!(
+            tables[0], tables[3],
+            "one table until the recording starts over"
+        );
+        assert_ne!(tables[3], tables[4], "a new table after it");
+        assert_eq!(tables[4], tables[5]);
     }
 }

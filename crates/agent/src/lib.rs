@@ -7,7 +7,8 @@
 //! both buffers through a final export. What this crate does:
 //!
 //! - a capture thread that filters samples to the targets ([`Targets`]: host, PIDs, name/command-line
-//!   regex, cgroup), interns each stack in a bounded, ETW-style [`StackCache`] and writes keyed
+//!   regex, cgroup), keys each stack (by its id in the source's shared [`StackTable`]) in a bounded, ETW-style
+//!   [`StackCache`] and writes keyed
 //!   records into the active one of two [`SampleBuffer`]s;
 //! - an exporter thread that, every `export_interval`, swaps buffers, resolves keys into one
 //!   [`rootline_profile::Profile`] per process and runs every [`Exporter`] on them;
@@ -27,12 +28,15 @@ mod batch;
 mod buffer;
 mod cache;
 pub mod capture_source;
+mod capture_thread;
 pub mod config;
 pub mod export;
+mod handoff;
 pub mod logging;
 mod pipeline;
 mod process;
 mod source;
+mod stacks;
 mod stats;
 mod synthetic;
 mod targets;
@@ -40,11 +44,13 @@ mod targets;
 pub use batch::{ExportBatch, ProcessProfile};
 pub use buffer::{Record, SampleBuffer, SampleRecord};
 pub use cache::{CacheLimits, CacheStats, StackCache, StackKey};
+pub use capture_source::default_source;
 pub use config::{AgentConfig, ConfigError};
 pub use export::{ExportError, ExportOutcome, Exporter, RequestCounts, build_exporters};
 pub use pipeline::{Agent, AgentError};
 pub use process::ProcessInfo;
-pub use source::{FrameDesc, PollStats, RawSample, SampleSource, SourceError, default_source};
+pub use source::{PollStats, RawSample, SampleSource, SourceError};
+pub use stacks::{FrameDesc, StackRef, StackTable, StackView};
 pub use stats::{ExporterStats, Stats};
 pub use synthetic::{SyntheticConfig, SyntheticCounters, SyntheticSource};
 pub use targets::{TargetConfig, TargetError, Targets};

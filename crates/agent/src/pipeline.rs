@@ -1,7 +1,7 @@
-//! The two threads and the hand-off between them.
+//! The agent's two threads: starting and stopping them, and the exporter thread.
 //!
-//! The capture thread polls the [`SampleSource`], keeps the [`StackCache`] and writes records into
-//! the *active* buffer. The exporter thread owns nothing while it waits; at each tick of
+//! The capture thread ([`crate::capture_thread`]) polls the [`SampleSource`], keeps the stack
+//! cache and writes records into the *active* buffer ([`crate::handoff`]). The exporter thread owns nothing while it waits; at each tick of
 //! `export_interval` it swaps the active buffer with the empty spare, resolves the records into
 //! per-process profiles and runs every exporter on them, then returns the emptied buffer as the new
 //! spare. When the active buffer fills up and the spare is there, the capture thread swaps by
@@ -11,26 +11,23 @@
 //! cache but missing from the stream.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rootline_profile::{FrameKind, TruncateReason};
-
 use crate::batch::{BatchBuilder, Resolver};
-use crate::buffer::{RECORD_COST, Record, SampleBuffer, SampleRecord, define_cost};
-use crate::cache::{InsertPlan, Lookup, StackCache};
+use crate::buffer::SampleBuffer;
+use crate::cache::{InsertPlan, StackCache};
+use crate::capture_thread::Capture;
 use crate::config::AgentConfig;
 use crate::export::Exporter;
-use crate::process::ProcessInfo;
-use crate::source::{RawSample, SampleSource, SourceError};
+use crate::handoff::{Hand, Shared, take_active};
+use crate::source::{SampleSource, SourceError};
 use crate::stats::{Counters, Stats};
 use crate::targets::{TargetError, Targets};
-
-/// Longest a capture poll waits, so a stop request is seen quickly.
-const POLL_TIMEOUT: Duration = Duration::from_millis(50);
+use rootline_profile::TruncateReason;
 
 /// An error starting or running the agent.
 #[derive(Debug, thiserror::Error)]
@@ -44,32 +41,6 @@ pub enum AgentError {
     /// A thread could not be started or panicked.
     #[error("agent thread: {0}")]
     Thread(String),
-}
-
-/// Hand-off state between the two threads.
-struct Hand {
-    active: SampleBuffer,
-    active_since_ns: u64,
-    spare: Option<SampleBuffer>,
-    ready: Option<(SampleBuffer, u64, u64)>,
-    capture_done: bool,
-}
-
-struct Shared {
-    hand: Mutex<Hand>,
-    wake: Condvar,
-    stop: AtomicBool,
-    /// When the final export must be over, set when a stop is requested.
-    deadline: Mutex<Option<Instant>>,
-    counters: Counters,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Hand> {
-        // A poisoned lock means the other thread panicked; the data is still consistent enough to
-        // count and flush, so keep going.
-        self.hand.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// A running agent: a capture thread and an exporter thread.
@@ -119,6 +90,7 @@ impl Agent {
             cache: StackCache::new(config.cache.limits()),
             plan: InsertPlan::default(),
             evicted: Vec::new(),
+            table: 0,
             processes: HashMap::new(),
             targets,
             proc_root: proc_root.to_path_buf(),
@@ -212,165 +184,6 @@ impl Drop for Agent {
             let _ = h.join();
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// capture thread
-
-struct Capture {
-    shared: Arc<Shared>,
-    cache: StackCache,
-    plan: InsertPlan,
-    evicted: Vec<u64>,
-    /// Target decision per pid seen: `None` = not a target.
-    processes: HashMap<u32, Option<Arc<ProcessInfo>>>,
-    targets: Targets,
-    proc_root: PathBuf,
-    refresh: Duration,
-}
-
-impl Capture {
-    fn run(mut self, mut source: Box<dyn SampleSource>) -> Result<(), SourceError> {
-        let result = self.poll_loop(source.as_mut());
-        let keys = self.cache.rundown();
-        let stats = self.cache.stats();
-        self.shared.counters.publish_cache(&stats);
-        tracing::info!(
-            stacks = keys.len(),
-            hits = stats.hits,
-            misses = stats.misses,
-            evictions = stats.evictions,
-            "stack cache rundown: {} stacks cached at the end",
-            keys.len()
-        );
-        let mut hand = self.shared.lock();
-        hand.capture_done = true;
-        drop(hand);
-        self.shared.wake.notify_all();
-        result
-    }
-
-    fn poll_loop(&mut self, source: &mut dyn SampleSource) -> Result<(), SourceError> {
-        source.set_targets(self.targets.scan().as_deref())?;
-        let mut next_refresh = Instant::now() + self.refresh;
-        while !self.shared.stop.load(Relaxed) {
-            let stats = source.poll(POLL_TIMEOUT, &mut |sample| self.handle(sample))?;
-            if stats.lost > 0 {
-                self.shared.counters.lost.fetch_add(stats.lost, Relaxed);
-            }
-            self.shared.counters.publish_cache(&self.cache.stats());
-            if Instant::now() >= next_refresh {
-                next_refresh = Instant::now() + self.refresh;
-                self.forget_exited();
-                if !self.targets.is_host() {
-                    source.set_targets(self.targets.scan().as_deref())?;
-                }
-            }
-        }
-        let stats = source.finish(&mut |sample| self.handle(sample))?;
-        self.shared.counters.lost.fetch_add(stats.lost, Relaxed);
-        Ok(())
-    }
-
-    /// Drops the facts of processes that no longer exist, so churn does not grow the table.
-    fn forget_exited(&mut self) {
-        let root = &self.proc_root;
-        self.processes
-            .retain(|pid, _| root.join(pid.to_string()).exists());
-    }
-
-    fn process(&mut self, pid: u32) -> Option<Arc<ProcessInfo>> {
-        if let Some(known) = self.processes.get(&pid) {
-            return known.clone();
-        }
-        let info = ProcessInfo::read(&self.proc_root, pid);
-        let decision = self.targets.matches(&info).then(|| Arc::new(info));
-        self.processes.insert(pid, decision.clone());
-        decision
-    }
-
-    fn handle(&mut self, sample: &RawSample<'_>) {
-        let shared = Arc::clone(&self.shared);
-        let counters = &shared.counters;
-        let Some(process) = self.process(sample.pid) else {
-            counters.ignored.fetch_add(1, Relaxed);
-            return;
-        };
-        counters.captured.fetch_add(1, Relaxed);
-        // Root first: a stack cut short starts with its `[truncated: reason]` frame.
-        if let Some(cut) = sample
-            .frames
-            .first()
-            .filter(|f| f.kind == FrameKind::Truncated)
-        {
-            counters.truncated.fetch_add(1, Relaxed);
-            if TruncateReason::parse_frame_name(&cut.name)
-                == Some(TruncateReason::ModuleMemoryLimit)
-            {
-                counters.module_limited.fetch_add(1, Relaxed);
-            }
-        }
-        let mut hand = shared.lock();
-        if !make_room(&shared, &mut hand, 1, RECORD_COST) {
-            counters.dropped.fetch_add(1, Relaxed);
-            return;
-        }
-        let record = |key| {
-            Record::Sample(SampleRecord {
-                key,
-                process,
-                tid: sample.tid,
-                time_ns: sample.time_ns,
-                weight_ns: sample.weight_ns,
-            })
-        };
-        match self.cache.lookup(sample.frames) {
-            Lookup::Hit(key) => hand.active.push(record(key)),
-            Lookup::Miss(miss) => {
-                self.cache.plan_insert(&miss, &mut self.plan);
-                let extra = self.plan.evictions() + usize::from(!self.plan.cacheable());
-                let records = 2 + extra;
-                let bytes = define_cost(sample.frames.len()) + RECORD_COST * (1 + extra);
-                if !make_room(&shared, &mut hand, records, bytes) {
-                    counters.dropped.fetch_add(1, Relaxed);
-                    return;
-                }
-                let inserted =
-                    self.cache
-                        .insert(&miss, sample.frames, &self.plan, &mut self.evicted);
-                let key = inserted.key;
-                hand.active.push(Record::Define {
-                    key,
-                    stack: inserted.stack,
-                });
-                for evicted in self.evicted.drain(..) {
-                    hand.active.push(Record::Evict { key: evicted });
-                }
-                hand.active.push(record(key));
-                if !self.plan.cacheable() {
-                    hand.active.push(Record::Evict { key });
-                }
-            }
-        }
-    }
-}
-
-/// Ensures the active buffer has room, swapping in the spare when it has not. False when both
-/// buffers are full (the escape hatch).
-fn make_room(shared: &Shared, hand: &mut Hand, records: usize, bytes: usize) -> bool {
-    if hand.active.has_room(records, bytes) {
-        return true;
-    }
-    let Some(spare) = hand.spare.take() else {
-        return false;
-    };
-    let now = crate::now_ns();
-    let full = std::mem::replace(&mut hand.active, spare);
-    let since = std::mem::replace(&mut hand.active_since_ns, now);
-    hand.ready = Some((full, since, now));
-    shared.wake.notify_all();
-    // A record larger than a whole empty buffer can never fit; it is dropped like any other.
-    hand.active.has_room(records, bytes)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -590,14 +403,4 @@ impl ExportLoop {
         }
         self.last_status = now;
     }
-}
-
-/// Takes the active buffer for export, putting the spare in its place (the exporter holds no
-/// buffer while it waits, so the spare is there unless a full buffer is ready).
-fn take_active(hand: &mut Hand) -> Option<(SampleBuffer, u64, u64)> {
-    let spare = hand.spare.take()?;
-    let now = crate::now_ns();
-    let buffer = std::mem::replace(&mut hand.active, spare);
-    let since = std::mem::replace(&mut hand.active_since_ns, now);
-    Some((buffer, since, now))
 }

@@ -4,46 +4,13 @@
 //! looks at registers or raw stack memory. The real source wraps `rootline-capture`; tests use
 //! [`crate::SyntheticSource`], which is deterministic.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use rootline_profile::FrameKind;
+use rootline_profile::StackId;
 
-/// One frame of a captured stack, already symbolized.
-///
-/// Names and module paths are `Arc<str>` so a source can intern them once and hand out cheap
-/// clones; equality still compares the text, so identity never rests on a pointer or a hash.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct FrameDesc {
-    /// Display name of the function (or `[truncated: reason]`, or `0x…` when unnamed).
-    pub name: Arc<str>,
-    /// Path of the module (binary, library, `[kernel.kallsyms]`, JIT region) holding the address.
-    pub module: Option<Arc<str>>,
-    /// Instruction address, 0 when the source only has a name.
-    pub address: u64,
-    /// 0 for a physical frame, n > 0 for the n-th inlined frame at the same address.
-    pub inline_depth: u8,
-    /// Where the code comes from.
-    pub kind: FrameKind,
-}
+use crate::stacks::StackTable;
 
-impl FrameDesc {
-    /// Bytes this frame costs in the stack cache: the struct itself; strings are the source's.
-    pub const COST: usize = std::mem::size_of::<FrameDesc>();
-
-    /// A native frame with a name and an address, without a module.
-    pub fn native(name: &str, address: u64) -> FrameDesc {
-        FrameDesc {
-            name: Arc::from(name),
-            module: None,
-            address,
-            inline_depth: 0,
-            kind: FrameKind::Native,
-        }
-    }
-}
-
-/// A sample as a source delivers it.
+/// A sample as a source delivers it: its stack by id in a shared [`StackTable`], never copied.
 #[derive(Debug, Clone, Copy)]
 pub struct RawSample<'a> {
     /// Process id (host PID namespace).
@@ -54,8 +21,10 @@ pub struct RawSample<'a> {
     pub time_ns: u64,
     /// CPU time this sample stands for, nanoseconds (the sampling period).
     pub weight_ns: u64,
-    /// The stack, root (outermost caller) first, leaf last.
-    pub frames: &'a [FrameDesc],
+    /// The stack: the node of its leaf frame in `stacks`.
+    pub stack: StackId,
+    /// The interned stacks `stack` belongs to (the source's, shared with the agent).
+    pub stacks: &'a StackTable,
 }
 
 /// What a source reports about one poll, besides the samples.
@@ -79,9 +48,11 @@ pub enum SourceError {
 /// The capture side of the pipeline.
 ///
 /// The agent's capture thread calls [`SampleSource::poll`] in a loop; each call waits at most
-/// `timeout` for data and passes every sample to `sink`. The samples' frame slices only need to live
-/// for the call. Targets are the source's business: it is told which processes to follow through
-/// [`SampleSource::set_targets`] whenever the set changes (processes appear and disappear).
+/// `timeout` for data and passes every sample to `sink`. A sample names its stack in a
+/// [`StackTable`] the source interns into (and may replace by a new one, e.g. when its tables
+/// start over); the agent keeps a handle to each table it still refers to, so rows once appended
+/// must not change. Targets are the source's business: it is told which processes to follow
+/// through [`SampleSource::set_targets`] whenever the set changes (processes appear and disappear).
 pub trait SampleSource: Send {
     /// Waits up to `timeout` for samples and passes each one to `sink`.
     fn poll(
@@ -106,11 +77,4 @@ pub trait SampleSource: Send {
     fn modules(&self) -> Option<rootline_image::ModuleBudget> {
         None
     }
-}
-
-/// The production source for `config`: rootline-capture's sampler on every CPU.
-pub fn default_source(config: &crate::AgentConfig) -> Result<Box<dyn SampleSource>, SourceError> {
-    Ok(Box::new(crate::capture_source::CaptureSource::start(
-        config,
-    )?))
 }

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use crate::source::{FrameDesc, PollStats, RawSample, SampleSource, SourceError};
+use rootline_profile::StackId;
+
+use crate::source::{PollStats, RawSample, SampleSource, SourceError};
+use crate::stacks::{FrameDesc, StackTable};
 
 /// Settings of a [`SyntheticSource`].
 #[derive(Debug, Clone)]
@@ -34,7 +37,9 @@ pub struct SyntheticCounters {
 /// The synthetic source. See the module documentation.
 pub struct SyntheticSource {
     config: SyntheticConfig,
-    stacks: Vec<Vec<FrameDesc>>,
+    /// Each synthetic stack's id in `table`.
+    stacks: Vec<StackId>,
+    table: StackTable,
     started: Instant,
     next: u64,
     counters: Arc<SyntheticCounters>,
@@ -73,12 +78,15 @@ impl SyntheticSource {
                 }
                 frames
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let table = StackTable::new();
+        let stacks = stacks.iter().map(|frames| table.intern(frames)).collect();
         let counters = Arc::new(SyntheticCounters::default());
         (
             SyntheticSource {
                 config,
                 stacks,
+                table,
                 started: Instant::now(),
                 next: 0,
                 counters: Arc::clone(&counters),
@@ -128,7 +136,8 @@ impl SampleSource for SyntheticSource {
                 tid: pid,
                 time_ns: now_ns,
                 weight_ns: 10_101_010,
-                frames: &self.stacks[stack],
+                stack: self.stacks[stack],
+                stacks: &self.table,
             });
             self.counters.delivered.fetch_add(1, Relaxed);
             self.next += 1;

@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use common::{CollectingExporter, rss_bytes};
 use rootline_agent::{
-    Agent, AgentConfig, FrameDesc, PollStats, RawSample, SampleSource, SourceError, TargetConfig,
+    Agent, AgentConfig, FrameDesc, PollStats, RawSample, SampleSource, SourceError, StackTable,
+    TargetConfig,
 };
 
 /// Samples every live child once per poll, with a stack naming the child's pid.
 struct LiveChildren {
     pids: Arc<Mutex<Vec<u32>>>,
-    stack: Vec<FrameDesc>,
+    table: StackTable,
+    stack: rootline_profile::StackId,
 }
 
 impl SampleSource for LiveChildren {
@@ -36,7 +38,8 @@ impl SampleSource for LiveChildren {
                 tid: pid,
                 time_ns: rootline_agent::now_ns(),
                 weight_ns: 10_000_000,
-                frames: &self.stack,
+                stack: self.stack,
+                stacks: &self.table,
             });
         }
         Ok(PollStats::default())
@@ -93,13 +96,16 @@ fn processes_starting_and_exiting_every_100ms() {
         },
         ..AgentConfig::default()
     };
+    let table = StackTable::new();
+    let stack = table.intern(&[
+        FrameDesc::native("_start", 0x1000),
+        FrameDesc::native("main", 0x2000),
+        FrameDesc::native("nanosleep", 0x3000),
+    ]);
     let source = LiveChildren {
         pids: Arc::clone(&pids),
-        stack: vec![
-            FrameDesc::native("_start", 0x1000),
-            FrameDesc::native("main", 0x2000),
-            FrameDesc::native("nanosleep", 0x3000),
-        ],
+        table,
+        stack,
     };
     let (exporter, collected, _) = CollectingExporter::new();
     let agent = Agent::start(&config, Box::new(source), vec![Box::new(exporter)]).unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::CollectingExporter;
 use rootline_agent::{
-    Agent, AgentConfig, FrameDesc, PollStats, RawSample, SampleSource, SourceError,
+    Agent, AgentConfig, FrameDesc, PollStats, RawSample, SampleSource, SourceError, StackTable,
 };
 use rootline_capture::unwind::TruncateReason;
 use rootline_profile::FrameKind;
@@ -15,6 +15,7 @@ use rootline_profile::FrameKind;
 /// A source that sends its stacks once, as samples of this process.
 struct Cut {
     stacks: Vec<Vec<FrameDesc>>,
+    table: StackTable,
     sent: bool,
 }
 
@@ -43,7 +44,8 @@ impl SampleSource for Cut {
                     tid: std::process::id(),
                     time_ns: 1_700_000_000_000_000_000 + i as u64,
                     weight_ns: 10_000_000,
-                    frames,
+                    stack: self.table.intern(frames),
+                    stacks: &self.table,
                 });
             }
             self.sent = true;
@@ -75,6 +77,7 @@ fn stacks_cut_short_and_cut_by_the_module_budget_are_counted() {
     let (exporter, _collected, _) = CollectingExporter::new();
     let source = Cut {
         stacks,
+        table: StackTable::new(),
         sent: false,
     };
     let agent = Agent::start(&config, Box::new(source), vec![Box::new(exporter)]).unwrap();

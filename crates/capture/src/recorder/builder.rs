@@ -7,7 +7,7 @@ use rootline_profile::{
     FrameId, FrameKind, Function, Mapping, MappingId, Profile, StackId, ThreadId,
 };
 
-use super::pipeline::{Batch, NO_NODE, RawFrame, RawKind, RawMapping};
+use super::raw::{Batch, NO_NODE, RawFrame, RawKind, RawMapping};
 use crate::jit::JitName;
 use crate::symbolize::{SymbolFrame, Symbolizer, SymbolizerBudgets};
 
@@ -135,15 +135,15 @@ impl Builder {
                             .iter()
                             .enumerate()
                             .map(|(depth, s)| {
-                                self.frame(
-                                    &s.name,
-                                    s.file.as_deref(),
-                                    Some(mapping),
-                                    frame.address,
-                                    s.line,
-                                    depth.min(255) as u8,
-                                    FrameKind::Native,
-                                )
+                                self.frame(NewFrame {
+                                    name: &s.name,
+                                    file: s.file.as_deref(),
+                                    mapping: Some(mapping),
+                                    address: frame.address,
+                                    line: s.line,
+                                    inline_depth: depth.min(255) as u8,
+                                    kind: FrameKind::Native,
+                                })
                             })
                             .collect(),
                         _ => {
@@ -154,21 +154,23 @@ impl Builder {
                                 frame.address - raw.start + raw.file_offset
                             );
                             let kind = FrameKind::Native;
-                            vec![self.frame(
+                            vec![self.frame(NewFrame::named(
                                 &name,
-                                None,
                                 Some(mapping),
                                 frame.address,
-                                None,
-                                0,
                                 kind,
-                            )]
+                            ))]
                         }
                     }
                 }
                 RawKind::Unknown => {
                     let name = format!("[unknown]+0x{:x}", frame.address);
-                    vec![self.frame(&name, None, None, frame.address, None, 0, FrameKind::Native)]
+                    vec![self.frame(NewFrame::named(
+                        &name,
+                        None,
+                        frame.address,
+                        FrameKind::Native,
+                    ))]
                 }
                 RawKind::Kernel => {
                     let name = self
@@ -176,7 +178,12 @@ impl Builder {
                         .kernel(frame.address)
                         .map(str::to_string)
                         .unwrap_or_else(|| format!("[kernel]+0x{:x}", frame.address));
-                    vec![self.frame(&name, None, None, frame.address, None, 0, FrameKind::Kernel)]
+                    vec![self.frame(NewFrame::named(
+                        &name,
+                        None,
+                        frame.address,
+                        FrameKind::Kernel,
+                    ))]
                 }
                 RawKind::KernelOnly => {
                     vec![
@@ -223,7 +230,7 @@ impl Builder {
             };
             let label = format!("{base}+0x{:x}", frame.address - raw.start + raw.file_offset);
             let kind = FrameKind::Native;
-            return vec![self.frame(&label, None, Some(mapping), frame.address, None, 0, kind)];
+            return vec![self.frame(NewFrame::named(&label, Some(mapping), frame.address, kind))];
         };
         let (start, end) = {
             let raw = &self.mappings[m as usize].0;
@@ -243,15 +250,10 @@ impl Builder {
                 build_id: None,
             })
         };
-        vec![self.frame(
-            &name.name,
-            name.file.as_deref(),
-            Some(mapping),
-            frame.address,
-            None,
-            0,
-            name.kind,
-        )]
+        vec![self.frame(NewFrame {
+            file: name.file.as_deref(),
+            ..NewFrame::named(&name.name, Some(mapping), frame.address, name.kind)
+        })]
     }
 
     fn profile_mapping(&mut self, m: u32) -> MappingId {
@@ -277,29 +279,51 @@ impl Builder {
         id
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn frame(
-        &mut self,
-        name: &str,
-        file: Option<&str>,
-        mapping: Option<MappingId>,
-        address: u64,
-        line: Option<u32>,
-        inline_depth: u8,
-        kind: FrameKind,
-    ) -> FrameId {
-        let name = self.profile.intern_string(name);
-        let file = file.map(|f| self.profile.intern_string(f));
+    fn frame(&mut self, f: NewFrame<'_>) -> FrameId {
+        let name = self.profile.intern_string(f.name);
+        let file = f.file.map(|file| self.profile.intern_string(file));
         let function = self.profile.intern_function(Function { name, file });
         self.profile.intern_frame(rootline_profile::Frame {
             function,
-            mapping,
-            address,
-            line,
-            inline_depth,
-            kind,
+            mapping: f.mapping,
+            address: f.address,
+            line: f.line,
+            inline_depth: f.inline_depth,
+            kind: f.kind,
             from_live_memory: false,
         })
+    }
+}
+
+/// A frame to intern: a function `name` (in source `file`) at `address`, `line`, inlined
+/// `inline_depth` levels deep at that address.
+struct NewFrame<'a> {
+    name: &'a str,
+    file: Option<&'a str>,
+    mapping: Option<MappingId>,
+    address: u64,
+    line: Option<u32>,
+    inline_depth: u8,
+    kind: FrameKind,
+}
+
+impl NewFrame<'_> {
+    /// A frame known only by its name and address.
+    fn named(
+        name: &str,
+        mapping: Option<MappingId>,
+        address: u64,
+        kind: FrameKind,
+    ) -> NewFrame<'_> {
+        NewFrame {
+            name,
+            file: None,
+            mapping,
+            address,
+            line: None,
+            inline_depth: 0,
+            kind,
+        }
     }
 }
 

@@ -1,11 +1,20 @@
 //! A recording session: open the events for the target, drain the rings on a reader thread
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
+mod budget;
 mod builder;
+mod deferral;
 mod launch;
+mod lifetime;
+mod live_proof;
+mod naming;
 mod options;
 mod outer_cache;
 mod pipeline;
+mod raw;
+mod stack_end;
+mod stats;
+mod user_unwind;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +28,8 @@ pub use options::{
     Recording, Retention, Target,
 };
 pub use outer_cache::OuterCacheStats;
-pub use pipeline::{CallchainStats, Pipeline, Stats};
+pub use pipeline::Pipeline;
+pub use stats::{CallchainStats, Stats};
 
 use std::os::fd::AsRawFd;
 
@@ -259,7 +269,7 @@ pub fn record(
     let kernel = cfg.kernel;
 
     let done = Arc::new(AtomicBool::new(false));
-    let (batches, batch_rx) = std::sync::mpsc::channel::<pipeline::Batch>();
+    let (batches, batch_rx) = std::sync::mpsc::channel::<raw::Batch>();
     // Symbolization and profile building run on their own thread so the reader never stalls.
     let retention = sink.as_ref().map_or(Retention::KeepAll, |s| s.retention());
     let builder = {

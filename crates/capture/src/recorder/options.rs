@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rootline_profile::Profile;
 
-use super::Stats;
+use super::stats::Stats;
 use crate::perf_event::{EventKind, OpenError};
 
 /// What to record.

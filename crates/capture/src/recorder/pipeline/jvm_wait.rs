@@ -3,18 +3,20 @@
 //! again when it answers — without the code's bounds, code without frame pointers cannot be
 //! unwound.
 
-use super::*;
+use super::Pipeline;
+use crate::unwind::StackEnd;
 
 impl Pipeline {
     /// Whether the unwind just made (into `addrs`, in address space `space` of process `pid`)
     /// ended early in JIT code that the JVM's next perf map may still name; if so, the JVM is
     /// asked at once.
     pub(super) fn waits_for_jvm(&mut self, space: u32, pid: u32, end: StackEnd) -> bool {
-        if self.force || !matches!(end, StackEnd::Truncated(_)) {
+        if self.deferrals.force || !matches!(end, StackEnd::Truncated(_)) {
             return false;
         }
         let processes = &self.processes;
         let jit_code: Vec<u64> = self
+            .unwinder
             .addrs
             .iter()
             .enumerate()
