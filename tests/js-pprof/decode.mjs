@@ -1,6 +1,7 @@
 // Decodes a pprof file (gzipped or not) with the pprof-format package and prints, as JSON, the
 // sample types, the total of each value column and the total of the first column per stack
-// (frame names root first, joined by ';', inlined functions expanded).
+// (frame names root first, joined by ';', inlined functions expanded). Samples whose values are
+// all zero are left out of the stacks, as pprof leaves them out when it reads a file.
 import { readFileSync } from 'node:fs';
 import { gunzipSync } from 'node:zlib';
 import { Profile } from 'pprof-format';
@@ -22,6 +23,7 @@ for (const s of p.sample) {
   }
   const key = names.reverse().join(';');
   s.value.forEach((v, i) => { totals[i] += BigInt(v); });
+  if (s.value.every((v) => BigInt(v) === 0n)) continue;
   stacks[key] = String(BigInt(stacks[key] ?? 0) + BigInt(s.value[0] ?? 0));
 }
 console.log(JSON.stringify({
