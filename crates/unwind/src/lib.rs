@@ -6,9 +6,9 @@
 //! code bytes, function starts; the image layer provides one), and hand each sample's
 //! [`Registers`] and memory (a type implementing [`Memory`], usually a [`SampleStack`] over the
 //! bytes the kernel copied, with an optional live [`MemoryReader`] past them) to
-//! [`AddressSpace::unwind_with_sps`]. Observers of each recovered frame are the memory's
-//! [`Memory::on_frame`]; JIT code bounds and runtime-specific rules come in through the other
-//! [`Memory`] methods.
+//! [`AddressSpace::unwind_with_sps`], or to [`AddressSpace::unwind_observed`] with a
+//! [`FrameObserver`] that sees each recovered frame's state and may stop the walk there. JIT code
+//! bounds and runtime-specific rules come in through the other [`Memory`] methods.
 //!
 //! What this crate does: executes CFI (`.eh_frame` and `.debug_frame`) with framehop while a row
 //! needs only rip, rsp and rbp, and with a full-register gimli evaluator otherwise ([`full`],
@@ -40,7 +40,7 @@ mod synthetic;
 mod tests;
 
 pub use binary::Binary;
-pub use memory::{Memory, MemoryReader, SampleStack};
+pub use memory::{FrameObserver, Memory, MemoryReader, NoObserver, SampleStack};
 pub use policy::{ReadFailure, StackEnd, TruncateReason};
 pub use region::Region;
 pub use regs::Registers;

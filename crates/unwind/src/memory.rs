@@ -40,12 +40,23 @@ pub trait Memory {
     fn copied_len(&self) -> Option<usize> {
         None
     }
+}
+
+/// Watches an unwind frame by frame; passed to [`crate::AddressSpace::unwind_observed`].
+pub trait FrameObserver {
     /// Called each time the unwinder has recovered a caller frame (index `index` of the
     /// output, after it was added) with its complete state: the frame's registers and whether
     /// the walk tracks every register (`full`). The rest of the stack depends only on that state
-    /// and the memory read from there on. False stops the unwind with [`StackEnd::Stopped`]
-    /// (the caller knows the rest). A walk that restarts from the leaf calls it again from
-    /// index 1.
+    /// and the memory read from there on. False stops the unwind with
+    /// [`crate::StackEnd::Stopped`] (the caller knows the rest). A walk that restarts from the
+    /// leaf calls it again from index 1.
+    fn on_frame(&mut self, index: usize, regs: &Registers, full: bool) -> bool;
+}
+
+/// The observer of an unwind nobody watches: every frame goes on.
+pub struct NoObserver;
+
+impl FrameObserver for NoObserver {
     fn on_frame(&mut self, _index: usize, _regs: &Registers, _full: bool) -> bool {
         true
     }

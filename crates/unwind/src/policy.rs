@@ -79,6 +79,6 @@ pub enum StackEnd {
     /// The stack ends early, for this reason.
     Truncated(TruncateReason),
     /// The memory's frame observer stopped the unwind at the last frame added
-    /// ([`crate::Memory::on_frame`]): the caller knows the stack from there on.
+    /// ([`crate::FrameObserver::on_frame`]): the caller knows the stack from there on.
     Stopped,
 }

@@ -16,7 +16,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 
 use crate::binary::Binary;
 use crate::full;
-use crate::memory::Memory;
+use crate::memory::{FrameObserver, Memory, NoObserver};
 use crate::nocfi;
 use crate::policy::{self, StackEnd, TruncateReason};
 use crate::region::Region;
@@ -177,13 +177,26 @@ impl<M: Binary> AddressSpace<M> {
         regs: &Registers,
         mem: &mut dyn Memory,
         out: &mut Vec<u64>,
+        sps: Option<&mut Vec<u64>>,
+    ) -> StackEnd {
+        self.unwind_observed(regs, mem, &mut NoObserver, out, sps)
+    }
+
+    /// [`AddressSpace::unwind_with_sps`], telling `observer` each recovered caller frame's
+    /// complete state; the observer may stop the walk there ([`StackEnd::Stopped`]).
+    pub fn unwind_observed(
+        &mut self,
+        regs: &Registers,
+        mem: &mut dyn Memory,
+        observer: &mut dyn FrameObserver,
+        out: &mut Vec<u64>,
         mut sps: Option<&mut Vec<u64>>,
     ) -> StackEnd {
-        if let Some(end) = self.walk(false, *regs, mem, out, sps.as_deref_mut()) {
+        if let Some(end) = self.walk(false, *regs, mem, observer, out, sps.as_deref_mut()) {
             return end;
         }
         self.full_register_unwinds += 1;
-        self.walk(true, *regs, mem, out, sps)
+        self.walk(true, *regs, mem, observer, out, sps)
             .unwrap_or(StackEnd::Truncated(TruncateReason::CfiError))
     }
 
@@ -193,6 +206,7 @@ impl<M: Binary> AddressSpace<M> {
         full: bool,
         mut regs: Registers,
         mem: &mut dyn Memory,
+        observer: &mut dyn FrameObserver,
         out: &mut Vec<u64>,
         mut sps: Option<&mut Vec<u64>>,
     ) -> Option<StackEnd> {
@@ -254,7 +268,7 @@ impl<M: Binary> AddressSpace<M> {
                 sps.push(regs.sp());
             }
             first = in_signal_trampoline;
-            if !mem.on_frame(out.len() - 1, &regs, full) {
+            if !observer.on_frame(out.len() - 1, &regs, full) {
                 return Some(StackEnd::Stopped);
             }
         }

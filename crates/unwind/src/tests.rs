@@ -300,6 +300,7 @@ fn a_save_slot_already_popped_is_never_read_from_live_memory() {
                 true,
                 regs(FP_CFI + 0x90, SP + 16, None),
                 &mut mem,
+                &mut crate::memory::NoObserver,
                 &mut out,
                 None,
             )

@@ -22,12 +22,13 @@
 //! sample that needs live memory arms a new one. Each arming costs the target at most one
 //! debug trap.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ops::Range;
 
 use crate::jit::JitMemory;
 use crate::live::stack_watch::StackWatch;
-use crate::unwind::{Memory, NoCfiRule, ReadFailure, Registers};
+use crate::unwind::{FrameObserver, Memory, NoCfiRule, ReadFailure, Registers};
 
 /// Most threads with a watch (each holds one debug register of its thread).
 const MAX_ENTRIES: usize = 64;
@@ -232,27 +233,19 @@ impl OuterCache {
     }
 }
 
-/// The sample's memory, observing each caller frame the unwinder recovers: records the state
-/// of frames inside the copy (candidates for `B`), notes where the unwind passes through `B`'s
-/// state, stops there when asked, and refuses reads past the copy until it has passed `B` (only
-/// those are proven).
+/// The sample's memory during an observed unwind: refuses reads past the copy until the unwind
+/// has passed `B` (only those are proven), as its [`ProofObserver`] records in `passed_at`.
 pub(crate) struct Observed<'m, 'a> {
     pub inner: &'m mut JitMemory<'a>,
-    /// State of each frame inside the copy (index 0: the leaf's registers).
-    pub states: &'m mut Vec<State>,
     /// End of the sample's copied stack.
     pub copy_end: u64,
-    /// `B`'s stack pointer, and the cached outer parts to stop for there.
-    pub proof: Option<(u64, [Option<Outer>; MAX_VARIANTS])>,
-    /// Index of the frame at which the unwind passed `B`.
-    pub passed_at: Option<usize>,
-    /// The cached outer part the unwind stopped for.
-    pub reused: Option<Outer>,
+    /// Index of the frame at which the unwind passed `B`, set by the observer.
+    pub passed_at: &'m Cell<Option<usize>>,
 }
 
 impl Memory for Observed<'_, '_> {
     fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
-        if addr >= self.copy_end && self.passed_at.is_none() {
+        if addr >= self.copy_end && self.passed_at.get().is_none() {
             return Err(ReadFailure::BeyondCopy);
         }
         self.inner.read_stack_u64(addr)
@@ -275,11 +268,30 @@ impl Memory for Observed<'_, '_> {
     fn copied_len(&self) -> Option<usize> {
         self.inner.copied_len()
     }
+}
+
+/// Observes each caller frame the unwinder recovers: records the state of frames inside the copy
+/// (candidates for `B`), notes where the unwind passes through `B`'s state, and stops there when
+/// a cached outer part continues from that state.
+pub(crate) struct ProofObserver<'m> {
+    /// State of each frame inside the copy (index 0: the leaf's registers).
+    pub states: &'m mut Vec<State>,
+    /// End of the sample's copied stack.
+    pub copy_end: u64,
+    /// `B`'s stack pointer, and the cached outer parts to stop for there.
+    pub proof: Option<(u64, [Option<Outer>; MAX_VARIANTS])>,
+    /// Index of the frame at which the unwind passed `B` (read by [`Observed`]).
+    pub passed_at: &'m Cell<Option<usize>>,
+    /// The cached outer part the unwind stopped for.
+    pub reused: Option<Outer>,
+}
+
+impl FrameObserver for ProofObserver<'_> {
     fn on_frame(&mut self, index: usize, regs: &Registers, full: bool) -> bool {
         if index <= 1 {
             // A (re)started walk.
             self.states.truncate(1);
-            self.passed_at = None;
+            self.passed_at.set(None);
             self.reused = None;
         }
         let state = (*regs, full);
@@ -288,9 +300,9 @@ impl Memory for Observed<'_, '_> {
         }
         if let Some((sp_b, reuse)) = &self.proof
             && regs.sp() == *sp_b
-            && self.passed_at.is_none()
+            && self.passed_at.get().is_none()
         {
-            self.passed_at = Some(index);
+            self.passed_at.set(Some(index));
             self.reused = reuse.iter().flatten().find(|o| o.state == state).copied();
             return self.reused.is_none();
         }

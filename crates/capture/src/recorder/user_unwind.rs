@@ -3,13 +3,15 @@
 //! live cross-checked against the kernel's callchain ([`crate::live::callchain`]). What the
 //! unwind finds is reported as [`StackFacts`]; [`super::stack_end::stack_end`] decides the end.
 
+use std::cell::Cell;
+
 use crate::jit::{JitMaps, JitMemory};
 use crate::live::callchain;
 use crate::process::Processes;
 use crate::unwind::{Memory, NoCfiRule, ReadFailure, Registers, SampleStack};
 
 use super::live_proof::{LiveProof, Walk};
-use super::outer_cache::{Observed, Outer, Plan, State};
+use super::outer_cache::{Observed, Outer, Plan, ProofObserver, State};
 use super::stack_end::{Ending, Passed, StackFacts};
 use super::stats::Stats;
 
@@ -82,13 +84,18 @@ impl UserUnwinder {
         };
         self.states.clear();
         self.states.push((s.regs, false));
-        let mut observed = Observed {
-            inner: &mut mem,
+        let passed = Cell::new(None);
+        let mut observer = ProofObserver {
             states: &mut self.states,
             copy_end,
             proof: plan.proof.map(|sp_b| (sp_b, plan.reuse)),
-            passed_at: None,
+            passed_at: &passed,
             reused: None,
+        };
+        let mut observed = Observed {
+            inner: &mut mem,
+            copy_end,
+            passed_at: &passed,
         };
         let mut guarded = NotPending {
             inner: &mut observed,
@@ -100,16 +107,19 @@ impl UserUnwinder {
             &mut guarded
         };
         let before = state.space.full_register_unwinds();
-        let unwound =
-            state
-                .space
-                .unwind_with_sps(&s.regs, memory, &mut self.addrs, Some(&mut self.sps));
+        let unwound = state.space.unwind_observed(
+            &s.regs,
+            memory,
+            &mut observer,
+            &mut self.addrs,
+            Some(&mut self.sps),
+        );
         parts.stats.full_register_unwinds += state.space.full_register_unwinds() - before;
         self.instruction_frames.clear();
         self.instruction_frames
             .extend_from_slice(state.space.instruction_frames());
-        let passed_at = observed.passed_at;
-        self.reused = observed.reused;
+        let passed_at = passed.get();
+        self.reused = observer.reused;
         // Frames past the copy came from live memory read after the sample: where the kernel's
         // walk read the same slot at the sample's instant, the two must agree.
         let mut callchain_mismatch = None;
@@ -220,9 +230,5 @@ impl<M: Memory> Memory for NotPending<'_, M> {
 
     fn copied_len(&self) -> Option<usize> {
         self.inner.copied_len()
-    }
-
-    fn on_frame(&mut self, index: usize, regs: &Registers, full: bool) -> bool {
-        self.inner.on_frame(index, regs, full)
     }
 }

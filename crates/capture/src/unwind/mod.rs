@@ -3,8 +3,8 @@
 
 pub use rootline_image::CodeModule;
 pub use rootline_unwind::{
-    Binary, Memory, MemoryReader, NoCfiRule, ReadFailure, Registers, SampleStack, StackEnd,
-    TruncateReason, policy, regs,
+    Binary, FrameObserver, Memory, MemoryReader, NoCfiRule, ReadFailure, Registers, SampleStack,
+    StackEnd, TruncateReason, policy, regs,
 };
 
 /// A process's executable regions with their binaries.
