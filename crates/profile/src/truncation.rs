@@ -92,28 +92,19 @@ impl TruncateReason {
         TruncateReason::ModuleMemoryLimit,
     ];
 
-    /// Reasons without a value, named by a fixed word (every reason but [`TruncateReason::DepthCap`]).
-    const NAMED: [TruncateReason; 19] = [
-        TruncateReason::StackCopyExhausted,
-        TruncateReason::StackNotCopied,
-        TruncateReason::UnreadableStack,
-        TruncateReason::UnmappedAddress,
-        TruncateReason::NoUnwindInfo,
-        TruncateReason::SpNotIncreasing,
-        TruncateReason::BadFramePointer,
-        TruncateReason::NotAfterCall,
-        TruncateReason::CfiError,
-        TruncateReason::UnwindRuleMissing,
-        TruncateReason::NoUserRegisters,
-        TruncateReason::Budget,
-        TruncateReason::ThreadExited,
-        TruncateReason::StackChanged,
-        TruncateReason::LiveUnproven,
-        TruncateReason::ModuleMemoryLimit,
+    /// The reasons of other producers' input that carry no value.
+    const INPUT: [TruncateReason; 3] = [
         TruncateReason::NoStackInInput,
         TruncateReason::StackDefinitionMissing,
         TruncateReason::NoManagedFrames,
     ];
+
+    /// Reasons without a value, named by a fixed word (every reason but [`TruncateReason::DepthCap`]).
+    fn named() -> impl Iterator<Item = TruncateReason> {
+        TruncateReason::UNWIND
+            .into_iter()
+            .chain(TruncateReason::INPUT)
+    }
 
     /// The fixed name of a reason without a value; None for [`TruncateReason::DepthCap`].
     fn word(self) -> Option<&'static str> {
@@ -157,9 +148,7 @@ impl TruncateReason {
         if let Some(cap) = text.strip_prefix("depth cap ") {
             return cap.parse().ok().map(TruncateReason::DepthCap);
         }
-        TruncateReason::NAMED
-            .into_iter()
-            .find(|r| r.word() == Some(text))
+        TruncateReason::named().find(|r| r.word() == Some(text))
     }
 }
 
@@ -180,8 +169,7 @@ mod tests {
 
     #[test]
     fn every_reason_reads_back_from_its_frame_name() {
-        let all = TruncateReason::NAMED
-            .into_iter()
+        let all = TruncateReason::named()
             .chain([TruncateReason::DepthCap(0), TruncateReason::DepthCap(100)]);
         for reason in all {
             assert_eq!(
@@ -189,10 +177,10 @@ mod tests {
                 Some(reason)
             );
         }
-        assert!(
-            TruncateReason::UNWIND
-                .iter()
-                .all(|r| TruncateReason::NAMED.contains(r))
+        assert_eq!(
+            TruncateReason::named().count(),
+            19,
+            "every reason without a value"
         );
     }
 
