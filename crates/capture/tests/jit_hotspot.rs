@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use jit::{
     Graph, Running, Setup, check, is_native_root, record_pid, require, sources, start_in_namespace,
-    which,
+    visible_beside_private_tmp, which,
 };
 use rootline_capture::recorder::{RecordOptions, Target, record};
 use rootline_profile::Profile;
@@ -331,6 +331,9 @@ fn jvm_in_a_pid_and_mount_namespace() {
     let setup = Setup::new();
     // Outside /tmp, which the target's private /tmp hides.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    if !visible_beside_private_tmp(test, dir.path()) {
+        return;
+    }
     let Some(jdk) = jdk(test, &setup) else {
         return;
     };

@@ -6,7 +6,10 @@
 
 mod jit;
 
-use jit::{Rate, Setup, dotnet, node, record_and_check, require, start_in_namespace, which};
+use jit::{
+    Rate, Setup, dotnet, node, record_and_check, require, sources, start_in_namespace,
+    visible_beside_private_tmp, which,
+};
 use rootline_capture::jit::perfinfo::PerfInfo;
 
 const DEEP: usize = 10;
@@ -20,6 +23,10 @@ fn jit_frames_are_named_inside_a_pid_and_mount_namespace() {
     let Some(unshare) = require(test, "unshare (util-linux)", which("unshare")) else {
         return;
     };
+    // The script the target runs lies in the repository.
+    if !visible_beside_private_tmp(test, &sources()) {
+        return;
+    }
     let setup = Setup::new();
     let args = node::args(&["--perf-basic-prof"], DEEP, 60);
     let (_target, pid) = start_in_namespace(&unshare, setup.path(), &node, &args, &[]);
@@ -56,6 +63,9 @@ fn precompiled_frames_are_named_inside_a_pid_and_mount_namespace() {
     let _setup = Setup::new();
     // Outside /tmp, which the target's private /tmp hides.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    if !visible_beside_private_tmp(test, dir.path()) {
+        return;
+    }
     let exe = dotnet::build(&mcs, dir.path(), Some(&dotnet), "Precompiled");
     let args = [exe.into_os_string(), "60".into()];
     let (_target, pid) = start_in_namespace(

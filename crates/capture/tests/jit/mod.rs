@@ -406,6 +406,21 @@ pub fn child_of(pid: u32) -> u32 {
     }
 }
 
+/// Whether `dir` (the target's files, in the repository or its target directory) stays visible
+/// to a target that mounts a private `/tmp`; when the repository itself lies under `/tmp`, the
+/// test is skipped with the reason printed.
+pub fn visible_beside_private_tmp(test: &str, dir: &Path) -> bool {
+    let visible = !dir.starts_with("/tmp");
+    if !visible {
+        eprintln!(
+            "skipping {test}: {} lies under /tmp, which the target's private /tmp hides (clone the \
+             repository elsewhere to run it)",
+            dir.display()
+        );
+    }
+    visible
+}
+
 /// Starts `program args…` as pid 1 of a new PID and mount namespace with its own `/tmp` (a
 /// private tmpfs, as in a container), from `dir`, with `env` added. Returns the running `unshare` and the
 /// target's pid as seen from here, after checking that the target is pid 1 in there.
