@@ -137,6 +137,12 @@ impl TruncateReason {
         format!("[truncated: {self}]")
     }
 
+    /// Whether `name` is spelled as a truncation frame (`[truncated…`), whether or not its text
+    /// is one of these reasons: how readers of formats without frame kinds recognise such frames.
+    pub fn is_frame_name(name: &str) -> bool {
+        name.starts_with("[truncated")
+    }
+
     /// The reason a `[truncated: <reason>]` frame name spells; None for any other name
     /// (including a `[truncated: …]` text no reason spells).
     pub fn parse_frame_name(name: &str) -> Option<TruncateReason> {

@@ -380,7 +380,7 @@ impl<'a> Converter<'a> {
                     )
                 })?;
                 let name = profile.string(profile.function(function).name);
-                let kind = if name.starts_with("[truncated") {
+                let kind = if TruncateReason::is_frame_name(name) {
                     FrameKind::Truncated
                 } else {
                     base_kind
