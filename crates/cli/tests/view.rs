@@ -13,6 +13,9 @@ mod common {
     pub mod workload;
 }
 
+#[path = "../../../tests/support/speedscope_check.rs"]
+mod speedscope_check;
+
 fn workspace() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
@@ -194,33 +197,6 @@ fn a_busy_port_is_an_error_that_says_what_to_do() {
     assert!(stderr.contains("choose another --port"), "{stderr}");
 }
 
-/// True when the Chromium check can run; otherwise fails in CI and skips (with the reason) elsewhere.
-fn chromium_check_present() -> bool {
-    let js = workspace().join("tests/js-speedscope/node_modules/puppeteer-core");
-    let missing: Vec<&str> = [
-        (!js.exists()).then_some("tests/js-speedscope/node_modules (npm ci there)"),
-        (!Path::new("/usr/bin/chromium").exists()).then_some("/usr/bin/chromium (apt chromium)"),
-        Command::new("node")
-            .arg("--version")
-            .output()
-            .is_err()
-            .then_some("node"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let reason = format!(
-        "missing {}; scripts/test.sh installs them",
-        missing.join(", ")
-    );
-    assert!(std::env::var_os("CI").is_none(), "{reason}");
-    eprintln!("skipping the headless Chromium check: {reason}");
-    false
-}
-
 /// Opens `url` in headless Chromium and asserts the app shows `profile_name` (a thread's label, in
 /// the toolbar) and `functions` (in the sandwich view's table).
 fn assert_page_shows(url: &str, profile_name: &str, functions: &[&str]) {
@@ -241,7 +217,7 @@ fn assert_page_shows(url: &str, profile_name: &str, functions: &[&str]) {
 
 #[test]
 fn the_viewer_page_shows_the_profile_in_headless_chromium() {
-    if !chromium_check_present() {
+    if !speedscope_check::present(workspace(), "the headless Chromium check") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -263,7 +239,7 @@ fn the_viewer_page_shows_the_profile_in_headless_chromium() {
 #[cfg(target_os = "linux")]
 #[test]
 fn record_view_shows_the_recording_in_headless_chromium() {
-    if !chromium_check_present() {
+    if !speedscope_check::present(workspace(), "the headless Chromium check") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

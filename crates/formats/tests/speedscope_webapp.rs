@@ -7,35 +7,11 @@ use std::process::Command;
 use rootline_formats::speedscope;
 use rootline_profile::{FrameKind, Profile, SampleType};
 
+#[path = "../../../tests/support/speedscope_check.rs"]
+mod speedscope_check;
+
 fn workspace() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
-/// True when the checker can run; otherwise fails in CI and skips (with the reason) elsewhere.
-fn tools_present() -> bool {
-    let js = workspace().join("tests/js-speedscope/node_modules/puppeteer-core");
-    let missing: Vec<&str> = [
-        (!js.exists()).then_some("tests/js-speedscope/node_modules (npm ci there)"),
-        (!Path::new("/usr/bin/chromium").exists()).then_some("/usr/bin/chromium (apt chromium)"),
-        Command::new("node")
-            .arg("--version")
-            .output()
-            .is_err()
-            .then_some("node"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let reason = format!(
-        "missing {}; scripts/test.sh installs them",
-        missing.join(", ")
-    );
-    assert!(std::env::var_os("CI").is_none(), "{reason}");
-    eprintln!("skipping the speedscope web app check: {reason}");
-    false
 }
 
 fn profile() -> Profile {
@@ -66,7 +42,7 @@ fn profile() -> Profile {
 
 #[test]
 fn speedscope_web_app_renders_our_output() {
-    if !tools_present() {
+    if !speedscope_check::present(workspace(), "the speedscope web app check") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("rootline-speedscope-{}", std::process::id()));
