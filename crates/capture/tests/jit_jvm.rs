@@ -76,5 +76,16 @@ fn jvm_frames_are_named_whole_and_true() {
         stack_kib: 16,
     };
     let (_, v) = record_and_check("jvm", target.pid(), rate, &graph, 20_000);
+    if v.impossible_edges > 0 {
+        // The compiled methods' bounds, to place the addresses of the examples above.
+        let map = std::fs::read_to_string(format!("/tmp/perf-{}.map", target.pid()));
+        for line in map
+            .iter()
+            .flat_map(|m| m.lines())
+            .filter(|l| l.contains("Calls."))
+        {
+            println!("  perf map: {line}");
+        }
+    }
     v.assert_whole_and_true();
 }

@@ -36,6 +36,14 @@ pub trait Memory {
     fn code_refused(&mut self, _addr: u64) -> bool {
         false
     }
+    /// Whether `addr`, in code without a file image and without a name, belongs to a
+    /// runtime that names all its compiled code (a JVM asked for its perf map): the name is only
+    /// late, so the frame's state is not guessed from byte patterns (which can skip a caller in
+    /// a frame that keeps no frame pointer yet), and the stack ends here until the runtime
+    /// answers.
+    fn jit_code_unnamed(&mut self, _addr: u64) -> bool {
+        false
+    }
     /// How many stack bytes the sample carries, when it carries a copy.
     fn copied_len(&self) -> Option<usize> {
         None

@@ -76,6 +76,10 @@ pub(crate) fn frame<M: Binary>(
                     may_end: false,
                 });
             }
+            if mem.jit_code_unnamed(lookup) {
+                // The runtime has not named this code yet: no guess (the caller waits for it).
+                return Err(TruncateReason::NoUnwindInfo);
+            }
             let at_ip: &[u8] = if mem.read_code(lookup, &mut at_ip_buf) {
                 &at_ip_buf
             } else {

@@ -372,3 +372,43 @@ fn a_frame_in_an_image_loaded_as_it_is_reached_follows_its_method() {
         (StackEnd::Root, vec![IMAGE + 0x20, FP_CFI_RA, ROOT_RA])
     );
 }
+
+/// A sample's memory in a JVM whose perf map does not name the sampled code yet.
+struct UnnamedJvmCode<'a> {
+    stack: SampleStack<'a>,
+}
+
+impl Memory for UnnamedJvmCode<'_> {
+    fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
+        self.stack.read_stack_u64(addr)
+    }
+
+    fn jit_code_unnamed(&mut self, addr: u64) -> bool {
+        (IMAGE..IMAGE_END).contains(&addr)
+    }
+}
+
+#[test]
+fn code_a_jvm_has_not_named_yet_ends_the_stack_instead_of_a_guess() {
+    let mut s = space();
+    s.add_region(Region::new(IMAGE, IMAGE_END, 0, "[anon:jit]".into(), None));
+    // Sampled after `pop rbp` in compiled code whose caller (fp_cfi's body) keeps its frame
+    // pointer: a frame-pointer guess would skip that caller.
+    let words = stack(&[FP_CFI_RA, 0xbad, 0, ROOT_RA]);
+    let mut mem = UnnamedJvmCode {
+        stack: SampleStack {
+            base: SP,
+            bytes: &words,
+            fallback: None,
+        },
+    };
+    let mut out = Vec::new();
+    let end = s.unwind_with_sps(&regs(IMAGE + 0x20, SP + 16, None), &mut mem, &mut out, None);
+    assert_eq!(
+        (end, out),
+        (
+            StackEnd::Truncated(TruncateReason::NoUnwindInfo),
+            vec![IMAGE + 0x20]
+        )
+    );
+}

@@ -512,6 +512,13 @@ impl Memory for JitMemory<'_> {
         self.jit.code_refused(addr)
     }
 
+    fn jit_code_unnamed(&mut self, addr: u64) -> bool {
+        // A JVM names every piece of its code cache in its perf map (the interpreter and stubs
+        // too, which keep frame pointers and are unwound by them); an address it does not name
+        // yet was compiled after its last answer, and the sample waits for the next one.
+        self.jit.jvm.asking() && self.jit.symbol(addr).is_none()
+    }
+
     fn jit_pushed_return(&mut self, ra: u64) -> bool {
         self.jit.symbol(ra).is_some_and(|s| s.name.pushed_returns)
     }

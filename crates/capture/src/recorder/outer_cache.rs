@@ -265,6 +265,9 @@ impl Memory for Observed<'_, '_> {
     fn code_refused(&mut self, addr: u64) -> bool {
         self.inner.code_refused(addr)
     }
+    fn jit_code_unnamed(&mut self, addr: u64) -> bool {
+        self.inner.jit_code_unnamed(addr)
+    }
     fn copied_len(&self) -> Option<usize> {
         self.inner.copied_len()
     }

@@ -228,6 +228,10 @@ impl<M: Memory> Memory for NotPending<'_, M> {
         self.inner.code_refused(addr)
     }
 
+    fn jit_code_unnamed(&mut self, addr: u64) -> bool {
+        self.inner.jit_code_unnamed(addr)
+    }
+
     fn copied_len(&self) -> Option<usize> {
         self.inner.copied_len()
     }

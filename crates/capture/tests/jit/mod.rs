@@ -379,6 +379,18 @@ pub fn check(profile: &Profile, graph: &Graph<'_>) -> Verdict {
                 k += n;
             }
             v.examples.push(format!("{why}: {}", shown.join(";")));
+            if why == "impossible edge" {
+                // Where each program frame was (address, whether read live), to tell which
+                // instruction's rule went wrong.
+                let at: Vec<String> = (first..=last)
+                    .map(|j| {
+                        let f = profile.frame(frames[j]);
+                        let live = if f.from_live_memory { " live" } else { "" };
+                        format!("{}@{:#x}{live}", short[j].unwrap_or("?"), f.address)
+                    })
+                    .collect();
+                v.examples.push(format!("  at: {}", at.join(";")));
+            }
         }
     }
     v
