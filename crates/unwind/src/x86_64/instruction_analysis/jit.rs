@@ -25,7 +25,7 @@
 use super::NoCfiRule;
 use super::decode::State;
 use super::epilogue::epilogue_scan;
-use super::prologue::prologue_state;
+use super::prologue::{fixed_frame, prologue_state};
 use crate::Memory;
 
 /// The leaf rule at offset `ip_offset` of a function whose code starts at `start` (bytes from
@@ -41,6 +41,31 @@ pub fn leaf_rule(start: &[u8], ip_offset: usize, at_ip: &[u8]) -> Option<NoCfiRu
 /// The rule for a caller frame stopped at a call whose return address is at `ra_offset`.
 pub fn caller_rule(start: &[u8], ra_offset: usize) -> Option<NoCfiRule> {
     prologue_state(start, ra_offset).map(State::rule)
+}
+
+/// The Tier-0 frame under a .NET OSR method, from the return address `ret` of the Tier-0
+/// method's patchpoint call (in the JIT function `function`): the offsets of the real return
+/// address and of the saved caller's `rbp` above the Tier-0 frame's `rsp` (the OSR method's
+/// return-address slot plus 8). None unless `ret` follows a call in a method with a fixed
+/// frame-pointer frame.
+pub fn tier0_frame_in_memory<M: Memory + ?Sized>(
+    function: std::ops::Range<u64>,
+    ret: u64,
+    mem: &mut M,
+) -> Option<(u32, u32)> {
+    let before_len = ret.checked_sub(function.start)?.min(8) as usize;
+    let mut before = [0u8; 8];
+    if before_len == 0
+        || !mem.read_code(ret - before_len as u64, &mut before[..before_len])
+        || !super::is_after_call(&before[..before_len])
+    {
+        return None;
+    }
+    let mut start = vec![0u8; (function.end - function.start).min(PROLOGUE_BYTES) as usize];
+    if !mem.read_code(function.start, &mut start) {
+        return None;
+    }
+    fixed_frame(&start)
 }
 
 /// Bytes of a function's start read for the prologue simulation.

@@ -35,6 +35,24 @@ pub enum NoCfiRule {
         /// Offset of the saved caller's `rbp` from `sp`, once pushed.
         saved_bp: Option<u32>,
     },
+    /// A .NET On-Stack-Replacement method: its frame sits on the frame of the Tier-0 method it
+    /// continues, which it leaves in place and returns through. Its own return-address slot holds
+    /// the return address of the Tier-0 method's patchpoint call (the runtime enters the OSR
+    /// method as if called from there); the Tier-0 method's prologue, read at that address, says
+    /// where that frame keeps the real return address and the caller's `rbp`.
+    Osr {
+        /// Where the OSR method's own return-address slot is.
+        slot: OsrSlot,
+    },
+}
+
+/// Where an OSR method's own return-address slot is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OsrSlot {
+    /// At `[sp + n]` (in the prologue, before `rbp` is set).
+    Sp(u32),
+    /// At `[rbp + n]` (once the frame pointer is set).
+    Bp(u32),
 }
 
 /// Whether the bytes just before a return address end with a call instruction.

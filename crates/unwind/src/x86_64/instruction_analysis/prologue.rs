@@ -31,12 +31,52 @@ pub(super) fn fp_prologue(code: &[u8]) -> Option<FpPrologue> {
 
 /// Scan 2: the state at `target` (an offset from the function's start), from the prologue.
 pub(super) fn prologue_state(code: &[u8], target: usize) -> Option<State> {
+    simulate(code, target, true)
+}
+
+/// The frame a Tier-0 .NET method keeps from the end of its prologue on: the offsets of its
+/// return address and of the saved caller's `rbp` above `rsp` there. Tier-0 code always keeps a
+/// frame pointer and a fixed frame; None for anything else.
+pub(super) fn fixed_frame(code: &[u8]) -> Option<(u32, u32)> {
+    let s = simulate(code, usize::MAX, false)?;
+    (s.fp && !s.osr).then_some((s.ra, s.saved_bp?))
+}
+
+/// The length of a .NET On-Stack-Replacement method's entry, `mov reg, [rbp]; push reg` (the
+/// Tier-0 frame's saved `rbp`, i.e. the caller's, copied into the OSR frame), when `code` starts
+/// with one. On entry `rbp` is still the Tier-0 method's frame pointer.
+fn osr_entry(code: &[u8]) -> Option<usize> {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let load = decoder.decode();
+    let push = decoder.decode();
+    let copies_callers_bp = load.mnemonic() == Mnemonic::Mov
+        && load.op_count() == 2
+        && load.op_kind(0) == OpKind::Register
+        && load.op0_register().is_gpr64()
+        && !is_rbp(load.op0_register())
+        && !is_sp(load.op0_register())
+        && load.op_kind(1) == OpKind::Memory
+        && load.memory_base() == Register::RBP
+        && load.memory_index() == Register::None
+        && load.memory_displacement64() == 0;
+    (copies_callers_bp
+        && push.mnemonic() == Mnemonic::Push
+        && push.op_kind(0) == OpKind::Register
+        && push.op0_register() == load.op0_register())
+    .then_some(load.len())
+}
+
+/// The prologue simulation, up to `target`; with `stop_at_fp`, it stops as soon as a frame
+/// pointer is set (the frame is known from there on), else it goes on to the prologue's end.
+fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut s = INITIAL;
+    let osr_push = osr_entry(code);
+    s.osr = osr_push.is_some();
     let mut instr = Instruction::default();
     for _ in 0..MAX_INSTRUCTIONS {
         let at = decoder.position();
-        if at == target || s.fp {
+        if at == target || s.fp && stop_at_fp {
             // At the target, or past the prologue of a frame-pointer function.
             return Some(s);
         }
@@ -79,7 +119,8 @@ pub(super) fn prologue_state(code: &[u8], target: usize) -> Option<State> {
         if let Some(n) = down {
             s.ra = s.ra.checked_add(n)?;
             s.saved_bp = s.saved_bp.map(|b| b + n);
-            if instr.mnemonic() == Mnemonic::Push && op0_is_rbp(&instr) && s.saved_bp.is_none() {
+            let pushes_callers_bp = op0_is_rbp(&instr) || osr_push == Some(at);
+            if instr.mnemonic() == Mnemonic::Push && pushes_callers_bp && s.saved_bp.is_none() {
                 s.saved_bp = Some(0);
             }
             continue;

