@@ -38,6 +38,9 @@ pub(crate) enum NameRef {
     Plt(u64),
     /// The PLT header, `plt0@plt`.
     Plt0,
+    /// The entry point of a dynamically linked executable without a symbol there: the C
+    /// runtime's `_start` (crt1.o), which the dynamic loader jumps to.
+    Entry,
 }
 
 /// A function symbol: its link-time address range and where its name lies.
@@ -109,6 +112,9 @@ impl Layout {
 }
 
 type Sections<'d, R> = SectionTable<'d, FileHeader64<Endianness>, R>;
+
+/// Bytes named `_start` from a stripped executable's entry point (see [`NameRef::Entry`]).
+const ENTRY_BYTES: u64 = 0x40;
 
 /// Size of one `Elf64_Sym`.
 const SYM_SIZE: usize = 24;
@@ -212,6 +218,19 @@ pub(crate) fn read<'d, R: ReadRef<'d>>(
         scanned = scanned.saturating_add(table_bytes(table));
     }
     symbols.extend(plt_symbols(&sections, data, bytes));
+    let entry = header.e_entry(endian);
+    let interpreted = header
+        .program_headers(endian, data)?
+        .iter()
+        .any(|p| p.p_type(endian) == elf::PT_INTERP);
+    if entry != 0 && interpreted && !symbols.iter().any(|s| s.start == entry) {
+        // A stripped executable still says where `_start` is: its thread root is named.
+        symbols.push(Symbol {
+            start: entry,
+            end: entry,
+            name: NameRef::Entry,
+        });
+    }
     one_per_address(&mut symbols);
     symbols.shrink_to_fit();
     thread_entries.sort_unstable();
@@ -279,6 +298,14 @@ fn name_ranges(symbols: &mut [Symbol]) {
         if symbols[i].end <= symbols[i].start {
             let start = symbols[i].start;
             let next = symbols.get(i + 1).map_or(start, |n| n.start);
+            let next = match symbols[i].name {
+                // `_start` is a few dozen bytes (0x26–0x30 in glibc's crt1.o).
+                NameRef::Entry => symbols
+                    .get(i + 1)
+                    .map_or(u64::MAX, |n| n.start)
+                    .min(start.saturating_add(ENTRY_BYTES)),
+                _ => next,
+            };
             symbols[i].end = next.max(start.saturating_add(1));
         }
     }

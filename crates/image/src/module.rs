@@ -305,6 +305,7 @@ impl CodeModule {
                 .filter(|n| !n.is_empty())
                 .map(|n| n + "@plt"),
             NameRef::Plt0 => Some("plt0@plt".into()),
+            NameRef::Entry => Some("_start".into()),
         }
     }
 
@@ -506,5 +507,18 @@ mod tests {
             m.full_register_ranges().len() * 100 < m.fde_counts().0,
             "{m:?}"
         );
+    }
+
+    #[test]
+    fn a_stripped_executable_names_its_entry_point_start() {
+        // Debian's coreutils are stripped dynamically linked executables: no symbol at all at
+        // their entry point, where the main thread's stack begins.
+        let path = "/usr/bin/true";
+        let bytes = std::fs::read(path).expect("coreutils' true");
+        let entry = u64::from_le_bytes(bytes[24..32].try_into().unwrap());
+        let m = CodeModule::open(path, File::open(path).unwrap(), &ModuleBudget::new(), None)
+            .expect("parses");
+        assert_eq!(m.symbol_name(entry + 0x29).as_deref(), Some("_start"));
+        assert_eq!(m.symbol_name(entry + 0x40), None);
     }
 }
