@@ -5,7 +5,8 @@
 //! every stack passes through an OSR frame sitting on the Tier-0 frame it continues; `Spin` runs
 //! in OSR code too until its Tier-1 version replaces it. Checked against the program's call
 //! graph and against the runtime's own stack walk (EventPipe), with W^X double mapping on (the
-//! default) and off.
+//! default) and off. `AsyncChain.cs` runs chains of awaits on a thread of its own and on a
+//! thread-pool thread (its loops in OSR code too), on .NET 8 and on CoreCLR 3.1.
 
 mod jit;
 
@@ -172,5 +173,147 @@ fn net8_osr_frames_with_write_xor_execute_off() {
     osr_frames_whole_and_true(
         "net8_osr_frames_with_write_xor_execute_off",
         &[("DOTNET_EnableWriteXorExecute", "0")],
+    );
+}
+
+/// `AsyncChain.cs`'s frames: the chain's state machine (`MoveNext`), its kick-off method (when
+/// not inlined), the builder's `Start` between them, and the entries.
+fn async_short(name: &str) -> Option<&'static str> {
+    Some(if name.starts_with("AsyncChain::Worker(") {
+        "Worker"
+    } else if name.contains("<Pooled>") && name.contains("MoveNext") && !name.contains("Box") {
+        "Pooled"
+    } else if name.contains("<Level>") && name.contains("MoveNext") {
+        "LevelMoveNext"
+    } else if name.starts_with("AsyncChain::Level(") {
+        "Level"
+    } else if name.contains("MethodBuilder") && name.contains("::Start") {
+        "Start"
+    } else if name.starts_with("AsyncChain::Spin(") {
+        "Spin"
+    } else if name.starts_with("AsyncChain::Step(") {
+        "Step"
+    } else {
+        return None;
+    })
+}
+
+const ASYNC_EDGES: [(&str, &str); 14] = [
+    ("Worker", "Level"),
+    ("Worker", "Start"),
+    ("Pooled", "Level"),
+    ("Pooled", "Start"),
+    ("Level", "Start"),
+    ("Start", "Start"),
+    ("Start", "LevelMoveNext"),
+    ("LevelMoveNext", "Level"),
+    ("LevelMoveNext", "Start"),
+    ("LevelMoveNext", "Spin"),
+    ("Spin", "Step"),
+    // Samples in a Tier-0 `Level` before it calls on (only in the first recordings).
+    ("Worker", "LevelMoveNext"),
+    ("Pooled", "LevelMoveNext"),
+    ("LevelMoveNext", "LevelMoveNext"),
+];
+
+const ASYNC_DEEP: usize = 25;
+
+/// How many state-machine frames of `Level` the runtime's own stack walk shows under `Worker`
+/// wherever `Spin` is on the stack, by count.
+fn eventpipe_async_depth(pid: u32) -> std::collections::BTreeMap<usize, u64> {
+    let options = CollectOptions {
+        duration: Some(Duration::from_secs(3)),
+        ..CollectOptions::default()
+    };
+    let mut trace = Vec::new();
+    collect(pid, &options, &mut trace, &AtomicBool::new(false)).expect("EventPipe collects");
+    let (profile, _) = read_profile_with_stats(&trace[..]).expect("the trace reads");
+    let mut counts = std::collections::BTreeMap::new();
+    for &stack in &profile.samples().stacks {
+        let names: Vec<&str> = profile
+            .stack_frames(stack)
+            .map(|f| profile.frame_name(f))
+            .collect();
+        if names.iter().any(|n| n.contains("AsyncChain.Worker("))
+            && names.iter().any(|n| n.contains("AsyncChain.Spin("))
+        {
+            let levels = names
+                .iter()
+                .filter(|n| n.contains("<Level>") && n.contains("MoveNext"));
+            *counts.entry(levels.count()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Runs `AsyncChain.cs` on `dotnet` (with `env`), attaches, and checks every sample.
+fn async_chain_whole_and_true(
+    test: &str,
+    dotnet: &std::path::Path,
+    exe: &std::path::Path,
+    env: &[(&str, &str)],
+    ipc: bool,
+) {
+    let mut cmd = Command::new(dotnet);
+    cmd.arg(exe)
+        .args([ASYNC_DEEP.to_string(), "60".into()])
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1")
+        .envs(env.iter().copied());
+    let target = Running::start(cmd);
+    let pid = target.pid();
+    let runtime_counts = eventpipe_async_depth(pid);
+    println!("{test}: EventPipe's Level state machines under Worker: {runtime_counts:?}");
+    let (&runtime_depth, _) = runtime_counts
+        .iter()
+        .max_by_key(|&(_, n)| *n)
+        .expect("EventPipe samples Worker in Spin");
+    assert_eq!(runtime_depth, ASYNC_DEEP + 1, "the runtime's chain length");
+    let _guard = ipc.then(|| match PerfMapGuard::enable(pid) {
+        Outcome::Enabled(g) => g,
+        other => panic!("EnablePerfMap: {other:?}"),
+    });
+    let graph = Graph {
+        short: &async_short,
+        entries: &["Worker", "Pooled"],
+        edges: &ASYNC_EDGES,
+        recursion: Some((
+            "LevelMoveNext",
+            "Spin",
+            vec![("Worker", runtime_depth), ("Pooled", ASYNC_DEEP + 1)],
+        )),
+        is_root: &is_native_root,
+    };
+    let rate = Rate {
+        hz: 4000,
+        seconds: 6.0,
+        stack_kib: 60,
+    };
+    let (_, v) = record_and_check(test, pid, rate, &graph, 2000);
+    v.assert_whole_and_true();
+    assert!(v.exact_recursion > 1000);
+}
+
+#[test]
+fn net8_async_chains_on_a_thread_and_the_pool_are_whole_and_true() {
+    let test = "net8_async_chains_on_a_thread_and_the_pool_are_whole_and_true";
+    let Some((dotnet, exe, _setup)) = dotnet::net8_program(test, "AsyncChain") else {
+        return;
+    };
+    async_chain_whole_and_true(test, &dotnet, &exe, &[], true);
+}
+
+#[test]
+fn coreclr31_async_chains_on_a_thread_and_the_pool_are_whole_and_true() {
+    let test = "coreclr31_async_chains_on_a_thread_and_the_pool_are_whole_and_true";
+    let Some((dotnet, exe, _setup)) = dotnet::coreclr_program(test, "AsyncChain") else {
+        return;
+    };
+    // CoreCLR 3.1 has no EnablePerfMap command: its perf map is switched on at start.
+    async_chain_whole_and_true(
+        test,
+        &dotnet,
+        &exe,
+        &[("COMPlus_PerfMapEnabled", "1")],
+        false,
     );
 }
