@@ -317,3 +317,44 @@ fn coreclr31_async_chains_on_a_thread_and_the_pool_are_whole_and_true() {
         false,
     );
 }
+
+/// .NET 8's CoreLib is ReadyToRun code: with tiering off its methods run precompiled, named
+/// from the image the perfinfo file lists (written once the perf map is switched on over IPC).
+#[test]
+fn net8_precompiled_frames_are_named_from_the_image() {
+    let test = "net8_precompiled_frames_are_named_from_the_image";
+    let Some((dotnet, exe, _setup)) = dotnet::net8_program(test, "Precompiled") else {
+        return;
+    };
+    let mut cmd = Command::new(&dotnet);
+    cmd.arg(&exe)
+        .arg("60")
+        .env("DOTNET_TieredCompilation", "0")
+        .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1");
+    let target = Running::start(cmd);
+    let pid = target.pid();
+    let _guard = match PerfMapGuard::enable(pid) {
+        Outcome::Enabled(g) => g,
+        other => panic!("EnablePerfMap: {other:?}"),
+    };
+    let rate = Rate {
+        hz: 5_000,
+        seconds: 5.0,
+        stack_kib: 32,
+    };
+    let graph = dotnet::precompiled_graph();
+    let (recording, v) = record_and_check(test, pid, rate, &graph, 5_000);
+    v.assert_whole_and_true();
+    let info = std::fs::read_to_string(format!("/tmp/perfinfo-{pid}.map")).expect("perfinfo");
+    let corelib = info
+        .lines()
+        .find_map(|l| {
+            l.split(';')
+                .nth(1)
+                .filter(|p| p.ends_with("/System.Private.CoreLib.dll"))
+        })
+        .expect("CoreLib's image load");
+    let frames = dotnet::CoreLibFrames::collect(&recording.profile, corelib);
+    frames.print();
+    frames.assert_named_and_true(1000);
+}

@@ -132,8 +132,9 @@ pub fn precompiled_graph() -> Graph<'static> {
     }
 }
 
-/// What Work calls in CoreLib (some calls are inlined into it, so their callees show instead).
-const WORK_CALLS: [&str; 14] = [
+/// What Work calls in CoreLib (some calls are inlined into it, so their callees show instead):
+/// CoreCLR 3.1's CoreLib, then .NET 8's.
+const WORK_CALLS: [&str; 25] = [
     "System.Int32::ToString()",
     "System.Number::FormatInt32(int32,valuetype System.ReadOnlySpan`1<char>,class System.IFormatProvider)",
     "System.Number::Int32ToDecStr(int32)",
@@ -148,6 +149,18 @@ const WORK_CALLS: [&str; 14] = [
     "System.Collections.Generic.List`1[System.__Canon]::AddWithResize(!0)",
     "System.Collections.Generic.List`1[System.__Canon]::Clear()",
     "System.Array::Clear(class System.Array,int32,int32)",
+    // .NET 8
+    "System.Number::UInt32ToDecStr(uint32)",
+    "System.Number::UInt32ToDecStr_NoSmallNumberCheck(uint32)",
+    "System.Number::UInt32ToDecStrForKnownSmallNumber(uint32)",
+    "System.Text.StringBuilder::Append(char&,int32)",
+    "System.Text.StringBuilder::AppendWithExpansion(char&,int32)",
+    "System.PackedSpanHelpers::IndexOf(int16&,int16,int32)",
+    "System.SpanHelpers::IndexOfValueType(int16&,int16,int32)",
+    "System.SpanHelpers::ClearWithReferences(native int&,native uint)",
+    "System.String::FastAllocateString(int32)",
+    "System.Buffer::Memmove(uint8&,uint8&,native uint)",
+    "System.Collections.Generic.List`1[System.__Canon]::Grow(int32)",
 ];
 
 /// Frames in CoreLib's image found in a recording of `Precompiled.cs`.
@@ -236,10 +249,17 @@ impl CoreLibFrames {
         assert!(
             self.called_by_work
                 .keys()
-                .any(|c| c.contains("::FormatInt32(") || c.contains("Int32::ToString("))
-                && self
+                .any(|c| {
+                    c.contains("::FormatInt32(")
+                        || c.contains("Int32::ToString(")
+                        || c.contains("Int32ToDecStr")
+                })
+                && (self
                     .called_by_work
                     .contains_key("System.Text.StringBuilder::Append(string)")
+                    || self
+                        .called_by_work
+                        .contains_key("System.Text.StringBuilder::Append(char&,int32)"))
                 && self
                     .called_by_work
                     .keys()
