@@ -98,6 +98,9 @@ pub fn run(args: Args) -> Result<()> {
     opts.stack_bytes = args.stack_size;
     opts.live_stack_budget = args.live_stack_budget;
     opts.ask_jvms = !args.no_perfmap;
+    if !args.no_perfmap {
+        opts.launch_env = dotnet_perf_map_env();
+    }
     if let Some(secs) = args.duration {
         if !(secs > 0.0 && secs.is_finite()) {
             bail!("--duration must be a positive number of seconds, not {secs}");
@@ -145,6 +148,21 @@ fn enable_dotnet_perf_maps(pids: &[u32]) -> Vec<PerfMapGuard> {
         }
     }
     guards
+}
+
+/// The environment that makes a launched .NET runtime write its perf map (and the perfinfo file
+/// naming its ReadyToRun images) from its start: `DOTNET_PerfMapEnabled=3` (perf map only, no
+/// jitdump) for .NET 5 and later, `COMPlus_PerfMapEnabled=1` for .NET Core 3.x, which reads only
+/// that prefix. Variables the user set are left as they are.
+fn dotnet_perf_map_env() -> Vec<(OsString, OsString)> {
+    [
+        ("DOTNET_PerfMapEnabled", "3"),
+        ("COMPlus_PerfMapEnabled", "1"),
+    ]
+    .into_iter()
+    .filter(|(k, _)| std::env::var_os(k).is_none())
+    .map(|(k, v)| (k.into(), v.into()))
+    .collect()
 }
 
 /// Sets a flag on Ctrl-C and SIGTERM.

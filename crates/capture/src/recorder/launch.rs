@@ -63,7 +63,10 @@ fn check_runnable(program: &OsStr) -> std::io::Result<()> {
 /// Launches `argv` stopped just before its exec: a shell stops itself, then execs the command
 /// when continued, so the event (enable-on-exec) is attached before the first instruction. A
 /// program that cannot run is an error here, before any shell starts.
-pub(super) fn launch(argv: &[OsString]) -> Result<Child, RecordError> {
+pub(super) fn launch(
+    argv: &[OsString],
+    env: &[(OsString, OsString)],
+) -> Result<Child, RecordError> {
     let program = argv
         .first()
         .map(|p| p.to_string_lossy().into_owned())
@@ -78,6 +81,7 @@ pub(super) fn launch(argv: &[OsString]) -> Result<Child, RecordError> {
         .arg("-c")
         .arg("kill -STOP $$; exec \"$0\" \"$@\"")
         .args(argv)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .spawn()
         .map_err(|source| RecordError::Launch {
             command: program.clone(),

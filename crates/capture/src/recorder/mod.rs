@@ -181,7 +181,7 @@ pub fn record(
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
-            let c = launch::launch(argv)?;
+            let c = launch::launch(argv, &opts.launch_env)?;
             match open_thread(c.id(), true, &cfg, &cpus, &mut events) {
                 Ok(()) => {}
                 Err(e) => {

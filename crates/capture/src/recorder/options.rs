@@ -65,6 +65,9 @@ pub struct RecordOptions {
     /// (see [`crate::jit::hotspot`]): before sampling a JVM given by pid, and whenever code of a
     /// JVM has no name. On by default.
     pub ask_jvms: bool,
+    /// Environment variables added to a launched command ([`Target::Command`]), e.g. the ones
+    /// that make a runtime write its perf map from the start.
+    pub launch_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -92,6 +95,7 @@ impl RecordOptions {
             skip_own_process: false,
             dwarf_budget: None,
             ask_jvms: true,
+            launch_env: Vec::new(),
         }
     }
 }

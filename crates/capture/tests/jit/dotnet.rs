@@ -247,19 +247,16 @@ impl CoreLibFrames {
             .collect();
         assert!(wrong.is_empty(), "Work does not call {wrong:?}");
         assert!(
-            self.called_by_work
-                .keys()
-                .any(|c| {
-                    c.contains("::FormatInt32(")
-                        || c.contains("Int32::ToString(")
-                        || c.contains("Int32ToDecStr")
-                })
-                && (self
+            self.called_by_work.keys().any(|c| {
+                c.contains("::FormatInt32(")
+                    || c.contains("Int32::ToString(")
+                    || c.contains("Int32ToDecStr")
+            }) && (self
+                .called_by_work
+                .contains_key("System.Text.StringBuilder::Append(string)")
+                || self
                     .called_by_work
-                    .contains_key("System.Text.StringBuilder::Append(string)")
-                    || self
-                        .called_by_work
-                        .contains_key("System.Text.StringBuilder::Append(char&,int32)"))
+                    .contains_key("System.Text.StringBuilder::Append(char&,int32)"))
                 && self
                     .called_by_work
                     .keys()
