@@ -1,6 +1,7 @@
 //! `rootline repair` on real data: a `.nettrace` collected here, with `rootline dotnet collect`, from
-//! a live .NET Core 3.1 process whose main thread recurses 150 frames deep (`Main` → `Down` ×150 →
-//! `Spin`), so EventPipe cuts its samples at 100 frames and they lose `Main`.
+//! a live .NET process (every installed runtime: CoreCLR 3.1 and .NET 8) whose main thread recurses
+//! 150 frames deep (`Main` → `Down` ×150 → `Spin`), so EventPipe cuts its samples at 100 frames and
+//! they lose `Main`.
 
 #[path = "../../dotnet/tests/common/live.rs"]
 mod live;
@@ -9,13 +10,22 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use live::{Target, build_target, tools};
+use live::{Runtime, for_each_runtime};
 use rootline_profile::{FrameKind, Profile};
 
 const MAIN: &str = "Rec!Rec.Main(class System.String[])";
 const DOWN: &str = "Rec!Rec.Down(int32,int32)";
-const THREAD_START: &str =
-    "System.Private.CoreLib!System.Threading.ThreadHelper.ThreadStart(class System.Object)";
+const GAP: &str = rootline_profile::pseudo::REPAIR_GAP;
+
+/// The worker thread's root-most frame in EventPipe's stacks: CoreLib's thread start on 3.1, the
+/// thread's own method on .NET 8 (whose thread start frames EventPipe does not show).
+fn worker_root(runtime: &Runtime) -> &'static str {
+    if runtime.major() < 5 {
+        "System.Private.CoreLib!System.Threading.ThreadHelper.ThreadStart(class System.Object)"
+    } else {
+        "Rec!Rec.Shallow(class System.Object)"
+    }
+}
 
 fn rootline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rootline"))
@@ -74,12 +84,16 @@ fn main_spans(json: &Path) -> HashMap<u64, usize> {
 
 #[test]
 fn repair_restores_main_below_eventpipe_cut_stacks() {
-    let Some((dotnet, mcs)) = tools("repair_restores_main_below_eventpipe_cut_stacks") else {
-        return;
-    };
+    for_each_runtime(
+        "repair_restores_main_below_eventpipe_cut_stacks",
+        restores_main,
+    );
+}
+
+fn restores_main(runtime: &Runtime) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_target(&dotnet, &mcs, dir.path());
-    let target = Target::start(&dotnet, &exe, 150, 30);
+    let exe = runtime.build_target(dir.path());
+    let target = runtime.start(&exe, 150, 30);
     let pid = target.pid();
     let trace = dir.path().join("rec.nettrace");
     // Samples caught while the recursion descends or returns are rare (Spin dominates); collect
@@ -136,6 +150,33 @@ fn repair_restores_main_below_eventpipe_cut_stacks() {
     assert_eq!((exact, unrepairable), (0, 0), "{row:?}");
     assert_eq!(ambiguous, truncated);
 
+    // Each of those guesses shows in the output itself: one `[repair: frames unknown]` frame right
+    // below `Main`, in exactly the ambiguous samples (folded keeps every sample's weight).
+    let folded = dir.path().join("fixed.folded");
+    let out = rootline(&[
+        "repair",
+        trace.to_str().unwrap(),
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let mut gapped = 0u64;
+    for line in text.lines().filter(|l| l.contains(GAP)) {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        assert_eq!(stack.matches(GAP).count(), 1, "{line}");
+        assert!(stack.contains(&format!("{MAIN};{GAP};{DOWN};")), "{line}");
+        gapped += count.parse::<u64>().unwrap();
+    }
+    // total, samples, truncated, exact, ambiguous, …
+    let all_ambiguous: u64 = report
+        .lines()
+        .find(|l| l.starts_with("total "))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|n| n.parse().ok())
+        .expect("a total row");
+    assert_eq!(gapped, all_ambiguous, "{report}");
+
     // Every main-thread sample now runs from `Main`; the worker's whole stacks are untouched.
     let repaired = rootline_formats::chromium::read(std::io::BufReader::new(
         std::fs::File::open(&fixed).unwrap(),
@@ -157,7 +198,7 @@ fn repair_restores_main_below_eventpipe_cut_stacks() {
             assert_eq!(n[0], MAIN, "{n:?}");
         } else {
             worker += s.values[wall][i];
-            assert_eq!(n[0], THREAD_START, "{n:?}");
+            assert_eq!(n[0], worker_root(runtime), "{n:?}");
             assert!(n.len() < 100);
         }
     }
