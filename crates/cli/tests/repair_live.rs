@@ -222,3 +222,120 @@ fn restores_main(runtime: &Runtime) {
     assert_eq!(after.get(&u64::from(pid)), Some(&1), "{after:?}");
     assert!(before.get(&u64::from(pid)).copied().unwrap_or(0) >= 1);
 }
+
+/// C# source of a chain of `n` distinct methods `L0 → L1 → …`, each one frame (not inlined), whose
+/// main thread alternates between spinning at depth `shallow` and at depth `deep` of the chain.
+fn chain_source(n: usize, shallow: usize, deep: usize) -> String {
+    let mut src = String::from(
+        "using System;\nusing System.Runtime.CompilerServices;\npublic static class Chain {\n\
+         static int sink;\n\
+         [MethodImpl(MethodImplOptions.NoInlining)] static int Spin(int n) { int acc = 0; \
+         for (int i = 0; i < n; i++) acc += (i * 31) ^ (acc >> 3); return acc; }\n",
+    );
+    for k in 0..n {
+        let next = if k + 1 < n {
+            format!("L{}(d - 1) + 1", k + 1)
+        } else {
+            "Spin(200000)".to_string()
+        };
+        src.push_str(&format!(
+            "[MethodImpl(MethodImplOptions.NoInlining)] static int L{k}(int d) {{ \
+             if (d == 0) return Spin(200000); return {next}; }}\n"
+        ));
+    }
+    src.push_str(&format!(
+        "public static void Main(string[] args) {{ Console.WriteLine(\"ready\"); \
+         Console.Out.Flush(); while (true) {{ sink += L0({shallow}); sink += L0({deep}); }} }}\n}}\n"
+    ));
+    src
+}
+
+/// Repair on a live trace where the cut part overlaps what whole samples show: a chain of distinct
+/// methods 131 deep (cut to 100 by EventPipe) between calls 61 deep (whole), so the repairs are
+/// exact, reach `Main`, and carry no gap.
+#[test]
+fn repair_makes_cut_samples_whole_where_a_neighbour_shows_the_base() {
+    for_each_runtime(
+        "repair_makes_cut_samples_whole_where_a_neighbour_shows_the_base",
+        |runtime| {
+            let dir = tempfile::tempdir().unwrap();
+            let exe = runtime.build_program(&chain_source(140, 60, 130), "Chain", dir.path());
+            let target = runtime.start(&exe, 0, 0);
+            let trace = dir.path().join("chain.nettrace");
+            let out = rootline(&[
+                "dotnet",
+                "collect",
+                "-p",
+                &target.pid().to_string(),
+                "--duration",
+                "2",
+                "-o",
+                trace.to_str().unwrap(),
+            ]);
+            assert!(out.status.success(), "{out:?}");
+            drop(target);
+            let fixed = dir.path().join("fixed.folded");
+            let out = rootline(&[
+                "repair",
+                trace.to_str().unwrap(),
+                "-o",
+                fixed.to_str().unwrap(),
+                "--report",
+            ]);
+            assert!(out.status.success(), "{out:?}");
+            let report = String::from_utf8_lossy(&out.stdout);
+            eprintln!("{report}");
+            let total: Vec<u64> = report
+                .lines()
+                .find(|l| l.starts_with("total "))
+                .expect("a total row")
+                .split_whitespace()
+                .skip(1)
+                .map(|n| n.parse().unwrap())
+                .collect();
+            let [_, truncated, exact, ambiguous, unrepairable, ..] = total[..] else {
+                panic!("{total:?}");
+            };
+            assert!(truncated > 100, "{report}");
+            // A sample caught while the chain descends past the cut before any whole sample
+            // showed its base may stay unrepairable; nearly all are exact.
+            assert!(exact * 100 >= truncated * 98, "{report}");
+            let text = std::fs::read_to_string(&fixed).unwrap();
+            let (mut deep, mut gapped) = (0u64, 0u64);
+            for line in text.lines() {
+                let (stack, count) = line.rsplit_once(' ').unwrap();
+                let count: u64 = count.parse().unwrap();
+                gapped += count * stack.matches(GAP).count() as u64;
+                if stack.contains("[truncated") || stack.contains(GAP) {
+                    continue;
+                }
+                // Every other main-thread stack is whole: `Main`, then `L0, L1, …` with none
+                // missing or doubled.
+                let levels: Vec<usize> = stack
+                    .split(';')
+                    .filter_map(|f| f.strip_prefix("Chain!Chain.L")?.strip_suffix("(int32)"))
+                    .map(|k| k.parse().unwrap())
+                    .collect();
+                if levels.is_empty() {
+                    continue;
+                }
+                assert!(
+                    stack.contains("Chain!Chain.Main(class System.String[]);Chain!Chain.L0(int32)"),
+                    "{stack}"
+                );
+                assert!(levels.iter().enumerate().all(|(i, &k)| i == k), "{stack}");
+                if levels.len() >= 99 {
+                    deep += count;
+                }
+            }
+            assert_eq!(gapped, ambiguous, "{report}");
+            assert!(
+                deep >= exact,
+                "{deep} deep whole samples, {exact} exact repairs"
+            );
+            eprintln!(
+                "{truncated} cut, {exact} exact, {ambiguous} ambiguous, {unrepairable} unrepairable"
+            );
+        },
+    );
+}

@@ -86,6 +86,14 @@ impl Runtime {
         build_target_for(&self.mcs, dir, &self.tfm(), &self.version)
     }
 
+    /// Compiles the C# `source` into `dir/NAME.exe` with this runtime's runtimeconfig; returns the
+    /// `.exe` path.
+    pub fn build_program(&self, source: &str, name: &str, dir: &Path) -> PathBuf {
+        let src = dir.join(format!("{name}.cs"));
+        std::fs::write(&src, source).unwrap();
+        compile(&self.mcs, &src, dir, name, &self.tfm(), &self.version)
+    }
+
     /// Starts `dotnet Rec.exe deep shallow` on this runtime (see [`Target::start`]).
     pub fn start(&self, exe: &Path, deep: u32, shallow: u32) -> Target {
         Target::start(&self.dotnet, exe, deep, shallow)
@@ -219,11 +227,16 @@ fn build_target_for(mcs: &Path, dir: &Path, tfm: &str, version: &str) -> PathBuf
     } else {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../dotnet/tests/data/Rec.cs")
     };
-    let exe = dir.join("Rec.exe");
+    compile(mcs, &src, dir, "Rec", tfm, version)
+}
+
+/// Compiles `src` into `dir/NAME.exe` and writes `dir/NAME.runtimeconfig.json`.
+fn compile(mcs: &Path, src: &Path, dir: &Path, name: &str, tfm: &str, version: &str) -> PathBuf {
+    let exe = dir.join(format!("{name}.exe"));
     let status = Command::new(mcs)
         .arg("-optimize+")
         .arg(format!("-out:{}", exe.display()))
-        .arg(&src)
+        .arg(src)
         .stdout(Stdio::null())
         .status()
         .expect("run mcs");
@@ -231,7 +244,7 @@ fn build_target_for(mcs: &Path, dir: &Path, tfm: &str, version: &str) -> PathBuf
     let config = format!(
         r#"{{"runtimeOptions":{{"tfm":"{tfm}","framework":{{"name":"Microsoft.NETCore.App","version":"{version}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
     );
-    std::fs::write(dir.join("Rec.runtimeconfig.json"), config).unwrap();
+    std::fs::write(dir.join(format!("{name}.runtimeconfig.json")), config).unwrap();
     exe
 }
 
