@@ -17,6 +17,10 @@ const MAIN: &str = "Rec!Rec.Main(class System.String[])";
 const DOWN: &str = "Rec!Rec.Down(int32,int32)";
 const GAP: &str = rootline_profile::pseudo::REPAIR_GAP;
 
+/// Where the stacks of the thread that runs event source callbacks at session start begin.
+const EVENT_SOURCE_CALLBACK: &str =
+    "System.Private.CoreLib!System.Diagnostics.Tracing.EventPipeEventProvider.Callback(";
+
 /// The worker thread's root-most frame in EventPipe's stacks: CoreLib's thread start on 3.1, the
 /// thread's own method on .NET 8 (whose thread start frames EventPipe does not show).
 fn worker_root(runtime: &Runtime) -> &'static str {
@@ -196,6 +200,10 @@ fn restores_main(runtime: &Runtime) {
         if repaired.thread(s.threads[i]).tid == pid {
             main_thread += s.values[wall][i];
             assert_eq!(n[0], MAIN, "{n:?}");
+        } else if n[0].starts_with(EVENT_SOURCE_CALLBACK) {
+            // .NET 8 runs its managed event sources' enable callbacks when a session starts, on
+            // a thread of their own whose stacks begin in the callback.
+            assert!(runtime.major() >= 5, "{n:?}");
         } else {
             worker += s.values[wall][i];
             assert_eq!(n[0], worker_root(runtime), "{n:?}");
