@@ -82,7 +82,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     eprintln!(
         "rootline: {cap}: {} of {} samples truncated: {} repaired exactly, {} repaired with a \
-         guess (flagged ambiguous), {} unrepairable (kept, marked [truncated]); {} spans merged; \
+         guess (ambiguous, marked [repair: frames unknown]), {} unrepairable (kept, marked [truncated]); {} spans merged; \
          wrote {} ({out_format})",
         t.truncated,
         t.samples,

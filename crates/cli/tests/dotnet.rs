@@ -1,5 +1,6 @@
-//! `rootline` with .NET: `.nettrace` input for convert/report, and `dotnet ps|collect` against a
-//! live .NET Core 3.1 process, including Ctrl-C and SIGKILL of rootline mid-collection.
+//! `rootline` with .NET: `.nettrace` input for convert/report, and `dotnet ps|perfmap|collect`
+//! against a live .NET process on every installed runtime (CoreCLR 3.1 and .NET 8), including
+//! Ctrl-C and SIGKILL of rootline mid-collection.
 
 #[path = "../../../tests/support/fixtures.rs"]
 mod fixtures;
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use live::{Target, build_target, tools};
+use live::{Runtime, for_each_runtime};
 
 fn rootline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rootline"))
@@ -34,12 +35,11 @@ fn perfview_trace(test: &str, name: &str, dir: &Path) -> Option<PathBuf> {
     Some(path)
 }
 
-/// `rootline dotnet collect -o DIR/live.nettrace` of a live `Rec.exe 150 30` for 2 seconds; `None`
-/// (after a printed reason) when the .NET tools are missing.
-fn collected_trace(test: &str, dir: &Path) -> Option<PathBuf> {
-    let (dotnet, mcs) = tools(test)?;
-    let exe = build_target(&dotnet, &mcs, dir);
-    let target = Target::start(&dotnet, &exe, 150, 30);
+/// `rootline dotnet collect -o DIR/live.nettrace` of a live `Rec.exe 150 30` on `runtime` for 2
+/// seconds.
+fn collected_trace(runtime: &Runtime, dir: &Path) -> PathBuf {
+    let exe = runtime.build_target(dir);
+    let target = runtime.start(&exe, 150, 30);
     let trace = dir.join("live.nettrace");
     let out = rootline(&[
         "dotnet",
@@ -52,7 +52,7 @@ fn collected_trace(test: &str, dir: &Path) -> Option<PathBuf> {
         trace.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{out:?}");
-    Some(trace)
+    trace
 }
 
 /// Converts `trace` to folded text and checks its total; reports its top functions; and reads it
@@ -130,22 +130,22 @@ fn a_truncated_nettrace_is_a_positioned_one_line_error() {
 /// spinning leaf on top, and rejected in one line when cut.
 #[test]
 fn a_collected_nettrace_converts_reports_and_is_rejected_when_cut() {
-    let dir = tempfile::tempdir().unwrap();
     let test = "a_collected_nettrace_converts_reports_and_is_rejected_when_cut";
-    let Some(trace) = collected_trace(test, dir.path()) else {
-        return;
-    };
-    let profile = rootline_dotnet::read_profile(std::fs::File::open(&trace).unwrap()).unwrap();
-    // The first column counts thread samples (allocation ticks, if any, weigh 0 in it).
-    let samples = profile.totals()[0] as u64;
-    assert!(samples > 100, "{samples} samples");
-    let (text, report) = convert_and_report(&trace, samples);
-    assert!(
-        text.contains(";Rec!Rec.Shallow(class System.Object);"),
-        "{text}"
-    );
-    assert!(report.contains("Rec.Spin(int32)"), "{report}");
-    assert_cut_is_a_positioned_one_line_error(&trace);
+    for_each_runtime(test, |runtime| {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = collected_trace(runtime, dir.path());
+        let profile = rootline_dotnet::read_profile(std::fs::File::open(&trace).unwrap()).unwrap();
+        // The first column counts thread samples (allocation ticks, if any, weigh 0 in it).
+        let samples = profile.totals()[0] as u64;
+        assert!(samples > 100, "{samples} samples");
+        let (text, report) = convert_and_report(&trace, samples);
+        assert!(
+            text.contains("Rec!Rec.Shallow(class System.Object);Rec!Rec.Down(int32,int32);"),
+            "{text}"
+        );
+        assert!(report.contains("Rec.Spin(int32)"), "{report}");
+        assert_cut_is_a_positioned_one_line_error(&trace);
+    });
 }
 
 #[test]
@@ -212,12 +212,16 @@ fn start_collect(pid: &str, out: &Path, extra: &[&str]) -> Child {
 
 #[test]
 fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
-    let Some((dotnet, mcs)) = tools("dotnet_ps_collect_ctrl_c_and_sigkill") else {
-        return;
-    };
+    for_each_runtime(
+        "dotnet_ps_collect_ctrl_c_and_sigkill",
+        ps_collect_ctrl_c_and_sigkill,
+    );
+}
+
+fn ps_collect_ctrl_c_and_sigkill(runtime: &Runtime) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_target(&dotnet, &mcs, dir.path());
-    let mut target = Target::start(&dotnet, &exe, 150, 30);
+    let exe = runtime.build_target(dir.path());
+    let mut target = runtime.start(&exe, 150, 30);
     let pid = target.pid();
     let pid_s = pid.to_string();
 
@@ -231,10 +235,19 @@ fn dotnet_ps_collect_ctrl_c_and_sigkill_leave_the_target_running() {
         "{listing}"
     );
 
-    // perfmap: a 3.1 runtime cannot switch perf maps on while running; the user is told how.
     let out = rootline(&["dotnet", "perfmap", "-p", &pid_s]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("DOTNET_PerfMapEnabled=1"));
+    if runtime.major() < 8 {
+        // perfmap: a 3.1 runtime cannot switch perf maps on while running; the user is told how.
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("DOTNET_PerfMapEnabled=1"));
+    } else {
+        // .NET 8 switches them on over the diagnostics IPC; the map names the target's methods.
+        assert!(out.status.success(), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("perf maps enabled"));
+        let map = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).unwrap_or_default();
+        assert!(map.lines().any(|l| l.contains("[Rec] Rec::")), "{map}");
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    }
 
     // A timed collection into a folded file, unrepaired: Spin under Down, cut at 100 frames.
     let folded = dir.path().join("timed.folded");

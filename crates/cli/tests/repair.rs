@@ -145,3 +145,139 @@ fn output_format_follows_the_output_name() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(read(&kept).samples().len(), 7);
 }
+
+const GAP: &str = rootline_profile::pseudo::REPAIR_GAP;
+
+/// Three kinds of cut samples, EventPipe-style (100 managed frames): thread 7 runs `Main;F1;…`
+/// (distinct frames: an exact repair) and once `Main;G1;…` that no other sample shows below the cut
+/// (unrepairable); thread 8 recurses `Main;R;R;…` (how many `R` the cut hid is a guess: two
+/// ambiguous repairs).
+fn write_mixed_input(path: &Path) {
+    let mut p = Profile::new(vec![SampleType::samples()]);
+    p.metadata.producer = "dotnet-trace".to_string();
+    let t7 = p.intern_thread(7, 7);
+    let t8 = p.intern_thread(7, 8);
+    for (time, depth, f) in [(1u64, 90usize, "F"), (2, 150, "F"), (3, 150, "G")] {
+        let frames = stack(&mut p, f, depth, "App!Leaf");
+        let s = p.intern_stack_root_first(frames).unwrap();
+        p.push_sample(time * 1_000_000, t7, s, &[1]).unwrap();
+    }
+    for (time, depth, leaf) in [
+        (1u64, 60usize, "App!Leaf0"),
+        (2, 150, "App!Leaf1"),
+        (3, 150, "App!Leaf2"),
+    ] {
+        let mut frames = vec![
+            p.intern_named_frame("Threads", FrameKind::Managed),
+            p.intern_named_frame("Thread (8)", FrameKind::Managed),
+        ];
+        let main = p.intern_named_frame("App!Main", FrameKind::Managed);
+        let r = p.intern_named_frame("App!R", FrameKind::Managed);
+        let mut managed = vec![main];
+        managed.extend(std::iter::repeat_n(r, depth - 1));
+        managed.push(p.intern_named_frame(leaf, FrameKind::Managed));
+        frames.extend_from_slice(&managed[managed.len().saturating_sub(100)..]);
+        let s = p.intern_stack_root_first(frames).unwrap();
+        p.push_sample(time * 1_000_000, t8, s, &[1]).unwrap();
+    }
+    let mut w = RlpWriter::new(std::fs::File::create(path).unwrap()).unwrap();
+    w.write_chunk(&p).unwrap();
+}
+
+/// Per sample of `p` with the repair gap: its names root first, pseudo frames of the producer left
+/// out (the gap stays).
+fn gapped_stacks(p: &Profile) -> Vec<Vec<String>> {
+    let s = p.samples();
+    (0..s.len())
+        .map(|i| {
+            let mut v: Vec<String> = p
+                .stack_frames(s.stacks[i])
+                .map(|f| p.frame_name(f).to_string())
+                .filter(|n| n == GAP || !rootline_profile::pseudo::is_pseudo_name(n))
+                .collect();
+            v.reverse();
+            v
+        })
+        .filter(|v| v.iter().any(|n| n == GAP))
+        .collect()
+}
+
+#[test]
+fn an_ambiguous_join_shows_as_a_gap_frame_in_every_output_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cut.rlp");
+    write_mixed_input(&input);
+    let repair_to = |name: &str| {
+        let output = dir.path().join(name);
+        let out = rootline(&[
+            "repair",
+            input.to_str().unwrap(),
+            "-o",
+            output.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        output
+    };
+
+    // The metadata counts all three outcomes; exactly the ambiguous samples carry one gap, right
+    // between the re-attached `Main` and the frames the cap left; the unrepairable one ends in the
+    // truncation frame instead.
+    let fixed = read(&repair_to("fixed.rlp"));
+    let extra = &fixed.metadata.extra;
+    let counts: Vec<&str> = ["repair.exact", "repair.ambiguous", "repair.unrepairable"]
+        .iter()
+        .map(|k| extra[*k].as_str())
+        .collect();
+    assert_eq!(counts, ["1", "2", "1"], "{extra:?}");
+    assert_eq!(fixed.metadata.truncated_samples, 1);
+    let gapped = gapped_stacks(&fixed);
+    assert_eq!(gapped.len(), 2, "{gapped:?}");
+    for n in &gapped {
+        assert_eq!(n[..3], ["App!Main", GAP, "App!R"]);
+        assert_eq!(n.iter().filter(|f| *f == GAP).count(), 1);
+    }
+    let gap = (0..fixed.frames().len() as u32)
+        .map(FrameId)
+        .find(|&f| fixed.frame_name(f) == GAP)
+        .unwrap();
+    assert_eq!(fixed.frame(gap).kind, FrameKind::Pseudo);
+
+    // Folded: the two ambiguous samples, and only they, read `Main;[repair: frames unknown];R…`.
+    let folded = std::fs::read_to_string(repair_to("fixed.folded")).unwrap();
+    let with_gap: Vec<&str> = folded.lines().filter(|l| l.contains(GAP)).collect();
+    assert_eq!(with_gap.len(), 2, "{folded}");
+    for line in &with_gap {
+        assert!(line.contains(&format!(";App!Main;{GAP};App!R;")), "{line}");
+    }
+    // Formats rootline reads back: the gap is there, in place, once per ambiguous sample.
+    for (name, format) in [
+        ("fixed.pb.gz", "pprof"),
+        ("fixed.speedscope.json", "speedscope"),
+        ("fixed.json", "chromium"),
+    ] {
+        let path = repair_to(name);
+        let format = rootline_formats::Format::from_name(format).unwrap();
+        let back = rootline_formats::read(
+            format,
+            std::io::BufReader::new(std::fs::File::open(&path).unwrap()),
+        )
+        .unwrap();
+        let gapped = gapped_stacks(&back);
+        assert!(!gapped.is_empty(), "{name}: no gap frame");
+        for n in &gapped {
+            assert_eq!(n[..2], ["App!Main", GAP], "{name}");
+        }
+        if format != rootline_formats::Format::Chromium {
+            // Chromium merges equal neighbouring samples into one span; the others keep samples.
+            assert_eq!(gapped.len(), 2, "{name}");
+        }
+    }
+    // Write-only formats: the gap is one of the frame names they carry.
+    for name in ["fixed.svg", "fixed.fxprof.json", "fixed.otlp.pb"] {
+        let bytes = std::fs::read(repair_to(name)).unwrap();
+        assert!(
+            bytes.windows(GAP.len()).any(|w| w == GAP.as_bytes()),
+            "{name}: no gap frame"
+        );
+    }
+}

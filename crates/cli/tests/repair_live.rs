@@ -1,6 +1,7 @@
 //! `rootline repair` on real data: a `.nettrace` collected here, with `rootline dotnet collect`, from
-//! a live .NET Core 3.1 process whose main thread recurses 150 frames deep (`Main` → `Down` ×150 →
-//! `Spin`), so EventPipe cuts its samples at 100 frames and they lose `Main`.
+//! a live .NET process (every installed runtime: CoreCLR 3.1 and .NET 8) whose main thread recurses
+//! 150 frames deep (`Main` → `Down` ×150 → `Spin`), so EventPipe cuts its samples at 100 frames and
+//! they lose `Main`.
 
 #[path = "../../dotnet/tests/common/live.rs"]
 mod live;
@@ -9,13 +10,26 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use live::{Target, build_target, tools};
+use live::{Runtime, for_each_runtime};
 use rootline_profile::{FrameKind, Profile};
 
 const MAIN: &str = "Rec!Rec.Main(class System.String[])";
 const DOWN: &str = "Rec!Rec.Down(int32,int32)";
-const THREAD_START: &str =
-    "System.Private.CoreLib!System.Threading.ThreadHelper.ThreadStart(class System.Object)";
+const GAP: &str = rootline_profile::pseudo::REPAIR_GAP;
+
+/// Where the stacks of the thread that runs event source callbacks at session start begin.
+const EVENT_SOURCE_CALLBACK: &str =
+    "System.Private.CoreLib!System.Diagnostics.Tracing.EventPipeEventProvider.Callback(";
+
+/// The worker thread's root-most frame in EventPipe's stacks: CoreLib's thread start on 3.1, the
+/// thread's own method on .NET 8 (whose thread start frames EventPipe does not show).
+fn worker_root(runtime: &Runtime) -> &'static str {
+    if runtime.major() < 5 {
+        "System.Private.CoreLib!System.Threading.ThreadHelper.ThreadStart(class System.Object)"
+    } else {
+        "Rec!Rec.Shallow(class System.Object)"
+    }
+}
 
 fn rootline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rootline"))
@@ -74,12 +88,16 @@ fn main_spans(json: &Path) -> HashMap<u64, usize> {
 
 #[test]
 fn repair_restores_main_below_eventpipe_cut_stacks() {
-    let Some((dotnet, mcs)) = tools("repair_restores_main_below_eventpipe_cut_stacks") else {
-        return;
-    };
+    for_each_runtime(
+        "repair_restores_main_below_eventpipe_cut_stacks",
+        restores_main,
+    );
+}
+
+fn restores_main(runtime: &Runtime) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_target(&dotnet, &mcs, dir.path());
-    let target = Target::start(&dotnet, &exe, 150, 30);
+    let exe = runtime.build_target(dir.path());
+    let target = runtime.start(&exe, 150, 30);
     let pid = target.pid();
     let trace = dir.path().join("rec.nettrace");
     // Samples caught while the recursion descends or returns are rare (Spin dominates); collect
@@ -136,6 +154,33 @@ fn repair_restores_main_below_eventpipe_cut_stacks() {
     assert_eq!((exact, unrepairable), (0, 0), "{row:?}");
     assert_eq!(ambiguous, truncated);
 
+    // Each of those guesses shows in the output itself: one `[repair: frames unknown]` frame right
+    // below `Main`, in exactly the ambiguous samples (folded keeps every sample's weight).
+    let folded = dir.path().join("fixed.folded");
+    let out = rootline(&[
+        "repair",
+        trace.to_str().unwrap(),
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let mut gapped = 0u64;
+    for line in text.lines().filter(|l| l.contains(GAP)) {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        assert_eq!(stack.matches(GAP).count(), 1, "{line}");
+        assert!(stack.contains(&format!("{MAIN};{GAP};{DOWN};")), "{line}");
+        gapped += count.parse::<u64>().unwrap();
+    }
+    // total, samples, truncated, exact, ambiguous, …
+    let all_ambiguous: u64 = report
+        .lines()
+        .find(|l| l.starts_with("total "))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|n| n.parse().ok())
+        .expect("a total row");
+    assert_eq!(gapped, all_ambiguous, "{report}");
+
     // Every main-thread sample now runs from `Main`; the worker's whole stacks are untouched.
     let repaired = rootline_formats::chromium::read(std::io::BufReader::new(
         std::fs::File::open(&fixed).unwrap(),
@@ -155,9 +200,13 @@ fn repair_restores_main_below_eventpipe_cut_stacks() {
         if repaired.thread(s.threads[i]).tid == pid {
             main_thread += s.values[wall][i];
             assert_eq!(n[0], MAIN, "{n:?}");
+        } else if n[0].starts_with(EVENT_SOURCE_CALLBACK) {
+            // .NET 8 runs its managed event sources' enable callbacks when a session starts, on
+            // a thread of their own whose stacks begin in the callback.
+            assert!(runtime.major() >= 5, "{n:?}");
         } else {
             worker += s.values[wall][i];
-            assert_eq!(n[0], THREAD_START, "{n:?}");
+            assert_eq!(n[0], worker_root(runtime), "{n:?}");
             assert!(n.len() < 100);
         }
     }
@@ -180,4 +229,121 @@ fn repair_restores_main_below_eventpipe_cut_stacks() {
     eprintln!("Main spans before {before:?}, after {after:?}");
     assert_eq!(after.get(&u64::from(pid)), Some(&1), "{after:?}");
     assert!(before.get(&u64::from(pid)).copied().unwrap_or(0) >= 1);
+}
+
+/// C# source of a chain of `n` distinct methods `L0 → L1 → …`, each one frame (not inlined), whose
+/// main thread alternates between spinning at depth `shallow` and at depth `deep` of the chain.
+fn chain_source(n: usize, shallow: usize, deep: usize) -> String {
+    let mut src = String::from(
+        "using System;\nusing System.Runtime.CompilerServices;\npublic static class Chain {\n\
+         static int sink;\n\
+         [MethodImpl(MethodImplOptions.NoInlining)] static int Spin(int n) { int acc = 0; \
+         for (int i = 0; i < n; i++) acc += (i * 31) ^ (acc >> 3); return acc; }\n",
+    );
+    for k in 0..n {
+        let next = if k + 1 < n {
+            format!("L{}(d - 1) + 1", k + 1)
+        } else {
+            "Spin(200000)".to_string()
+        };
+        src.push_str(&format!(
+            "[MethodImpl(MethodImplOptions.NoInlining)] static int L{k}(int d) {{ \
+             if (d == 0) return Spin(200000); return {next}; }}\n"
+        ));
+    }
+    src.push_str(&format!(
+        "public static void Main(string[] args) {{ Console.WriteLine(\"ready\"); \
+         Console.Out.Flush(); while (true) {{ sink += L0({shallow}); sink += L0({deep}); }} }}\n}}\n"
+    ));
+    src
+}
+
+/// Repair on a live trace where the cut part overlaps what whole samples show: a chain of distinct
+/// methods 131 deep (cut to 100 by EventPipe) between calls 61 deep (whole), so the repairs are
+/// exact, reach `Main`, and carry no gap.
+#[test]
+fn repair_makes_cut_samples_whole_where_a_neighbour_shows_the_base() {
+    for_each_runtime(
+        "repair_makes_cut_samples_whole_where_a_neighbour_shows_the_base",
+        |runtime| {
+            let dir = tempfile::tempdir().unwrap();
+            let exe = runtime.build_program(&chain_source(140, 60, 130), "Chain", dir.path());
+            let target = runtime.start(&exe, 0, 0);
+            let trace = dir.path().join("chain.nettrace");
+            let out = rootline(&[
+                "dotnet",
+                "collect",
+                "-p",
+                &target.pid().to_string(),
+                "--duration",
+                "2",
+                "-o",
+                trace.to_str().unwrap(),
+            ]);
+            assert!(out.status.success(), "{out:?}");
+            drop(target);
+            let fixed = dir.path().join("fixed.folded");
+            let out = rootline(&[
+                "repair",
+                trace.to_str().unwrap(),
+                "-o",
+                fixed.to_str().unwrap(),
+                "--report",
+            ]);
+            assert!(out.status.success(), "{out:?}");
+            let report = String::from_utf8_lossy(&out.stdout);
+            eprintln!("{report}");
+            let total: Vec<u64> = report
+                .lines()
+                .find(|l| l.starts_with("total "))
+                .expect("a total row")
+                .split_whitespace()
+                .skip(1)
+                .map(|n| n.parse().unwrap())
+                .collect();
+            let [_, truncated, exact, ambiguous, unrepairable, ..] = total[..] else {
+                panic!("{total:?}");
+            };
+            assert!(truncated > 100, "{report}");
+            // A sample caught while the chain descends past the cut before any whole sample
+            // showed its base may stay unrepairable; nearly all are exact.
+            assert!(exact * 100 >= truncated * 98, "{report}");
+            let text = std::fs::read_to_string(&fixed).unwrap();
+            let (mut deep, mut gapped) = (0u64, 0u64);
+            for line in text.lines() {
+                let (stack, count) = line.rsplit_once(' ').unwrap();
+                let count: u64 = count.parse().unwrap();
+                gapped += count * stack.matches(GAP).count() as u64;
+                if stack.contains("[truncated") || stack.contains(GAP) {
+                    continue;
+                }
+                // Every other main-thread stack is whole: `Main`, then `L0, L1, …` with none
+                // missing or doubled.
+                let levels: Vec<usize> = stack
+                    .split(';')
+                    .filter_map(|f| f.strip_prefix("Chain!Chain.L")?.strip_suffix("(int32)"))
+                    .map(|k| k.parse().unwrap())
+                    .collect();
+                if levels.is_empty() {
+                    continue;
+                }
+                assert!(
+                    stack.contains("Chain!Chain.Main(class System.String[]);Chain!Chain.L0(int32)"),
+                    "{stack}"
+                );
+                assert!(levels.iter().enumerate().all(|(i, &k)| i == k), "{stack}");
+                if levels.len() >= 99 {
+                    deep += count;
+                }
+            }
+            assert_eq!(gapped, ambiguous, "{report}");
+            assert!(
+                deep >= exact,
+                "{deep} deep whole samples, {exact} exact repairs"
+            );
+            eprintln!(
+                "{truncated} cut, {exact} exact, {ambiguous} ambiguous, {unrepairable} unrepairable"
+            );
+        },
+    );
 }

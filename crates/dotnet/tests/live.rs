@@ -1,4 +1,5 @@
-//! Collecting from a live .NET Core 3.1 process over its diagnostics socket.
+//! Collecting from a live .NET process over its diagnostics socket, on every installed runtime
+//! (CoreCLR 3.1 and .NET 8).
 //!
 //! The target recurses 150 frames deep on its main thread and 30 on a worker, then spins. EventPipe
 //! walks at most 100 frames, so the main thread's samples come back cut at exactly 100 managed
@@ -9,7 +10,7 @@ mod common;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use common::live::{Target, build_target, tools};
+use common::live::{Runtime, for_each_runtime};
 use rootline_dotnet::collect::{CollectOptions, StopReason, collect};
 use rootline_dotnet::ipc::{self, DiagnosticsClient, IpcError, PerfMapType, SessionConfig};
 use rootline_dotnet::{discover, read_profile_with_stats};
@@ -21,13 +22,27 @@ fn leaf_name(p: &Profile, stack: rootline_profile::StackId) -> &str {
 
 #[test]
 fn collect_names_managed_frames_and_cuts_deep_stacks_at_100() {
-    let Some((dotnet, mcs)) = tools("collect_names_managed_frames_and_cuts_deep_stacks_at_100")
-    else {
-        return;
-    };
+    for_each_runtime(
+        "collect_names_managed_frames_and_cuts_deep_stacks_at_100",
+        collect_names_and_cuts,
+    );
+}
+
+/// The worker thread's root-most frame as EventPipe reports it: CoreLib's `ThreadHelper.ThreadStart`
+/// (ReadyToRun code) on 3.1; on .NET 8 the thread's start frames (`Thread.StartCallback`) are not
+/// in EventPipe's stacks, which begin at the thread's own method.
+fn worker_root(runtime: &Runtime) -> &'static str {
+    if runtime.major() < 5 {
+        "System.Private.CoreLib!System.Threading.ThreadHelper.ThreadStart(class System.Object)"
+    } else {
+        "Rec!Rec.Shallow(class System.Object)"
+    }
+}
+
+fn collect_names_and_cuts(runtime: &Runtime) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_target(&dotnet, &mcs, dir.path());
-    let mut target = Target::start(&dotnet, &exe, 150, 30);
+    let exe = runtime.build_target(dir.path());
+    let mut target = runtime.start(&exe, 150, 30);
     let pid = target.pid();
 
     let listed = discover::list_processes();
@@ -80,12 +95,7 @@ fn collect_names_managed_frames_and_cuts_deep_stacks_at_100() {
             // call), then Shallow and the thread start frames, whole to the thread's root.
             shallow += 1;
             assert!(downs == 31 || downs == 30, "{names:?}");
-            assert_eq!(
-                names.last(),
-                Some(
-                    &"System.Private.CoreLib!System.Threading.ThreadHelper.ThreadStart(class System.Object)"
-                )
-            );
+            assert_eq!(names.last(), Some(&worker_root(runtime)), "{names:?}");
             assert!(
                 names.contains(&"Rec!Rec.Shallow(class System.Object)"),
                 "{names:?}"
@@ -98,32 +108,80 @@ fn collect_names_managed_frames_and_cuts_deep_stacks_at_100() {
     );
     // Samples caught in the recursion itself (leaf Down) are cut at 100 as well.
     assert!(stats.samples_at_cap >= deep);
+    // Framework code is ReadyToRun (precompiled, never jitted): its frames are named from the
+    // rundown's method events all the same. On 3.1 the worker starts in CoreLib; on .NET 8 every
+    // session start runs CoreLib's EventSource callbacks (the runtime's own event source is
+    // managed there).
+    let corelib = profile
+        .samples()
+        .stacks
+        .iter()
+        .flat_map(|&s| profile.stack_frames(s))
+        .map(|f| profile.frame_name(f))
+        .filter(|n| n.starts_with("System.Private.CoreLib!System."))
+        .count();
+    assert!(corelib > 0, "no named CoreLib frame");
 
-    // A 3.1 runtime does not know EnablePerfMap (.NET 8+): the refusal is reported, not hidden,
-    // and the target is unharmed.
-    let client = DiagnosticsClient::new(discover::find_socket(pid).unwrap());
-    match client.enable_perf_map(PerfMapType::PerfMap) {
-        Err(IpcError::Server { hresult, .. }) => assert_eq!(hresult, ipc::E_UNKNOWN_COMMAND),
-        other => panic!("{other:?}"),
-    }
-    // What `record` does before sampling a .NET process: the refusal becomes advice.
-    match rootline_dotnet::perfmap::PerfMapGuard::enable(pid) {
-        rootline_dotnet::perfmap::Outcome::Unsupported(msg) => {
-            assert!(msg.contains("COMPlus_PerfMapEnabled=1"), "{msg}")
+    if runtime.major() < 8 {
+        // A 3.1 runtime does not know EnablePerfMap (.NET 8+): the refusal is reported, not
+        // hidden, and the target is unharmed.
+        let client = DiagnosticsClient::new(discover::find_socket(pid).unwrap());
+        match client.enable_perf_map(PerfMapType::PerfMap) {
+            Err(IpcError::Server { hresult, .. }) => assert_eq!(hresult, ipc::E_UNKNOWN_COMMAND),
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
+        // What `record` does before sampling a .NET process: the refusal becomes advice.
+        match rootline_dotnet::perfmap::PerfMapGuard::enable(pid) {
+            rootline_dotnet::perfmap::Outcome::Unsupported(msg) => {
+                assert!(msg.contains("COMPlus_PerfMapEnabled=1"), "{msg}")
+            }
+            other => panic!("{other:?}"),
+        }
+    } else {
+        // .NET 8 answers EnablePerfMap with OK and starts writing /tmp/perf-PID.map, whose
+        // addresses carry a `0x` prefix and whose names end in the code tier (`[QuickJitted]`,
+        // `[OptimizedTier1]`, …); the guard switches it off again when dropped.
+        let map = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        let _ = std::fs::remove_file(&map);
+        let guard = match rootline_dotnet::perfmap::PerfMapGuard::enable(pid) {
+            rootline_dotnet::perfmap::Outcome::Enabled(g) => g,
+            other => panic!("{other:?}"),
+        };
+        // Methods compiled before the switch are written as it is flipped, and the main loop
+        // jits nothing new, so the map may fill a moment later: wait for it.
+        let t0 = std::time::Instant::now();
+        let mut text = String::new();
+        while !text.contains("Rec::") && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(100));
+            text = std::fs::read_to_string(&map).unwrap_or_default();
+        }
+        let first = text.lines().next().unwrap_or_default().to_string();
+        eprintln!("perf map: {first}");
+        assert!(first.starts_with("0x"), "{first:?}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("Rec::") && l.ends_with(']')),
+            "no Rec method with its code tier in the perf map"
+        );
+        assert!(guard.will_disable());
+        guard.finish().expect("DisablePerfMap answered OK");
+        let _ = std::fs::remove_file(&map);
     }
     target.assert_still_answers();
 }
 
 #[test]
 fn an_abandoned_session_leaves_the_target_running() {
-    let Some((dotnet, mcs)) = tools("an_abandoned_session_leaves_the_target_running") else {
-        return;
-    };
+    for_each_runtime(
+        "an_abandoned_session_leaves_the_target_running",
+        abandoned_session,
+    );
+}
+
+fn abandoned_session(runtime: &Runtime) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_target(&dotnet, &mcs, dir.path());
-    let mut target = Target::start(&dotnet, &exe, 40, 10);
+    let exe = runtime.build_target(dir.path());
+    let mut target = runtime.start(&exe, 40, 10);
     let pid = target.pid();
     let client = DiagnosticsClient::new(discover::find_socket(pid).unwrap());
 

@@ -5,6 +5,9 @@
 //! [`FrameKind::Pseudo`], or when a reader that only had names gave it one of the names
 //! dotnet-trace / TraceEvent use for grouping: `Process64 …`/`Process32 …`, `Threads`, `Thread (N)`,
 //! `(Non-Activities)`, `Activities`, `CPU_TIME`, `UNMANAGED_CODE_TIME`, `BLOCKED_TIME`.
+//!
+//! rootline's own pseudo frame is the repair gap, [`REPAIR_GAP`]: where repair joined a cut stack to
+//! a base and no sample shows what lies between, the repaired stack carries this frame at the join.
 
 use crate::{FrameId, FrameKind, Profile};
 
@@ -18,9 +21,30 @@ const PSEUDO_NAMES: &[&str] = &[
     "BLOCKED_TIME",
 ];
 
-/// True when a frame name is one of dotnet-trace's grouping frames (see the module doc).
+/// The frame repair puts between a re-attached base and the frames a depth cap left, when no
+/// sample shows which frames were between them (an ambiguous join): frames are unknown here.
+pub const REPAIR_GAP: &str = "[repair: frames unknown]";
+
+/// True when a frame name is the repair gap, [`REPAIR_GAP`].
+pub fn is_repair_gap_name(name: &str) -> bool {
+    name == REPAIR_GAP
+}
+
+/// True when the frame `id` of `profile` is the repair gap (by name; its kind is
+/// [`FrameKind::Pseudo`] when repair made it, whatever a reader gave it).
+pub fn is_repair_gap(profile: &Profile, id: FrameId) -> bool {
+    is_repair_gap_name(profile.frame_name(id))
+}
+
+/// Interns the repair gap frame ([`REPAIR_GAP`], kind [`FrameKind::Pseudo`]).
+pub fn intern_repair_gap(profile: &mut Profile) -> FrameId {
+    profile.intern_named_frame(REPAIR_GAP, FrameKind::Pseudo)
+}
+
+/// True when a frame name is one of dotnet-trace's grouping frames (see the module doc) or the
+/// repair gap.
 pub fn is_pseudo_name(name: &str) -> bool {
-    if PSEUDO_NAMES.contains(&name) {
+    if PSEUDO_NAMES.contains(&name) || is_repair_gap_name(name) {
         return true;
     }
     if name.starts_with("Process64 ") || name.starts_with("Process32 ") {
@@ -54,6 +78,7 @@ mod tests {
             "(Non-Activities)",
             "CPU_TIME",
             "UNMANAGED_CODE_TIME",
+            REPAIR_GAP,
         ] {
             assert!(is_pseudo_name(name), "{name}");
         }
@@ -63,6 +88,8 @@ mod tests {
             "App!Threads.Run()",
             "System.Private.CoreLib!System.Threading.Thread.StartCallback()",
             "Process",
+            "[repair: frames unknown] ",
+            "[truncated: depth cap 100]",
         ] {
             assert!(!is_pseudo_name(name), "{name}");
         }
@@ -77,5 +104,16 @@ mod tests {
         assert!(is_pseudo_frame(&p, a));
         assert!(!is_pseudo_frame(&p, b));
         assert!(is_pseudo_frame(&p, c));
+    }
+
+    #[test]
+    fn the_repair_gap_is_one_pseudo_frame() {
+        let mut p = Profile::new(vec![]);
+        let gap = intern_repair_gap(&mut p);
+        assert_eq!(intern_repair_gap(&mut p), gap);
+        assert_eq!(p.frame_name(gap), "[repair: frames unknown]");
+        assert!(is_repair_gap(&p, gap) && is_pseudo_frame(&p, gap));
+        let other = p.intern_named_frame("Main", FrameKind::Managed);
+        assert!(!is_repair_gap(&p, other));
     }
 }

@@ -56,6 +56,8 @@ pub struct Cap {
 pub(crate) struct StackTables {
     /// Pseudo flag per frame.
     pub pseudo: Vec<bool>,
+    /// Repair-gap flag per frame ([`rootline_profile::pseudo::REPAIR_GAP`]; also pseudo).
+    pub gap: Vec<bool>,
     /// Number of code frames from the root to this node.
     pub depth: Vec<u32>,
     /// Root-most code frame of the stack ending at this node (`u32::MAX`: none).
@@ -65,9 +67,10 @@ pub(crate) struct StackTables {
 impl StackTables {
     /// Builds the tables in one pass over the trie (a parent always precedes its children).
     pub fn new(profile: &Profile) -> StackTables {
-        let pseudo = pseudo_flags(profile);
+        let (pseudo, gap) = pseudo_flags(profile);
         let mut tables = StackTables {
             pseudo,
+            gap,
             depth: Vec::new(),
             root: Vec::new(),
         };
@@ -82,6 +85,8 @@ impl StackTables {
             let id = FrameId(frame as u32);
             self.pseudo
                 .push(rootline_profile::pseudo::is_pseudo_frame(profile, id));
+            self.gap
+                .push(rootline_profile::pseudo::is_repair_gap(profile, id));
         }
         for node in &stacks[self.depth.len()..] {
             let code = !self.pseudo[node.frame.index()];

@@ -17,7 +17,10 @@
 //! method at another address (another call site, re-jitted code) still aligns; the re-attached
 //! base is the donor's own frames.
 //!
-//! A sample repaired from a guessed (ambiguous) donor is itself ambiguous. A run of identical
+//! A guessed (ambiguous) join puts the repair gap frame (`[repair: frames unknown]`) between the
+//! re-attached base and the sample's own frames, so every output shows where frames may be missing;
+//! a sample whose base, lent by a guessed donor, carries that gap is ambiguous too. A repaired stack
+//! has at most one gap, and it is ambiguous exactly when it has one (see [`Engine::join`]). A run of identical
 //! truncated stacks costs O(1) per sample after the first (each is its predecessor's repair); any
 //! other truncated sample costs O(cap + donor depths) for the alignment, plus hashing only for the
 //! frames in which its repaired stack differs from the previous repair. Memory beyond the profile:
@@ -25,6 +28,7 @@
 
 use std::collections::HashMap;
 
+use rootline_profile::pseudo::intern_repair_gap;
 use rootline_profile::{FrameId, Profile, ProfileError, StackId, TruncateReason};
 
 use crate::align::{Aligner, Side};
@@ -50,6 +54,7 @@ pub(crate) struct Engine<'a> {
     memo: Option<Memo>,
     marked: HashMap<StackId, StackId>,
     truncated_frame: Option<FrameId>,
+    gap_frame: Option<FrameId>,
     scratch_t: Vec<u32>,
     scratch_prev: Vec<u32>,
     scratch_next: Vec<u32>,
@@ -79,6 +84,7 @@ impl<'a> Engine<'a> {
             memo: None,
             marked: HashMap::new(),
             truncated_frame: None,
+            gap_frame: None,
             scratch_t: Vec::new(),
             scratch_prev: Vec::new(),
             scratch_next: Vec::new(),
@@ -246,12 +252,12 @@ impl<'a> Engine<'a> {
             self.min_overlap,
         );
         let result = alignment.map(|a| {
-            let (donor, frames) = match a.side {
-                Side::Prev => (prev, &p),
-                Side::Next => (next, &n),
+            let frames = match a.side {
+                Side::Prev => &p,
+                Side::Next => &n,
             };
-            let ambiguous = !a.is_exact() || donor.is_some_and(|d| d.ambiguous);
-            let base: Vec<FrameId> = frames[..a.offset].iter().map(|&f| FrameId(f)).collect();
+            let mut base: Vec<FrameId> = frames[..a.offset].iter().map(|&f| FrameId(f)).collect();
+            let ambiguous = self.join(&mut base, a.is_exact());
             (self.rebuild(stack, &base), ambiguous)
         });
         self.scratch_t = t;
@@ -261,7 +267,42 @@ impl<'a> Engine<'a> {
         result
     }
 
-    /// Code frames (pseudo frames left out) of `stack`, root first, and their alignment keys: the
+    /// Makes `base` the frames to put below a cut stack, marking a guessed join; returns whether
+    /// the repaired stack is ambiguous, which is exactly when it carries the repair gap frame.
+    ///
+    /// - An exact join to a base without a gap: the base as it is (exact).
+    /// - An exact join to a base that has a gap (a donor that was itself a guess): the base as it
+    ///   is; the stack inherits the donor's one gap (ambiguous).
+    /// - A guessed join to a base without a gap: the base, then the gap (ambiguous).
+    /// - A guessed join to a base that has a gap: the base up to and including its gap, so the
+    ///   frames the donor had between its gap and this join, themselves unsure, are dropped, and the
+    ///   stack still has one gap, with only the sample's own frames after it (ambiguous).
+    fn join(&mut self, base: &mut Vec<FrameId>, exact: bool) -> bool {
+        let gap_at = base.iter().position(|f| self.tables.gap[f.index()]);
+        match (exact, gap_at) {
+            (true, None) => false,
+            (true, Some(_)) => true,
+            (false, Some(g)) => {
+                base.truncate(g + 1);
+                true
+            }
+            (false, None) => {
+                let gap = match self.gap_frame {
+                    Some(f) => f,
+                    None => {
+                        let f = intern_repair_gap(self.profile);
+                        self.gap_frame = Some(f);
+                        self.tables.extend(self.profile);
+                        f
+                    }
+                };
+                base.push(gap);
+                true
+            }
+        }
+    }
+
+    /// Code frames (pseudo frames left out, except the repair gap) of `stack`, root first, and their alignment keys: the
     /// frames' functions. Frames are matched by function, not address, so the same method at
     /// another call site or in re-jitted code (tiered compilation) still aligns; the re-attached
     /// base keeps the donor's own frames.
@@ -272,7 +313,9 @@ impl<'a> Engine<'a> {
             return;
         };
         for f in self.profile.stack_frames(stack) {
-            if !self.tables.pseudo[f.index()] {
+            // The gap is kept: a donor lends it with its base, and since no cut stack has it, an
+            // overlap never runs across it (frames on its two sides were never seen together).
+            if !self.tables.pseudo[f.index()] || self.tables.gap[f.index()] {
                 frames.push(f.0);
                 keys.push(self.profile.frame(f).function.0);
             }
@@ -287,7 +330,7 @@ impl<'a> Engine<'a> {
         self.profile.stack_frames_root_first(stack, &mut full);
         let lead = full
             .iter()
-            .take_while(|f| self.tables.pseudo[f.index()])
+            .take_while(|f| self.tables.pseudo[f.index()] && !self.tables.gap[f.index()])
             .count();
         let mut build = std::mem::take(&mut self.build);
         build.clear();

@@ -15,7 +15,11 @@
 //! - aligns each cut stack with its nearest complete or repaired neighbours on the same thread and
 //!   re-attaches the missing base frames below the producer's leading pseudo frames, choosing the
 //!   least-change alignment and recording whether it was the only one ([`SampleOutcome`]);
-//! - marks stacks it cannot align with a `[truncated: depth cap N]` base frame;
+//! - puts the repair gap frame, `[repair: frames unknown]` ([`rootline_profile::pseudo::REPAIR_GAP`],
+//!   a pseudo frame), between the base and the cut part when the alignment was a guess, so every
+//!   output format shows the join; an ambiguous sample carries exactly one gap, an exact one none;
+//! - marks stacks it cannot align with a `[truncated: depth cap N]` base frame (they still do not
+//!   reach their thread's root, and say so like any other truncated stack);
 //! - leaves every other sample untouched, and records totals in [`Metadata::extra`] under
 //!   `repair.*` (`repair.truncated`, `repair.exact`, `repair.ambiguous`, `repair.unrepairable`,
 //!   `repair.cap`, `repair.cap_source`).

@@ -3,11 +3,16 @@
 //! The vocabulary itself lives in [`rootline_profile::pseudo`]; depth caps count code frames only,
 //! so repair measures depth without these.
 
-use rootline_profile::{FrameId, Profile, pseudo::is_pseudo_frame};
+use rootline_profile::pseudo::{is_pseudo_frame, is_repair_gap};
+use rootline_profile::{FrameId, Profile};
 
-/// One flag per frame of `profile`, indexed by [`FrameId::index`].
-pub(crate) fn pseudo_flags(profile: &Profile) -> Vec<bool> {
+/// Two flags per frame of `profile`, indexed by [`FrameId::index`]: pseudo, and repair gap (a
+/// pseudo frame repair itself wrote, which donors lend like a code frame).
+pub(crate) fn pseudo_flags(profile: &Profile) -> (Vec<bool>, Vec<bool>) {
     (0..profile.frames().len())
-        .map(|i| is_pseudo_frame(profile, FrameId(i as u32)))
-        .collect()
+        .map(|i| {
+            let id = FrameId(i as u32);
+            (is_pseudo_frame(profile, id), is_repair_gap(profile, id))
+        })
+        .unzip()
 }

@@ -15,7 +15,8 @@ pub enum SampleOutcome {
     /// Truncated, and exactly one base was consistent with its neighbours; that base was re-attached.
     Exact,
     /// Truncated, and several bases were consistent (e.g. a recursion count the data cannot reveal);
-    /// the least-change one was re-attached and the sample is flagged as a guess.
+    /// the least-change one was re-attached, with a `[repair: frames unknown]` frame at the join
+    /// (or inherited from the donor's base), and the sample is flagged as a guess.
     Ambiguous,
     /// Truncated and not alignable with any neighbour; kept, with a `[truncated: …]` base frame.
     Unrepairable,

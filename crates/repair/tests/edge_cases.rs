@@ -228,3 +228,98 @@ fn a_shallow_sample_between_deep_ones_does_not_break_the_chain() {
     assert_eq!(report.outcomes[3], SampleOutcome::Exact);
     assert_eq!(b.stack_names(3), "main;a;b;c;d;e;f;y");
 }
+
+/// Samples (index) whose stack carries the repair gap frame, and the gap count of each.
+fn gaps(b: &Builder) -> Vec<(usize, usize)> {
+    let samples = b.p.samples();
+    (0..samples.len())
+        .filter_map(|i| {
+            let n =
+                b.p.stack_frames(samples.stacks[i])
+                    .filter(|&f| rootline_profile::pseudo::is_repair_gap(&b.p, f))
+                    .count();
+            (n > 0).then_some((i, n))
+        })
+        .collect()
+}
+
+#[test]
+fn a_guessed_join_inside_a_recursion_shows_the_gap() {
+    let mut b = Builder::new("test");
+    // Cap 5. How many `r` the cut hid no neighbour can say.
+    b.sample(0, "main;w;r;r");
+    b.sample(1, "r;r;r;r;x");
+    let report = repair(&mut b.p, &cap(5)).unwrap();
+    assert_eq!(report.outcomes[1], SampleOutcome::Ambiguous);
+    assert_eq!(
+        b.stack_names(1),
+        "main;w;[repair: frames unknown];r;r;r;r;x"
+    );
+    let gap =
+        b.p.stack_frames(b.p.samples().stacks[1])
+            .find(|&f| rootline_profile::pseudo::is_repair_gap(&b.p, f))
+            .unwrap();
+    assert_eq!(b.p.frame(gap).kind, FrameKind::Pseudo);
+    assert_eq!(gaps(&b), [(1, 1)]);
+    assert_eq!(b.p.metadata.extra["repair.ambiguous"], "1");
+    assert_eq!(b.p.metadata.extra["repair.exact"], "0");
+    assert_eq!(b.p.metadata.extra["repair.unrepairable"], "0");
+    // A gap is not a truncation: the stack reaches its root.
+    assert_eq!(b.p.metadata.truncated_samples, 0);
+}
+
+#[test]
+fn an_exact_join_has_no_gap_and_an_exact_join_to_a_guess_inherits_its_one_gap() {
+    let mut b = Builder::new("test");
+    // Cap 5. Sample 1 sits between two complete samples that disagree on its base (`a` or `b`):
+    // a guess, marked. Sample 2 aligns exactly (`e;f;g`) with sample 1's repair, so it lends its
+    // base and its gap. Sample 4 aligns exactly with sample 3, a complete sample: no gap.
+    b.sample(0, "main;a;c;d");
+    b.sample(1, "c;d;e;f;g");
+    b.sample(2, "e;f;g;h;i");
+    b.sample(3, "main;b;c;d");
+    b.sample(4, "c;d;k;l;m");
+    let report = repair(&mut b.p, &cap(5)).unwrap();
+    assert_eq!(
+        report.outcomes,
+        [
+            SampleOutcome::Whole,
+            SampleOutcome::Ambiguous,
+            SampleOutcome::Ambiguous,
+            SampleOutcome::Whole,
+            SampleOutcome::Exact
+        ]
+    );
+    assert_eq!(
+        b.stack_names(1),
+        "main;a;[repair: frames unknown];c;d;e;f;g"
+    );
+    assert_eq!(
+        b.stack_names(2),
+        "main;a;[repair: frames unknown];c;d;e;f;g;h;i"
+    );
+    assert_eq!(b.stack_names(4), "main;b;c;d;k;l;m");
+    assert_eq!(gaps(&b), [(1, 1), (2, 1)]);
+}
+
+#[test]
+fn a_guess_on_a_guess_keeps_one_gap_and_only_the_samples_own_frames_after_it() {
+    let mut b = Builder::new("test");
+    // Cap 5. Sample 2 aligns with sample 1's repair inside the recursion again: the `r` frames that
+    // sample 1 had between its gap and this join are as unsure as the join, so they go.
+    b.sample(0, "main;w;r;r");
+    b.sample(1, "r;r;r;r;x");
+    b.sample(2, "r;x;y;z;q");
+    let report = repair(&mut b.p, &cap(5)).unwrap();
+    assert_eq!(report.outcomes[2], SampleOutcome::Ambiguous);
+    assert_eq!(
+        b.stack_names(2),
+        "main;w;[repair: frames unknown];r;x;y;z;q"
+    );
+    assert_eq!(gaps(&b), [(1, 1), (2, 1)]);
+    // Repairing again changes nothing: repaired stacks are deeper than the cap.
+    let before = b.p.samples().stacks.clone();
+    let again = repair(&mut b.p, &cap(5)).unwrap();
+    assert_eq!(again.totals().truncated, 0);
+    assert_eq!(b.p.samples().stacks, before);
+}

