@@ -104,3 +104,63 @@ fn precompiled_frames_are_named_inside_a_pid_and_mount_namespace() {
     frames.print();
     frames.assert_named_and_true(500);
 }
+
+/// .NET 8 in a pid and mount namespace, started without any perf map variable: its diagnostics
+/// socket is found in its private `/tmp` through `/proc/PID/root`, `EnablePerfMap` switches its
+/// perf map and perfinfo file on there, and its JIT and precompiled frames are named.
+#[test]
+fn net8_frames_are_named_inside_a_pid_and_mount_namespace_with_perf_maps_over_ipc() {
+    let test = "net8_frames_are_named_inside_a_pid_and_mount_namespace_with_perf_maps_over_ipc";
+    let Some(dotnet) = dotnet::host8(test) else {
+        return;
+    };
+    let Some(mcs) = dotnet::mcs(test) else {
+        return;
+    };
+    let Some(unshare) = require(test, "unshare (util-linux)", which("unshare")) else {
+        return;
+    };
+    let _setup = Setup::new();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    if !visible_beside_private_tmp(test, dir.path()) {
+        return;
+    }
+    let exe = dotnet::build(&mcs, dir.path(), Some(&dotnet), "Precompiled");
+    let args = [exe.into_os_string(), "60".into()];
+    let (_target, pid) = start_in_namespace(
+        &unshare,
+        dir.path(),
+        &dotnet,
+        &args,
+        &[
+            ("DOTNET_TieredCompilation", "0"),
+            ("DOTNET_CLI_TELEMETRY_OPTOUT", "1"),
+        ],
+    );
+    let _guard = match rootline_dotnet::perfmap::PerfMapGuard::enable(pid) {
+        rootline_dotnet::perfmap::Outcome::Enabled(g) => g,
+        other => panic!("EnablePerfMap in the namespace: {other:?}"),
+    };
+    let inside = format!("/proc/{pid}/root/tmp/perfinfo-1.map");
+    let mut info =
+        PerfInfo::new(std::fs::File::open(&inside).expect("perfinfo in the target's /tmp"));
+    info.read_more().unwrap();
+    let corelib = info
+        .images
+        .iter()
+        .find(|i| i.path.ends_with("/System.Private.CoreLib.dll"))
+        .expect("CoreLib's image load")
+        .path
+        .clone();
+    let rate = Rate {
+        hz: 5_000,
+        seconds: 4.0,
+        stack_kib: 32,
+    };
+    let graph = dotnet::precompiled_graph();
+    let (recording, v) = record_and_check(".NET 8 in a namespace", pid, rate, &graph, 2000);
+    v.assert_whole_and_true();
+    let frames = dotnet::CoreLibFrames::collect(&recording.profile, &corelib);
+    frames.print();
+    frames.assert_named_and_true(500);
+}

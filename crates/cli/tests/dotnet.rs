@@ -336,3 +336,66 @@ fn ps_collect_ctrl_c_and_sigkill(runtime: &Runtime) {
     );
     target.assert_still_answers();
 }
+
+/// `rootline record -- dotnet Rec.exe` names the launched runtime's JIT-compiled frames with no
+/// variable set by the user: the recorder starts the command with the runtime's perf map on.
+#[test]
+fn record_of_a_launched_dotnet_program_names_its_methods() {
+    for_each_runtime(
+        "record_of_a_launched_dotnet_program_names_its_methods",
+        |runtime| {
+            let dir = tempfile::tempdir().unwrap();
+            let exe = runtime.build_target(dir.path());
+            let folded = dir.path().join("launched.folded");
+            // The recording ends after 4 s and leaves the command running, as it does any
+            // launched command: `timeout` ends it.
+            let status = Command::new(env!("CARGO_BIN_EXE_rootline"))
+                .args(["record", "--duration", "4", "-o"])
+                .arg(&folded)
+                .args(["--", "timeout", "-s", "KILL", "8"])
+                .arg(&runtime.dotnet)
+                .arg(&exe)
+                .args(["40", "10"])
+                .env_remove("DOTNET_PerfMapEnabled")
+                .env_remove("COMPlus_PerfMapEnabled")
+                .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("run rootline record");
+            assert!(status.success(), "{status:?}");
+            let text = std::fs::read_to_string(&folded).unwrap();
+            let (mut program, mut named, mut cut) = (0u64, 0u64, 0u64);
+            for line in text.lines() {
+                let (stack, n) = line.rsplit_once(' ').unwrap();
+                let n: u64 = n.parse().unwrap();
+                // The program's threads: Main and the worker, under their entry methods.
+                if !(stack.contains("Rec::Main(") || stack.contains("Rec::Shallow(")) {
+                    continue;
+                }
+                program += n;
+                if stack.contains("Rec::Down(int32,int32)") {
+                    named += n;
+                }
+                if stack.contains("[truncated") {
+                    cut += n;
+                }
+            }
+            println!("{runtime}: {program} program samples, {named} in Rec::Down, {cut} cut");
+            assert!(
+                program >= 1000,
+                "{program} samples in the program's methods"
+            );
+            assert!(
+                named * 100 >= program * 95,
+                "{named} of {program} through Rec::Down"
+            );
+            // (A few samples taken while the runtime compiles at start-up end explicitly in its
+            // deep native frames: the in-kernel stack walk is the cure for those.)
+            assert!(
+                cut * 100 <= program,
+                "{cut} of {program} program stacks truncated"
+            );
+        },
+    );
+}
