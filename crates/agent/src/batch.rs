@@ -267,7 +267,7 @@ impl Builder {
 
     fn intern_frame(&mut self, frame: &FrameDesc) -> FrameId {
         let name = self.profile.intern_string(&frame.name);
-        let function = self.profile.intern_function(Function { name, file: None });
+        let function = self.profile.intern_function(Function::new(name, None));
         let mapping = frame.module.as_ref().map(|module| {
             let path = self.profile.intern_string(module);
             self.profile.intern_mapping(Mapping {

@@ -207,10 +207,7 @@ pub fn read(reader: impl BufRead) -> Result<Profile, FormatError> {
         .map(|f| {
             let name = profile.intern_string(&f.name);
             let file_name = f.file.as_deref().map(|s| profile.intern_string(s));
-            let function = profile.intern_function(Function {
-                name,
-                file: file_name,
-            });
+            let function = profile.intern_function(Function::new(name, file_name));
             profile.intern_frame(rootline_profile::Frame {
                 function,
                 mapping: None,

@@ -90,6 +90,8 @@ impl JitSymbol {
             + self.name.name.capacity()
             + text(&self.name.module)
             + text(&self.name.file)
+            + text(&self.name.system_name)
+            + text(&self.name.tier)
     }
 }
 

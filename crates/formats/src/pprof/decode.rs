@@ -303,7 +303,7 @@ impl<'a> Converter<'a> {
             let file = self.string(f.filename, at, "a function's file name")?;
             let name = profile.intern_string(name);
             let file = (!file.is_empty()).then(|| profile.intern_string(file));
-            let id = profile.intern_function(Function { name, file });
+            let id = profile.intern_function(Function::new(name, file));
             if out.insert(f.id, id).is_some() {
                 return Err(invalid(at, format!("function id {} appears twice", f.id)));
             }
@@ -358,7 +358,7 @@ impl<'a> Converter<'a> {
             if lines == 0 {
                 let name = format!("0x{:x}", loc.address);
                 let name = profile.intern_string(&name);
-                let function = profile.intern_function(Function { name, file: None });
+                let function = profile.intern_function(Function::new(name, None));
                 frames.push(profile.intern_frame(Frame {
                     function,
                     mapping,
