@@ -267,7 +267,14 @@ impl Builder {
 
     fn intern_frame(&mut self, frame: &FrameDesc) -> FrameId {
         let name = self.profile.intern_string(&frame.name);
-        let function = self.profile.intern_function(Function { name, file: None });
+        let code = frame.code.as_deref();
+        let mut text = |s: Option<&Arc<str>>| s.map(|s| self.profile.intern_string(s));
+        let function = Function {
+            system_name: text(code.and_then(|c| c.system_name.as_ref())),
+            tier: text(code.and_then(|c| c.tier.as_ref())),
+            ..Function::new(name, None)
+        };
+        let function = self.profile.intern_function(function);
         let mapping = frame.module.as_ref().map(|module| {
             let path = self.profile.intern_string(module);
             self.profile.intern_mapping(Mapping {

@@ -25,7 +25,7 @@ use rootline_profile::{FrameId, Profile, StackId};
 
 use crate::config::AgentConfig;
 use crate::source::{PollStats, RawSample, SampleSource, SourceError};
-use crate::stacks::{FrameDesc, StackTable};
+use crate::stacks::{CodeDetail, FrameDesc, StackTable};
 
 /// Distinct frames, stack nodes and threads the capture profile holds before it starts over
 /// (bounds its memory, and that of the shared table mirroring it).
@@ -261,12 +261,23 @@ impl Forward {
             let path = profile.string(profile.mapping(m).path);
             Forward::intern(&mut self.names, path)
         });
+        let function = profile.function(frame.function);
+        let code = (function.system_name.is_some() || function.tier.is_some()).then(|| {
+            let mut text = |s: Option<rootline_profile::StringId>| {
+                s.map(|s| Forward::intern(&mut self.names, profile.string(s)))
+            };
+            Arc::new(CodeDetail {
+                system_name: text(function.system_name),
+                tier: text(function.tier),
+            })
+        });
         FrameDesc {
             name,
             module,
             address: frame.address,
             inline_depth: frame.inline_depth,
             kind: frame.kind,
+            code,
         }
     }
 

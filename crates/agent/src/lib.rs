@@ -50,7 +50,7 @@ pub use export::{ExportError, ExportOutcome, Exporter, RequestCounts, build_expo
 pub use pipeline::{Agent, AgentError};
 pub use process::ProcessInfo;
 pub use source::{PollStats, RawSample, SampleSource, SourceError};
-pub use stacks::{FrameDesc, StackRef, StackTable, StackView};
+pub use stacks::{CodeDetail, FrameDesc, StackRef, StackTable, StackView};
 pub use stats::{ExporterStats, Stats};
 pub use synthetic::{SyntheticConfig, SyntheticCounters, SyntheticSource};
 pub use targets::{TargetConfig, TargetError, Targets};

@@ -29,6 +29,17 @@ pub struct FrameDesc {
     pub inline_depth: u8,
     /// Where the code comes from.
     pub kind: FrameKind,
+    /// What the JIT said about the code beyond its display name, when it said anything.
+    pub code: Option<Arc<CodeDetail>>,
+}
+
+/// What a runtime's JIT says about a piece of code besides its display name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CodeDetail {
+    /// The name exactly as the runtime wrote it (a CoreCLR perf map's whole line).
+    pub system_name: Option<Arc<str>>,
+    /// The code tier (`QuickJitted`, `OptimizedTier1OSR`, `ReadyToRun`, …).
+    pub tier: Option<Arc<str>>,
 }
 
 impl FrameDesc {
@@ -43,6 +54,7 @@ impl FrameDesc {
             address,
             inline_depth: 0,
             kind: FrameKind::Native,
+            code: None,
         }
     }
 }
@@ -131,6 +143,7 @@ impl StackTable {
                 address: 0,
                 inline_depth: 0,
                 kind: FrameKind::Truncated,
+                code: None,
             }];
             &empty[..]
         } else {

@@ -60,6 +60,7 @@ impl SyntheticSource {
                     address: 0x1000,
                     inline_depth: 0,
                     kind: rootline_profile::FrameKind::Native,
+                    code: None,
                 }];
                 for d in 1..config.depth.max(1) {
                     // The leaf differs per stack; callers are shared, as in real programs.
@@ -74,6 +75,7 @@ impl SyntheticSource {
                         address: 0x10_0000 + (n as u64) * 0x40,
                         inline_depth: 0,
                         kind: rootline_profile::FrameKind::Native,
+                        code: None,
                     });
                 }
                 frames

@@ -26,6 +26,7 @@ fn frame(name: &str, kind: FrameKind) -> FrameDesc {
         address: 0,
         inline_depth: 0,
         kind,
+        code: None,
     }
 }
 

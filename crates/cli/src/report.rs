@@ -1,4 +1,4 @@
-//! `rootline report IN [--top N] [--tree]`: a text summary of a profile.
+//! `rootline report IN [--top N] [--tree] [--tiers]`: a text summary of a profile.
 //!
 //! Counts are taken from one value column (the first `samples` column by default). Self time goes to
 //! the leaf-most frame that is real code (producer pseudo-frames such as `CPU_TIME` are skipped);
@@ -8,6 +8,10 @@
 //! The hottest paths are shown as they read: identical displayed paths (stacks that differ only by
 //! thread or by address within the same functions) are one entry, and the language runtime's
 //! start-up frames are left out unless asked for (see [`startup_len`]).
+//!
+//! Functions are counted by the name they show, so one .NET method compiled at several code tiers
+//! is one line; `--tiers` splits the self time of the hottest such methods by tier
+//! (`Calls::Spin(int32) [OptimizedTier1OSR]`).
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -45,6 +49,10 @@ pub struct Args {
     /// start_thread, clone3) at the root of the hottest paths; hidden by default.
     #[arg(long)]
     pub show_startup: bool,
+    /// Also list the self time of the hottest functions per JIT code tier (.NET's QuickJitted,
+    /// OptimizedTier1, OptimizedTier1OSR, ReadyToRun…).
+    #[arg(long)]
+    pub tiers: bool,
 }
 
 /// Runs `rootline report`.
@@ -64,6 +72,15 @@ pub fn run(args: Args) -> Result<()> {
     let stdout = io::stdout();
     let mut out = stdout.lock();
     write_report(&profile, column, args.top, args.show_startup, &mut out)?;
+    if args.tiers {
+        writeln!(out)?;
+        write_tiers(&profile, column, args.top, &mut out)?;
+    } else if profile.functions().iter().any(|f| f.tier.is_some()) {
+        writeln!(
+            out,
+            "\n(the profile records JIT code tiers; --tiers shows self time per tier)"
+        )?;
+    }
     if args.tree {
         writeln!(out)?;
         write_tree(&profile, column, args.min_percent, &mut out)?;
@@ -262,6 +279,55 @@ pub fn write_report(
             rank + 1,
             percent(*value, grand),
         )?;
+    }
+    Ok(())
+}
+
+/// Writes the self time of the `top` hottest functions that have code tiers, split by tier:
+/// `Calls::Spin(int32) [OptimizedTier1OSR]`, hottest first.
+pub fn write_tiers(
+    profile: &Profile,
+    column: Option<usize>,
+    top: usize,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let sums = per_stack(profile, column);
+    let grand: i64 = sums.values().copied().fold(0, i64::saturating_add);
+    // Self time per (name, tier) and per name, of leaf frames that have a tier.
+    let mut per_tier: HashMap<(&str, &str), i64> = HashMap::new();
+    let mut per_name: HashMap<&str, i64> = HashMap::new();
+    for (&stack, &value) in &sums {
+        let Some(leaf) = profile.stack_frames(stack).find(|&f| is_code(profile, f)) else {
+            continue;
+        };
+        let Some(tier) = profile.function(profile.frame(leaf).function).tier else {
+            continue;
+        };
+        let name = profile.frame_name(leaf);
+        *per_tier.entry((name, profile.string(tier))).or_default() += value;
+        *per_name.entry(name).or_default() += value;
+    }
+    writeln!(
+        out,
+        "Self time by code tier (hottest functions that have tiers)"
+    )?;
+    if per_name.is_empty() {
+        writeln!(out, "  (no function in this profile records a code tier)")?;
+        return Ok(());
+    }
+    let mut names: Vec<(&str, i64)> = per_name.into_iter().collect();
+    names.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    writeln!(out, "  {:>8}  function [tier]", "self%")?;
+    for (name, _) in names.into_iter().take(top) {
+        let mut tiers: Vec<(&str, i64)> = per_tier
+            .iter()
+            .filter(|((n, _), _)| *n == name)
+            .map(|(&(_, t), &v)| (t, v))
+            .collect();
+        tiers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        for (tier, value) in tiers {
+            writeln!(out, "  {:>7.2}%  {name} [{tier}]", percent(value, grand))?;
+        }
     }
     Ok(())
 }

@@ -298,15 +298,24 @@ fn name_frame(
     modules: &HashMap<u64, String>,
     ip: u64,
 ) -> (FrameId, bool) {
-    let (name, ok) = match index.find(ip) {
+    let (function, ok) = match index.find(ip) {
         Some(m) => {
             let module = modules.get(&m.module_id).map_or("?", String::as_str);
-            (format!("{module}!{}", m.display_name()), true)
+            let raw = format!("{module}!{}", m.display_name());
+            let user = format!("{module}!{}", m.user_name());
+            let function = Function {
+                system_name: (user != raw).then(|| profile.intern_string(&raw)),
+                tier: m.tier().map(|t| profile.intern_string(t)),
+                ..Function::new(profile.intern_string(&user), None)
+            };
+            (function, true)
         }
-        None => (format!("?!0x{ip:x}"), false),
+        None => {
+            let name = profile.intern_string(&format!("?!0x{ip:x}"));
+            (Function::new(name, None), false)
+        }
     };
-    let name = profile.intern_string(&name);
-    let function = profile.intern_function(Function { name, file: None });
+    let function = profile.intern_function(function);
     let frame = profile.intern_frame(Frame {
         function,
         mapping: None,

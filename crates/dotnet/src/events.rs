@@ -60,6 +60,9 @@ pub struct MethodInfo {
     pub name: String,
     /// Signature, e.g. `void  (int32)`.
     pub signature: String,
+    /// `MethodFlags`: dynamic, generic, jitted… and, from .NET 5 on, the code tier in bits 7–9
+    /// (see [`crate::names::tier_from_method_flags`]).
+    pub flags: u32,
 }
 
 impl MethodInfo {
@@ -74,6 +77,23 @@ impl MethodInfo {
         } else {
             format!("{}.{}{params}", self.namespace, self.name)
         }
+    }
+
+    /// The name to show: [`MethodInfo::display_name`], except that an `async` method's or
+    /// iterator's `MoveNext` is named as the method the user wrote, `Namespace.Type.Method`
+    /// (no parameters: the state machine's `MoveNext` has none of the method's).
+    pub fn user_name(&self) -> String {
+        if self.name == "MoveNext"
+            && let Some(m) = crate::names::state_machine_method(&self.namespace)
+        {
+            return format!("{}.{}", m.declaring_type, m.method);
+        }
+        self.display_name()
+    }
+
+    /// The code tier the runtime compiled this code at, when the event says.
+    pub fn tier(&self) -> Option<&'static str> {
+        crate::names::tier_from_method_flags(self.flags)
     }
 }
 
@@ -131,7 +151,7 @@ pub fn parse_method_verbose(payload: &[u8], offset: u64) -> Result<MethodInfo, N
     let start = b.u64("MethodStartAddress")?;
     let size = b.u32("MethodSize")?;
     b.u32("MethodToken")?;
-    b.u32("MethodFlags")?;
+    let flags = b.u32("MethodFlags")?;
     Ok(MethodInfo {
         method_id,
         module_id,
@@ -140,6 +160,7 @@ pub fn parse_method_verbose(payload: &[u8], offset: u64) -> Result<MethodInfo, N
         namespace: b.utf16z("MethodNamespace")?,
         name: b.utf16z("MethodName")?,
         signature: b.utf16z("MethodSignature")?,
+        flags,
     })
 }
 
@@ -207,8 +228,24 @@ mod tests {
             namespace: "Rec".into(),
             name: "Down".into(),
             signature: "int32  (int32,class System.String)".into(),
+            flags: 0x8,
         };
         assert_eq!(m.display_name(), "Rec.Down(int32,class System.String)");
+        assert_eq!(m.user_name(), m.display_name());
+        assert_eq!(m.tier(), None);
+        let machine = MethodInfo {
+            namespace: "Rootline.Tests.Async+<Level>c__async0".into(),
+            name: "MoveNext".into(),
+            signature: "void  ()".into(),
+            flags: 4 << 7 | 0x8,
+            ..m.clone()
+        };
+        assert_eq!(
+            machine.display_name(),
+            "Rootline.Tests.Async+<Level>c__async0.MoveNext()"
+        );
+        assert_eq!(machine.user_name(), "Rootline.Tests.Async.Level");
+        assert_eq!(machine.tier(), Some("OptimizedTier1"));
         let module = ModuleInfo {
             module_id: 2,
             assembly_id: 3,

@@ -27,6 +27,7 @@ pub mod events;
 pub mod image;
 #[cfg(unix)]
 pub mod ipc;
+pub mod names;
 pub mod nettrace;
 #[cfg(unix)]
 pub mod perfmap;

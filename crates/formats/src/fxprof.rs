@@ -7,7 +7,9 @@
 //! name. Frames are labels (already symbolicated) in a category per
 //! [`FrameKind`]: Native, Kernel, JIT, Managed, Truncated, and Other for producer pseudo-frames;
 //! JIT and managed frames are flagged as script frames so the profiler's "JavaScript" filter
-//! shows only them.
+//! shows only them. A frame with a code tier (`QuickJitted`, `OptimizedTier1OSR`, …) is in its
+//! category's subcategory of that name, which the profiler shows in the frame's tooltip and
+//! sidebar.
 //!
 //! **Weights**: a count column (`samples`, or unit `count`) gives each sample its count; else a
 //! `bytes` column gives byte weights; else a nanosecond column is divided by the greatest common
@@ -26,7 +28,7 @@ use fxprof_processed_profile::{
     ProcessHandle, Profile as FxProfile, ReferenceTimestamp, SamplingInterval, StackHandle,
     ThreadHandle, Timestamp, WeightType,
 };
-use rootline_profile::{FrameId, FrameKind, Profile, StackId, ThreadId};
+use rootline_profile::{FrameId, FrameKind, Profile, StackId, StringId, ThreadId};
 
 use crate::error::FormatError;
 
@@ -112,29 +114,33 @@ fn choose_weights(profile: &Profile) -> Weights {
 
 /// The categories of frame kinds.
 struct Categories {
-    by_kind: [CategoryPairHandle; FrameKind::ALL.len()],
+    by_kind: [CategoryHandle; FrameKind::ALL.len()],
+    /// Subcategories named after code tiers, by kind and tier.
+    by_tier: HashMap<(FrameKind, StringId), CategoryPairHandle>,
 }
 
 impl Categories {
     fn new(fx: &mut FxProfile) -> Categories {
-        let mut add = |name, color| CategoryPairHandle::from(fx.add_category(name, color));
-        let native = add("Native", CategoryColor::Blue);
-        let kernel = add("Kernel", CategoryColor::Orange);
-        let jit = add("JIT", CategoryColor::Green);
-        let managed = add("Managed", CategoryColor::Purple);
-        let truncated = add("Truncated", CategoryColor::Red);
-        let other = CategoryPairHandle::from(CategoryHandle::OTHER);
-        let mut by_kind = [other; FrameKind::ALL.len()];
-        by_kind[FrameKind::Native as usize] = native;
-        by_kind[FrameKind::Kernel as usize] = kernel;
-        by_kind[FrameKind::Jit as usize] = jit;
-        by_kind[FrameKind::Managed as usize] = managed;
-        by_kind[FrameKind::Truncated as usize] = truncated;
-        Categories { by_kind }
+        let mut by_kind = [CategoryHandle::OTHER; FrameKind::ALL.len()];
+        by_kind[FrameKind::Native as usize] = fx.add_category("Native", CategoryColor::Blue);
+        by_kind[FrameKind::Kernel as usize] = fx.add_category("Kernel", CategoryColor::Orange);
+        by_kind[FrameKind::Jit as usize] = fx.add_category("JIT", CategoryColor::Green);
+        by_kind[FrameKind::Managed as usize] = fx.add_category("Managed", CategoryColor::Purple);
+        by_kind[FrameKind::Truncated as usize] = fx.add_category("Truncated", CategoryColor::Red);
+        Categories {
+            by_kind,
+            by_tier: HashMap::new(),
+        }
     }
 
-    fn frame_info(&self, fx: &mut FxProfile, profile: &Profile, frame: FrameId) -> FrameInfo {
+    fn frame_info(&mut self, fx: &mut FxProfile, profile: &Profile, frame: FrameId) -> FrameInfo {
         let kind = profile.frame(frame).kind;
+        let category_pair = match profile.function(profile.frame(frame).function).tier {
+            Some(tier) => *self.by_tier.entry((kind, tier)).or_insert_with(|| {
+                fx.add_subcategory(self.by_kind[kind as usize], profile.string(tier))
+            }),
+            None => self.by_kind[kind as usize].into(),
+        };
         let flags = if matches!(kind, FrameKind::Jit | FrameKind::Managed) {
             FrameFlags::IS_JS
         } else {
@@ -142,7 +148,7 @@ impl Categories {
         };
         FrameInfo {
             frame: Frame::Label(fx.intern_string(profile.frame_name(frame))),
-            category_pair: self.by_kind[kind as usize],
+            category_pair,
             flags,
         }
     }
@@ -165,7 +171,7 @@ fn convert(profile: &Profile) -> FxProfile {
     };
     let mut fx = FxProfile::new(product, reference, weights.interval);
     fx.set_symbolicated(true);
-    let categories = Categories::new(&mut fx);
+    let mut categories = Categories::new(&mut fx);
     let at = |time: u64| Timestamp::from_nanos_since_reference(time.saturating_sub(start));
 
     let samples = profile.samples();
@@ -206,7 +212,7 @@ fn convert(profile: &Profile) -> FxProfile {
         add_samples(
             &mut fx,
             profile,
-            &categories,
+            &mut categories,
             handle,
             list,
             &weights,
@@ -221,7 +227,7 @@ fn convert(profile: &Profile) -> FxProfile {
 fn add_samples(
     fx: &mut FxProfile,
     profile: &Profile,
-    categories: &Categories,
+    categories: &mut Categories,
     thread: ThreadHandle,
     list: &[usize],
     weights: &Weights,

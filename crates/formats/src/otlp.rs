@@ -17,6 +17,10 @@
 //!   `thread.id`, `thread.name` and `process.pid`. Times are written as the profile holds them
 //!   (Unix nanoseconds when the producer recorded wall-clock time).
 //! - Mappings carry their GNU build id as `process.executable.build_id.gnu`.
+//! - A function's `system_name` is the name its runtime wrote (a CoreCLR perf map's whole line),
+//!   else its name. The code tier of a location's physical frame (`QuickJitted`,
+//!   `OptimizedTier1OSR`, `ReadyToRun`, …) is the location attribute `rootline.code_tier`: the
+//!   semantic conventions have no attribute for it, so it carries rootline's prefix.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -55,6 +59,9 @@ pub fn write(profile: &Profile, mut writer: impl Write) -> Result<(), FormatErro
     writer.flush()?;
     Ok(())
 }
+
+/// The location attribute holding the code tier of the location's physical frame.
+pub const CODE_TIER_ATTRIBUTE: &str = "rootline.code_tier";
 
 /// An attribute value as a hashable dictionary key.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -168,9 +175,12 @@ impl Dictionary {
     fn function(&mut self, profile: &Profile, frame: &Frame) -> i32 {
         let f = profile.function(frame.function);
         let name = self.string(profile.string(f.name));
+        let system_name = f
+            .system_name
+            .map_or(name, |s| self.string(profile.string(s)));
         let row = pb::Function {
             name_strindex: name,
-            system_name_strindex: name,
+            system_name_strindex: system_name,
             filename_strindex: f.file.map_or(0, |file| self.string(profile.string(file))),
             start_line: 0,
         };
@@ -190,11 +200,17 @@ impl Dictionary {
                 column: 0,
             })
             .collect();
-        let kind = self.attribute(
+        let mut attributes = vec![self.attribute(
             "profile.frame.type",
             AttrValue::Str(frame_type(physical.kind).into()),
-        );
-        let key = (mapping, physical.address, lines, vec![kind]);
+        )];
+        if let Some(tier) = profile.function(physical.function).tier {
+            attributes.push(self.attribute(
+                CODE_TIER_ATTRIBUTE,
+                AttrValue::Str(profile.string(tier).to_owned()),
+            ));
+        }
+        let key = (mapping, physical.address, lines, attributes);
         if let Some(&i) = self.location_index.get(&key) {
             return i;
         }

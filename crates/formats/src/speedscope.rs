@@ -14,7 +14,9 @@
 //!
 //! **Writing**: one `sampled` profile per thread, frames shared, weights in the unit of the
 //! profile's time column (`nanoseconds`), else its bytes column (`bytes`), else its first column
-//! (`none`).
+//! (`none`). A frame with a code tier and no source file (a .NET method from a perf map) shows
+//! its tier in the `file` field, `[OptimizedTier1]`; the reader takes such a `file` back as the
+//! tier.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -206,10 +208,19 @@ pub fn read(reader: impl BufRead) -> Result<Profile, FormatError> {
         .iter()
         .map(|f| {
             let name = profile.intern_string(&f.name);
-            let file_name = f.file.as_deref().map(|s| profile.intern_string(s));
+            let tier = f
+                .file
+                .as_deref()
+                .and_then(|s| s.strip_prefix('[')?.strip_suffix(']'))
+                .filter(|t| !t.is_empty() && !t.contains(['[', ']', '/']))
+                .map(|t| profile.intern_string(t));
+            let file_name = match tier {
+                Some(_) => None,
+                None => f.file.as_deref().map(|s| profile.intern_string(s)),
+            };
             let function = profile.intern_function(Function {
-                name,
-                file: file_name,
+                tier,
+                ..Function::new(name, file_name)
             });
             profile.intern_frame(rootline_profile::Frame {
                 function,
@@ -442,7 +453,13 @@ pub fn write_titled(
                             let function = profile.function(frame.function);
                             frames.push(Frame {
                                 name: profile.string(function.name).to_owned(),
-                                file: function.file.map(|s| profile.string(s).to_owned()),
+                                file: match (function.file, function.tier) {
+                                    (Some(file), _) => Some(profile.string(file).to_owned()),
+                                    (None, Some(tier)) => {
+                                        Some(format!("[{}]", profile.string(tier)))
+                                    }
+                                    (None, None) => None,
+                                },
                                 line: frame.line.map(f64::from),
                                 col: None,
                             });

@@ -16,10 +16,7 @@ fn one_span_per_call_even_when_the_address_changes() {
     let mut p = Profile::new(vec![SampleType::wall_nanoseconds()]);
     let t = p.intern_thread(1, 1);
     let main_name = p.intern_string("Main");
-    let main_fn = p.intern_function(Function {
-        name: main_name,
-        file: None,
-    });
+    let main_fn = p.intern_function(Function::new(main_name, None));
     let leaf_a = p.intern_named_frame("A", FrameKind::Managed);
     let leaf_b = p.intern_named_frame("B", FrameKind::Managed);
     // Main at three call sites (three addresses), one call of Main throughout.

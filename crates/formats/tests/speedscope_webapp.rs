@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use rootline_formats::speedscope;
-use rootline_profile::{FrameKind, Profile, SampleType};
+use rootline_profile::{Frame, FrameKind, Function, Profile, SampleType};
 
 #[path = "../../../tests/support/speedscope_check.rs"]
 mod speedscope_check;
@@ -28,10 +28,25 @@ fn profile() -> Profile {
         p.set_thread_name(thread, &format!("request worker {t}"));
         for s in 0..40u32 {
             let depth = 2 + (s % 3) as usize;
-            let frames: Vec<_> = names[..depth]
+            let mut frames: Vec<_> = names[..depth]
                 .iter()
                 .map(|n| p.intern_named_frame(n, FrameKind::Managed))
                 .collect();
+            // The leaf at a JIT code tier, which the file shows in the frame's `file` field.
+            if depth == names.len() {
+                let name = p.intern_string(names[depth - 1]);
+                let tier = p.intern_string(if s % 2 == 0 {
+                    "QuickJitted"
+                } else {
+                    "OptimizedTier1"
+                });
+                let function = p.intern_function(Function {
+                    tier: Some(tier),
+                    ..Function::new(name, None)
+                });
+                let leaf = *p.frame(frames[depth - 1]);
+                frames[depth - 1] = p.intern_frame(Frame { function, ..leaf });
+            }
             let stack = p.intern_stack_root_first(frames).unwrap();
             p.push_sample(u64::from(s) * 1_000_000, thread, stack, &[1_000_000])
                 .unwrap();
@@ -50,6 +65,7 @@ fn speedscope_web_app_renders_our_output() {
     let file = dir.join("checkout.speedscope.json");
     let mut out = Vec::new();
     speedscope::write(&profile(), &mut out).unwrap();
+    assert!(String::from_utf8_lossy(&out).contains("\"file\":\"[OptimizedTier1]\""));
     std::fs::write(&file, &out).unwrap();
     let output = Command::new("node")
         .arg(workspace().join("tests/js-speedscope/speedscope-check.mjs"))

@@ -37,7 +37,7 @@ pub use model::{Frame, FrameKind, Function, Mapping, Process, SampleType, StackN
 pub use profile::{Profile, ProfileError, Samples, StackFrames};
 pub use rlp::{
     CHUNK_HEADER_LEN, ChunkInfo, MAX_CHUNK_LEN, MAX_DECOMPRESSED_LEN, RLP_HEADER_LEN, RLP_MAGIC,
-    RLP_VERSION, RlpError, RlpRead, RlpReader, RlpTailError, RlpWriter, TailReason, read_rlp,
-    write_rlp,
+    RLP_OLDEST_VERSION, RLP_VERSION, RlpError, RlpRead, RlpReader, RlpTailError, RlpWriter,
+    TailReason, read_rlp, write_rlp,
 };
 pub use truncation::TruncateReason;

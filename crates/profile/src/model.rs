@@ -17,13 +17,36 @@ pub struct Mapping {
     pub build_id: Option<StringId>,
 }
 
-/// A function: a display name and, when known, its source file.
+/// A function: a display name and, when known, its source file, the name the runtime gave it and
+/// the code tier it ran at.
+///
+/// The display name is what folded output and flame graphs show; two functions that differ only
+/// in `system_name` or `tier` (one .NET method at two code tiers) display alike and merge there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Function {
     /// Demangled display name, e.g. `main` or `Rec!Rec.Main(string[])`.
     pub name: StringId,
     /// Source file, when known.
     pub file: Option<StringId>,
+    /// The name exactly as the runtime or symbol table wrote it, when it differs from `name`
+    /// (e.g. `[Async] Async+<Level>d__3::MoveNext()[OptimizedTier1]` for the `async` method
+    /// `Async::Level`).
+    pub system_name: Option<StringId>,
+    /// The code tier a JIT compiled this code at, when the runtime says (.NET: `QuickJitted`,
+    /// `InstrumentedTier`, `OptimizedTier1`, `OptimizedTier1OSR`, `ReadyToRun`, …).
+    pub tier: Option<StringId>,
+}
+
+impl Function {
+    /// A function known by its display name and, optionally, its source file.
+    pub fn new(name: StringId, file: Option<StringId>) -> Function {
+        Function {
+            name,
+            file,
+            system_name: None,
+            tier: None,
+        }
+    }
 }
 
 /// Where a frame's code comes from; decides how viewers colour it and how repair treats it.

@@ -190,7 +190,7 @@ impl Profile {
     /// Interns a frame known only by name (no mapping, address 0), as text formats give them.
     pub fn intern_named_frame(&mut self, name: &str, kind: FrameKind) -> FrameId {
         let name = self.intern_string(name);
-        let function = self.intern_function(Function { name, file: None });
+        let function = self.intern_function(Function::new(name, None));
         self.intern_frame(Frame {
             function,
             mapping: None,

@@ -2,7 +2,10 @@
 //! frame kind.
 //!
 //! - CoreCLR: `void [Rec] Rec::Main(string[])[Optimized]` → `Rec::Main(string[])` in module `Rec`
-//!   (return type and code tier dropped); its stubs (`stub<1> …`) have no module.
+//!   at code tier `Optimized`, the whole line kept as the system name; an `async` method's
+//!   state machine, `[Async] Async+<Level>d__3::MoveNext()[OptimizedTier1]`, is named as the
+//!   method the user wrote, `Async::Level` (see [`rootline_dotnet::names`]). Its stubs
+//!   (`stub<1> …`) have no module.
 //! - Mono: `Rec:Main (string[])`, kept as written.
 //! - Node/V8: `JS:*fib /tmp/x.js:3:13` (or `LazyCompile:`, `Function:`, …) → `fib` in file
 //!   `/tmp/x.js:3:13` (the tier marker `*`, `~`, `^`, `+` dropped); `Builtin:`, `Stub:`,
@@ -38,6 +41,11 @@ pub struct JitName {
     /// Precompiled code in a mapped image file (.NET ReadyToRun), not JIT memory: the frame
     /// keeps the image as its mapping.
     pub precompiled: bool,
+    /// The name as the runtime wrote it, when `name` differs from it.
+    pub system_name: Option<String>,
+    /// The code tier, when the runtime says: CoreCLR's `QuickJitted`, `OptimizedTier1`,
+    /// `OptimizedTier1OSR`, `ReadyToRun`, …
+    pub tier: Option<String>,
 }
 
 impl JitName {
@@ -52,9 +60,15 @@ impl JitName {
             single_function: !method.funclet,
             pushed_returns: false,
             precompiled: true,
+            system_name: None,
+            tier: Some(READY_TO_RUN.to_string()),
         }
     }
 }
+/// The code tier of precompiled .NET code named from its ReadyToRun image, as CoreCLR's perf
+/// map spells it.
+pub const READY_TO_RUN: &str = "ReadyToRun";
+
 /// The name of a frame in HotSpot's interpreter (the perf map's `Interpreter` blob).
 pub const INTERPRETED_JAVA: &str = "[interpreted Java]";
 
@@ -93,6 +107,8 @@ pub fn parse_name(raw: &str) -> JitName {
         single_function: v8_code,
         pushed_returns: name == "Interpreter",
         precompiled: false,
+        system_name: None,
+        tier: None,
     };
     if raw.starts_with("stub<") || raw.contains(':') && !raw.contains('(') {
         // CoreCLR stubs, V8 `Builtin:`/`Stub:`/`BytecodeHandler:`, Mono trampolines.
@@ -107,6 +123,8 @@ pub fn parse_name(raw: &str) -> JitName {
             single_function: true,
             pushed_returns: false,
             precompiled: false,
+            system_name: None,
+            tier: None,
         };
     }
     jit(raw)
@@ -131,20 +149,31 @@ fn coreclr(raw: &str) -> Option<JitName> {
         return None;
     }
     // The code tier: `[Optimized]`, `[QuickJitted]`, `[PreJIT]`, `[OptimizedTier1]`, …
+    let mut tier = None;
     if name.ends_with(']')
         && let Some(open) = name.rfind('[')
         && name[..open].ends_with(')')
     {
+        tier = Some(name[open + 1..name.len() - 1].to_string()).filter(|t| !t.is_empty());
         name = &name[..open];
     }
+    let name = match name.strip_suffix("::MoveNext()") {
+        Some(machine) => rootline_dotnet::names::state_machine_method(machine).map_or_else(
+            || name.to_string(),
+            |m| format!("{}::{}", m.declaring_type, m.method),
+        ),
+        None => name.to_string(),
+    };
     Some(JitName {
-        name: name.to_string(),
+        name,
         module: Some(raw[module_start..module_end].to_string()),
         file: None,
         kind: FrameKind::Managed,
         single_function: true,
         pushed_returns: false,
         precompiled: false,
+        system_name: Some(raw.to_string()),
+        tier,
     })
 }
 
@@ -163,6 +192,8 @@ fn v8(rest: &str) -> JitName {
         single_function: true,
         pushed_returns: false,
         precompiled: false,
+        system_name: None,
+        tier: None,
     }
 }
 
@@ -231,6 +262,110 @@ mod tests {
                 FrameKind::Jit
             )
         );
+    }
+
+    fn tier(raw: &str) -> Option<String> {
+        parse_name(raw).tier
+    }
+
+    #[test]
+    fn coreclr_names_keep_the_tier_and_the_raw_name() {
+        let raw = "int32 [Calls] Calls::Spin(int32)[OptimizedTier1OSR]";
+        let p = parse_name(raw);
+        assert_eq!(p.name, "Calls::Spin(int32)");
+        assert_eq!(p.tier.as_deref(), Some("OptimizedTier1OSR"));
+        assert_eq!(p.system_name.as_deref(), Some(raw));
+        for t in [
+            "QuickJitted",
+            "InstrumentedTier",
+            "InstrumentedTierOptimized",
+            "OptimizedTier1",
+            "Optimized",
+            "MinOptJitted",
+            "PreJIT",
+            "ReadyToRun",
+        ] {
+            let raw = format!("void [Rec] Rec::Main(string[])[{t}]");
+            assert_eq!(tier(&raw).as_deref(), Some(t), "{raw}");
+            assert_eq!(parse_name(&raw).name, "Rec::Main(string[])");
+        }
+        // No tier (CoreCLR 3.1 without tiered compilation writes none), an empty one.
+        assert_eq!(tier("int32 [Rec] Rec::Down(int32,int32)"), None);
+        assert_eq!(tier("int32 [Rec] Rec::Down(int32,int32)[]"), None);
+        // A generic type's brackets are not a tier.
+        assert_eq!(
+            tier(
+                "instance void [System.Private.CoreLib] System.Collections.Generic.List`1[System.__Canon]::Add(!0)"
+            ),
+            None
+        );
+        // Other runtimes' names have no tier or system name.
+        for raw in [
+            "JS:*fib /tmp/x.js:3:13",
+            "Rec:Main (string[])",
+            "void Rec.down(int, int)",
+        ] {
+            let p = parse_name(raw);
+            assert_eq!((p.tier, p.system_name), (None, None), "{raw}");
+        }
+        assert_eq!(
+            parse_name("stub<1> AllocateTemporaryEntryPoints<PreJit>").tier,
+            None
+        );
+    }
+
+    #[test]
+    fn coreclr_async_methods_are_named_as_written() {
+        // mcs's state machines, as the .NET 8 perf map names them.
+        let raw = "instance void [Async] Rootline.Tests.Async+<Level>c__async0::MoveNext()[OptimizedTier1]";
+        let p = parse_name(raw);
+        assert_eq!(p.name, "Rootline.Tests.Async::Level");
+        assert_eq!(p.module.as_deref(), Some("Async"));
+        assert_eq!(p.system_name.as_deref(), Some(raw));
+        assert_eq!(p.tier.as_deref(), Some("OptimizedTier1"));
+        assert_eq!(p.kind, FrameKind::Managed);
+        assert_eq!(
+            n("instance void [Async] Rootline.Tests.Async+Nested`1+<Generic>c__async0`1[System.__Canon,System.Int32]::MoveNext()[QuickJitted]").0,
+            "Rootline.Tests.Async+Nested`1[System.__Canon]::Generic"
+        );
+        // Roslyn's.
+        assert_eq!(
+            n("instance void [App] App.Worker+<Level>d__3::MoveNext()[OptimizedTier1]").0,
+            "App.Worker::Level"
+        );
+        assert_eq!(
+            n("instance void [App] App.Worker+<Level>d__3`1[System.Int32]::MoveNext()").0,
+            "App.Worker::Level"
+        );
+        // Not a state machine's MoveNext, or a lambda's: left as written.
+        for (raw, name) in [
+            (
+                "instance bool [System.Private.CoreLib] System.Collections.Generic.List`1+Enumerator[System.__Canon]::MoveNext()[OptimizedTier1]",
+                "System.Collections.Generic.List`1+Enumerator[System.__Canon]::MoveNext()",
+            ),
+            (
+                "instance void [App] App.Worker+<>c__DisplayClass0_0::<Main>b__0()[QuickJitted]",
+                "App.Worker+<>c__DisplayClass0_0::<Main>b__0()",
+            ),
+            (
+                "instance void [App] App.Worker+<>c+<<Main>b__0_0>d::MoveNext()[QuickJitted]",
+                "App.Worker+<>c+<<Main>b__0_0>d::MoveNext()",
+            ),
+            (
+                "instance void [Async] Rootline.Tests.Async+<Main>c__AnonStorey7+<Main>c__async6::MoveNext()[QuickJitted]",
+                "Rootline.Tests.Async+<Main>c__AnonStorey7+<Main>c__async6::MoveNext()",
+            ),
+            (
+                "void [System.Private.CoreLib] System.Runtime.CompilerServices.AsyncMethodBuilderCore::Start(!!0&)[OptimizedTier1]",
+                "System.Runtime.CompilerServices.AsyncMethodBuilderCore::Start(!!0&)",
+            ),
+            (
+                "instance void [System.Private.CoreLib] System.Runtime.CompilerServices.AsyncTaskMethodBuilder`1[System.Int32]::Start(!!0&)[QuickJitted]",
+                "System.Runtime.CompilerServices.AsyncTaskMethodBuilder`1[System.Int32]::Start(!!0&)",
+            ),
+        ] {
+            assert_eq!(n(raw).0, name);
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! Runtimes append to the file while they run, so [`PerfMap`] reads it incrementally: each
 //! [`PerfMap::read_more`] consumes only the bytes appended since the last call and keeps a torn
 //! last line (a write in progress) until its newline arrives. Later entries replace earlier ones
-//! they overlap (code memory reused after a method was freed or moved).
+//! they overlap (code memory reused after a method was freed or moved). A NUL byte ends an entry
+//! as a newline does (.NET 8 writes one in place of a newline now and then).
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -90,6 +91,8 @@ impl JitSymbol {
             + self.name.name.capacity()
             + text(&self.name.module)
             + text(&self.name.file)
+            + text(&self.name.system_name)
+            + text(&self.name.tier)
     }
 }
 
@@ -197,8 +200,10 @@ impl AppendedLines {
         let complete: Vec<u8> = self.pending.drain(..=last_nl).collect();
         for raw in complete[..last_nl].split(|&b| b == b'\n') {
             self.lines += 1;
-            if !raw.is_empty() {
-                out.push((self.lines, String::from_utf8_lossy(raw).into_owned()));
+            // .NET 8's perf map now and then ends an entry with a NUL byte instead of its
+            // newline: the next entry follows on the same line.
+            for entry in raw.split(|&b| b == 0).filter(|e| !e.is_empty()) {
+                out.push((self.lines, String::from_utf8_lossy(entry).into_owned()));
             }
         }
         Ok(out)
@@ -318,6 +323,27 @@ mod tests {
         assert_eq!(jvm.raw, "void Rec.down(int, int)");
         let tabs = parse_line("  7f00\t  10\t name  with  spaces \r", 5).unwrap();
         assert_eq!(tabs.raw, "name  with  spaces");
+    }
+
+    #[test]
+    fn a_nul_byte_ends_an_entry_as_net8_writes_it() {
+        // As .NET 8.0.4 wrote it: one entry's newline is a NUL, the next follows on its line.
+        let file = b"0x7f9b97a14040 8d int32 [A8] Rootline.Tests.Async::Leaf(int32)[InstrumentedTier]\0\
+0x7f9b97a140f0 f instance class System.Threading.Tasks.Task`1<!0> [System.Private.CoreLib] \
+System.Runtime.CompilerServices.AsyncTaskMethodBuilder`1[System.Int32]::get_Task()[OptimizedTier1]\n"
+            .to_vec();
+        let mut map = PerfMap::new(Cursor::new(file));
+        assert_eq!(map.read_more().unwrap(), 2);
+        assert!(map.bad_lines.is_empty(), "{:?}", map.bad_lines);
+        let leaf = &map.symbols.lookup(0x7f9b_97a1_4040).unwrap().name;
+        assert_eq!(leaf.name, "Rootline.Tests.Async::Leaf(int32)");
+        assert_eq!(leaf.tier.as_deref(), Some("InstrumentedTier"));
+        let task = &map.symbols.lookup(0x7f9b_97a1_40f0).unwrap().name;
+        assert_eq!(
+            task.name,
+            "System.Runtime.CompilerServices.AsyncTaskMethodBuilder`1[System.Int32]::get_Task()"
+        );
+        assert_eq!(task.tier.as_deref(), Some("OptimizedTier1"));
     }
 
     #[test]

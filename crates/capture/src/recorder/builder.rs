@@ -138,6 +138,8 @@ impl Builder {
                                 self.frame(NewFrame {
                                     name: &s.name,
                                     file: s.file.as_deref(),
+                                    system_name: None,
+                                    tier: None,
                                     mapping: Some(mapping),
                                     address: frame.address,
                                     line: s.line,
@@ -252,6 +254,8 @@ impl Builder {
         };
         vec![self.frame(NewFrame {
             file: name.file.as_deref(),
+            system_name: name.system_name.as_deref(),
+            tier: name.tier.as_deref(),
             ..NewFrame::named(&name.name, Some(mapping), frame.address, name.kind)
         })]
     }
@@ -282,7 +286,12 @@ impl Builder {
     fn frame(&mut self, f: NewFrame<'_>) -> FrameId {
         let name = self.profile.intern_string(f.name);
         let file = f.file.map(|file| self.profile.intern_string(file));
-        let function = self.profile.intern_function(Function { name, file });
+        let function = Function {
+            system_name: f.system_name.map(|s| self.profile.intern_string(s)),
+            tier: f.tier.map(|t| self.profile.intern_string(t)),
+            ..Function::new(name, file)
+        };
+        let function = self.profile.intern_function(function);
         self.profile.intern_frame(rootline_profile::Frame {
             function,
             mapping: f.mapping,
@@ -295,11 +304,14 @@ impl Builder {
     }
 }
 
-/// A frame to intern: a function `name` (in source `file`) at `address`, `line`, inlined
-/// `inline_depth` levels deep at that address.
+/// A frame to intern: a function `name` (in source `file`; named `system_name` by its runtime,
+/// compiled at code `tier`) at `address`, `line`, inlined `inline_depth` levels deep at that
+/// address.
 struct NewFrame<'a> {
     name: &'a str,
     file: Option<&'a str>,
+    system_name: Option<&'a str>,
+    tier: Option<&'a str>,
     mapping: Option<MappingId>,
     address: u64,
     line: Option<u32>,
@@ -318,6 +330,8 @@ impl NewFrame<'_> {
         NewFrame {
             name,
             file: None,
+            system_name: None,
+            tier: None,
             mapping,
             address,
             line: None,

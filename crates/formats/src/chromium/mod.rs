@@ -33,7 +33,10 @@
 //! exact stack), and names are JSON-escaped; `otherData` says so (`"tsUnit": "us"`) and carries the
 //! profile's depth cap. A sample sharing its timestamp with the next one on its thread has no length
 //! and leaves no slice; samples without distinct times (e.g. from collapsed stacks) are laid end to
-//! end, each lasting its time value (or 1 ms when the profile has no time column).
+//! end, each lasting its time value (or 1 ms when the profile has no time column). A `B` event of a
+//! function with a code tier or a runtime's own name carries them as `args`
+//! (`{"tier": "OptimizedTier1", "system_name": "int32 [Calls] Calls::Spin(int32)[OptimizedTier1]"}`),
+//! which trace viewers show beside the slice.
 //!
 //! Limits: strings are at most 1 MiB, nesting at most 128 levels, and the JSON must be valid (a
 //! dotnet-trace export whose names hold unescaped `"` or `\`, which TraceEvent does not escape, is

@@ -124,6 +124,26 @@ impl EventWriter<'_> {
         out.extend_from_slice(itoa.format(tid).as_bytes());
         out.extend_from_slice(b",\"sf\":");
         out.extend_from_slice(itoa.format(node.0).as_bytes());
+        if ph == b'B' {
+            let function = self.profile.function(self.profile.frame(frame).function);
+            let p = self.profile;
+            let args = [
+                ("tier", function.tier),
+                ("system_name", function.system_name),
+            ];
+            let mut first = true;
+            for (key, value) in args {
+                let Some(value) = value else { continue };
+                out.extend_from_slice(if first { b",\"args\":{\"" } else { b",\"" });
+                first = false;
+                out.extend_from_slice(key.as_bytes());
+                out.extend_from_slice(b"\":");
+                push_json_string(out, p.string(value));
+            }
+            if !first {
+                out.push(b'}');
+            }
+        }
         out.push(b'}');
     }
 

@@ -301,9 +301,14 @@ impl<'a> Converter<'a> {
                 name = system_name;
             }
             let file = self.string(f.filename, at, "a function's file name")?;
+            let system_name = (!system_name.is_empty() && system_name != name)
+                .then(|| profile.intern_string(system_name));
             let name = profile.intern_string(name);
             let file = (!file.is_empty()).then(|| profile.intern_string(file));
-            let id = profile.intern_function(Function { name, file });
+            let id = profile.intern_function(Function {
+                system_name,
+                ..Function::new(name, file)
+            });
             if out.insert(f.id, id).is_some() {
                 return Err(invalid(at, format!("function id {} appears twice", f.id)));
             }
@@ -358,7 +363,7 @@ impl<'a> Converter<'a> {
             if lines == 0 {
                 let name = format!("0x{:x}", loc.address);
                 let name = profile.intern_string(&name);
-                let function = profile.intern_function(Function { name, file: None });
+                let function = profile.intern_function(Function::new(name, None));
                 frames.push(profile.intern_frame(Frame {
                     function,
                     mapping,

@@ -142,10 +142,14 @@ pub(super) fn to_message(profile: &Profile) -> proto::Profile {
     }
     for (i, f) in profile.functions().iter().enumerate() {
         let name = strings.intern(profile.string(f.name));
+        // The runtime's own name (a CoreCLR perf map's whole line, tier included) when known.
+        let system_name = f
+            .system_name
+            .map_or(name, |s| strings.intern(profile.string(s)));
         message.function.push(proto::Function {
             id: i as u64 + 1,
             name,
-            system_name: name,
+            system_name,
             filename: f
                 .file
                 .map_or(0, |file| strings.intern(profile.string(file))),

@@ -145,7 +145,7 @@ pub(super) fn read(bytes: &[u8]) -> Result<Profile, FormatError> {
         for &pc in pcs.iter().rev() {
             let frame = *frames.entry(pc).or_insert_with(|| {
                 let name = profile.intern_string(&format!("0x{pc:x}"));
-                let function = profile.intern_function(Function { name, file: None });
+                let function = profile.intern_function(Function::new(name, None));
                 let mapping = mappings
                     .iter()
                     .find(|(start, end, _)| (*start..*end).contains(&pc))

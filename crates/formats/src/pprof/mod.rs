@@ -17,13 +17,16 @@
 //!   `pprof.dropped_label_keys`;
 //! - frame kinds are not stored by pprof: frames in a `[kernel.kallsyms]`/`vmlinux` mapping read back
 //!   as kernel frames, `[truncated: …]` names as truncation markers, everything else as native;
-//! - a sample without locations gets a `[truncated: …]` frame saying so, so its value is kept.
+//! - a sample without locations gets a `[truncated: …]` frame saying so, so its value is kept;
+//! - a function's `system_name`, when set and not its name, is kept as the function's system name.
 //!
 //! The writer emits one gzipped `Profile` with the profile's sample types, one `Mapping` and
 //! `Function` per distinct row, one `Location` per distinct (mapping, address, inline chain) — the
 //! frames inlined at one address grouped into one location with the innermost line first — and
 //! address-0 (name-only) frames each in a location of their own. Samples are summed per
-//! (thread, stack) and carry `thread_id`, `pid` and `thread_name` labels.
+//! (thread, stack) and carry `thread_id`, `pid` and `thread_name` labels. A `Function`'s
+//! `system_name` is the name its runtime wrote (a CoreCLR perf map's whole line, code tier
+//! included), else its name; pprof has no other place for the code tier.
 
 mod decode;
 pub(crate) mod encode;

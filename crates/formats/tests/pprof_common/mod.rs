@@ -96,10 +96,7 @@ pub fn rich_profile() -> Profile {
     let file = p.intern_string("server.c");
     let native = |p: &mut Profile, name: &str, address: u64, line: u32, depth: u8| {
         let name = p.intern_string(name);
-        let function = p.intern_function(Function {
-            name,
-            file: Some(file),
-        });
+        let function = p.intern_function(Function::new(name, Some(file)));
         p.intern_frame(Frame {
             function,
             mapping: Some(mapping),

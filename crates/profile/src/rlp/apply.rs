@@ -67,6 +67,8 @@ fn apply_rows(p: &mut Profile, c: schema::Chunk) -> Result<usize> {
         let function = Function {
             name: string_id(p, f.name)?,
             file: f.file.map(|s| string_id(p, s)).transpose()?,
+            system_name: f.system_name.map(|s| string_id(p, s)).transpose()?,
+            tier: f.tier.map(|s| string_id(p, s)).transpose()?,
         };
         let expected = p.functions().len();
         fresh("function", p.intern_function(function).0, expected)?;

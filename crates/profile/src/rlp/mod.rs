@@ -28,8 +28,14 @@ pub use writer::{RlpWriter, write_rlp};
 /// Ctrl-Z, LF, so text-mode mangling and truncated transfers are caught).
 pub const RLP_MAGIC: [u8; 8] = *b"\x89RLP\r\n\x1a\n";
 
-/// The file format version this crate writes and reads.
-pub const RLP_VERSION: u32 = 1;
+/// The file format version this crate writes. Version 2 added a function's system name and code
+/// tier: a version-1 reader would take two functions that differ only there for a repeated row, so
+/// the version changed; this crate reads every version from [`RLP_OLDEST_VERSION`] on.
+pub const RLP_VERSION: u32 = 2;
+
+/// The oldest file format version this crate reads (version-1 functions have no system name or
+/// tier).
+pub const RLP_OLDEST_VERSION: u32 = 1;
 
 /// Bytes before the first chunk: magic and version.
 pub const RLP_HEADER_LEN: usize = 12;
@@ -53,7 +59,9 @@ pub enum RlpError {
         offset: u64,
     },
     /// The file is an `.rlp` of a version this reader does not know.
-    #[error("byte {offset}: unsupported .rlp version {version} (this reader knows {RLP_VERSION})")]
+    #[error(
+        "byte {offset}: unsupported .rlp version {version} (this reader knows {RLP_OLDEST_VERSION} to {RLP_VERSION})"
+    )]
     UnsupportedVersion {
         /// Byte offset of the version field.
         offset: u64,

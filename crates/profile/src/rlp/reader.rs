@@ -8,8 +8,8 @@ use prost::Message;
 use super::apply::apply_chunk;
 use super::schema;
 use super::{
-    CHUNK_HEADER_LEN, MAX_CHUNK_LEN, MAX_DECOMPRESSED_LEN, RLP_HEADER_LEN, RLP_MAGIC, RLP_VERSION,
-    RlpError, RlpTailError, TailReason,
+    CHUNK_HEADER_LEN, MAX_CHUNK_LEN, MAX_DECOMPRESSED_LEN, RLP_HEADER_LEN, RLP_MAGIC,
+    RLP_OLDEST_VERSION, RLP_VERSION, RlpError, RlpTailError, TailReason,
 };
 use crate::profile::{Profile, Samples};
 
@@ -83,7 +83,7 @@ impl<R: Read> RlpReader<R> {
             return Ok(reader);
         }
         let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-        if version != RLP_VERSION {
+        if !(RLP_OLDEST_VERSION..=RLP_VERSION).contains(&version) {
             return Err(RlpError::UnsupportedVersion {
                 offset: RLP_MAGIC.len() as u64,
                 version,

@@ -116,6 +116,12 @@ pub(crate) struct Function {
     pub name: u32,
     #[prost(uint32, optional, tag = "2")]
     pub file: Option<u32>,
+    /// The runtime's own name (string id); since version 2.
+    #[prost(uint32, optional, tag = "3")]
+    pub system_name: Option<u32>,
+    /// The code tier (string id); since version 2.
+    #[prost(uint32, optional, tag = "4")]
+    pub tier: Option<u32>,
 }
 
 /// A frame row.

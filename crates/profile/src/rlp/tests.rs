@@ -127,7 +127,7 @@ fn repeated_or_misplaced_rows_are_rejected() {
     rejects("repeats", |c| {
         c.functions.push(schema::Function {
             name: 3,
-            file: None,
+            ..Default::default()
         })
     });
     rejects("repeats", |c| {
@@ -152,6 +152,21 @@ fn ids_out_of_range_are_rejected() {
         c.functions.push(schema::Function {
             name: 1,
             file: Some(99),
+            ..Default::default()
+        })
+    });
+    rejects("string id 98", |c| {
+        c.functions.push(schema::Function {
+            name: 1,
+            system_name: Some(98),
+            ..Default::default()
+        })
+    });
+    rejects("string id 97", |c| {
+        c.functions.push(schema::Function {
+            name: 1,
+            tier: Some(97),
+            ..Default::default()
         })
     });
     rejects("function id 9", |c| {
@@ -266,7 +281,7 @@ fn a_rejected_chunk_leaves_no_trace() {
         });
         c.functions.push(schema::Function {
             name: 6,
-            file: None,
+            ..Default::default()
         });
         c.frames.push(schema::Frame {
             function: 3,
@@ -403,7 +418,7 @@ fn frames_from_files_without_the_flag_read_as_copied() {
     chunk.strings.push("old".into());
     chunk.functions.push(schema::Function {
         name: p.strings().len() as u32,
-        file: None,
+        ..Default::default()
     });
     // An old writer's row and a new writer's unflagged row are the same bytes, so this chunk is
     // what an old file holds.

@@ -256,10 +256,12 @@ impl<W: Write> RlpWriter<W> {
             self.marks.mappings += 1;
         }
         while let Some(f) = p.functions().get(self.marks.functions) {
-            self.reserve(&mut b, "function", 3 * FIELD)?;
+            self.reserve(&mut b, "function", 5 * FIELD)?;
             b.chunk.functions.push(schema::Function {
                 name: f.name.0,
                 file: f.file.map(|s| s.0),
+                system_name: f.system_name.map(|s| s.0),
+                tier: f.tier.map(|s| s.0),
             });
             self.marks.functions += 1;
         }

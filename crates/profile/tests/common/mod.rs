@@ -100,7 +100,21 @@ impl Recording {
             self.profile
                 .intern_string(&format!("src/file_{}.rs", n % 17))
         });
-        let function = self.profile.intern_function(Function { name, file });
+        // Every fifth function has a runtime name and a code tier, as .NET methods do.
+        let (system_name, tier) = if n % 5 == 4 {
+            let raw = format!("void [module] module::function_{n}()[OptimizedTier1]");
+            (
+                Some(self.profile.intern_string(&raw)),
+                Some(self.profile.intern_string("OptimizedTier1")),
+            )
+        } else {
+            (None, None)
+        };
+        let function = self.profile.intern_function(Function {
+            system_name,
+            tier,
+            ..Function::new(name, file)
+        });
         let kind = FrameKind::ALL[(n % 6) as usize];
         let mapping = match n % 4 {
             3 => None,
