@@ -176,14 +176,16 @@ fn net8_osr_frames_with_write_xor_execute_off() {
     );
 }
 
-/// `AsyncChain.cs`'s frames: the chain's state machine (`MoveNext`), its kick-off method (when
-/// not inlined), the builder's `Start` between them, and the entries.
+/// `AsyncChain.cs`'s frames: the chain's state machine (`MoveNext`, shown as `AsyncChain::Level`),
+/// its kick-off method (`AsyncChain::Level(int32,int32)`, when not inlined), the builder's `Start`
+/// between them, and the entries.
 fn async_short(name: &str) -> Option<&'static str> {
     Some(if name.starts_with("AsyncChain::Worker(") {
         "Worker"
-    } else if name.contains("<Pooled>") && name.contains("MoveNext") && !name.contains("Box") {
+    } else if name == "AsyncChain::Pooled" {
+        // The state machines' `MoveNext` frames, named as the methods written.
         "Pooled"
-    } else if name.contains("<Level>") && name.contains("MoveNext") {
+    } else if name == "AsyncChain::Level" {
         "LevelMoveNext"
     } else if name.starts_with("AsyncChain::Level(") {
         "Level"
@@ -237,9 +239,7 @@ fn eventpipe_async_depth(pid: u32) -> std::collections::BTreeMap<usize, u64> {
         if names.iter().any(|n| n.contains("AsyncChain.Worker("))
             && names.iter().any(|n| n.contains("AsyncChain.Spin("))
         {
-            let levels = names
-                .iter()
-                .filter(|n| n.contains("<Level>") && n.contains("MoveNext"));
+            let levels = names.iter().filter(|n| n.ends_with("AsyncChain.Level"));
             *counts.entry(levels.count()).or_default() += 1;
         }
     }
