@@ -13,7 +13,7 @@
 //!
 //! In both passes, when the nearest donors offer no alignment (typically a shallow complete sample
 //! sits between deep ones, like a call to print between two deep recursions), the nearest
-//! *repaired* samples on each side are tried instead. Frames are compared by function, so the same
+//! *repaired* samples on each side are tried instead. Frames are compared by function name, so the same
 //! method at another address (another call site, re-jitted code) still aligns; the re-attached
 //! base is the donor's own frames.
 //!
@@ -302,10 +302,11 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Code frames (pseudo frames left out, except the repair gap) of `stack`, root first, and their alignment keys: the
-    /// frames' functions. Frames are matched by function, not address, so the same method at
-    /// another call site or in re-jitted code (tiered compilation) still aligns; the re-attached
-    /// base keeps the donor's own frames.
+    /// Code frames (pseudo frames left out, except the repair gap) of `stack`, root first, and their
+    /// alignment keys: the names of the frames' functions. Frames are matched by function name, not
+    /// address or function row, so the same method at another call site or in re-jitted code
+    /// (another code tier, which is another function row) still aligns; the re-attached base keeps
+    /// the donor's own frames.
     fn code_frames(&self, stack: Option<StackId>, frames: &mut Vec<u32>, keys: &mut Vec<u32>) {
         frames.clear();
         keys.clear();
@@ -317,7 +318,8 @@ impl<'a> Engine<'a> {
             // overlap never runs across it (frames on its two sides were never seen together).
             if !self.tables.pseudo[f.index()] || self.tables.gap[f.index()] {
                 frames.push(f.0);
-                keys.push(self.profile.frame(f).function.0);
+                let function = self.profile.frame(f).function;
+                keys.push(self.profile.function(function).name.0);
             }
         }
         frames.reverse();

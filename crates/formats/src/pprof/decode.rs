@@ -148,7 +148,9 @@ pub(super) fn profile_from_bytes(bytes: &[u8]) -> Result<Profile, FormatError> {
     Converter::new(&message, &offsets)?.convert()
 }
 
-const KERNEL_MAPPINGS: &[&str] = &["[kernel.kallsyms]", "[kernel]", "vmlinux", "[vdso]"];
+/// Mappings whose frames are kernel code. (`[vdso]` is not: it is user-space code the kernel maps
+/// into every process, and the recorder and other readers keep its frames native.)
+const KERNEL_MAPPINGS: &[&str] = &["[kernel.kallsyms]", "[kernel]", "vmlinux"];
 const TID_KEYS: &[&str] = &["thread_id", "tid", "thread.id"];
 const NAME_KEYS: &[&str] = &["thread_name", "thread.name", "thread"];
 const PID_KEYS: &[&str] = &["pid", "process_id", "process.pid"];
