@@ -32,7 +32,8 @@ pub struct Args {
     /// Smallest share of the total, in percent, that --tree shows.
     #[arg(long, default_value_t = 1.0, value_name = "PCT")]
     pub min_percent: f64,
-    /// The value column to count (e.g. samples, cpu, alloc-bytes); default: samples, else the first.
+    /// The value column to count (e.g. samples, cpu-ns, alloc-bytes; with `record --off-cpu`
+    /// also off-cpu-ns, and wall-ns: on- plus off-CPU time); default: samples, else the first.
     #[arg(long, value_name = "NAME")]
     pub value: Option<String>,
     /// Input format, overriding the extension and content of INPUT.
@@ -51,12 +52,12 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let profile = input::read_profile(&args.input, args.input_format.as_deref())?;
     let column = match &args.value {
-        Some(name) => match profile.sample_types().iter().position(|t| &t.name == name) {
+        Some(name) => match input::find_column(&profile, name) {
             Some(c) => Some(c),
             None => bail!(
                 "{} has no value column {name:?}; it has: {}",
                 args.input.display(),
-                column_names(&profile)
+                input::column_names(&profile)
             ),
         },
         None => input::default_column(&profile),
@@ -81,15 +82,6 @@ pub fn run(args: Args) -> Result<()> {
         )?;
     }
     Ok(())
-}
-
-fn column_names(profile: &Profile) -> String {
-    profile
-        .sample_types()
-        .iter()
-        .map(|t| t.name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Sum of the counted value per distinct stack.
