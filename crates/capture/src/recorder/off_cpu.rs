@@ -91,6 +91,8 @@ struct ThreadSwitches {
     exited: Option<u64>,
     /// Intervals below the minimum since the last batch: count, nanoseconds, last time.
     short: (u64, u64, u64),
+    /// Time of the last sample settled: an older one arriving late has lost its records.
+    settled: u64,
 }
 
 /// Pairs switch-out samples with switch-ins, per thread. See the module documentation.
@@ -120,13 +122,16 @@ impl OffCpu {
     /// A `PERF_RECORD_SWITCH` of thread `tid` at `time`.
     pub fn switch(&mut self, pid: u32, tid: u32, time: u64, out: bool, preempt: bool) {
         let t = self.thread(pid, tid);
+        // Records of one thread come from several CPUs' rings: keep each queue in time order.
         if out {
-            t.outs.push_back((time, preempt));
+            let at = t.outs.partition_point(|o| o.0 <= time);
+            t.outs.insert(at, (time, preempt));
             if t.outs.len() > MAX_QUEUED {
                 t.outs.pop_front();
             }
         } else {
-            t.ins.push_back(time);
+            let at = t.ins.partition_point(|&i| i <= time);
+            t.ins.insert(at, time);
             if t.ins.len() > MAX_QUEUED {
                 t.ins.pop_front();
             }
@@ -137,7 +142,13 @@ impl OffCpu {
     pub fn sample(&mut self, pid: u32, tid: u32, time: u64, raw: &[u8]) {
         self.stats.switches += 1;
         let t = self.thread(pid, tid);
-        t.samples.push_back((time, raw.to_vec()));
+        if time <= t.settled {
+            self.stats.unmatched += 1;
+            return;
+        }
+        // Samples of one thread come from several CPUs' rings: keep them in time order.
+        let at = t.samples.partition_point(|s| s.0 <= time);
+        t.samples.insert(at, (time, raw.to_vec()));
         if t.samples.len() > MAX_QUEUED {
             t.samples.pop_front();
             self.stats.unmatched += 1;
@@ -152,48 +163,55 @@ impl OffCpu {
     }
 
     /// Moves every sample whose interval is known into `ready` (or into its thread's short
-    /// total); with `end`, intervals still open are weighed until `end` (recording ends).
+    /// total); with `end` (recording ends), what is still missing will not come: intervals
+    /// still open are weighed until `end`, samples whose records were lost are dropped.
+    ///
+    /// The sample at `ts` pairs with a switch-in after `ts` and before the thread's next
+    /// switch-out sample, and takes its reason from a switch-out record between the two. Either
+    /// record may still be on its way in another CPU's ring: then the sample waits.
     pub fn settle(&mut self, end: Option<u64>, ready: &mut Vec<Ready>) {
         let min_ns = self.min_ns;
         let stats = &mut self.stats;
         self.threads.retain(|_, t| {
+            let forced = end.is_some() || t.exited.is_some();
             while let Some(&(ts, _)) = t.samples.front() {
+                let next = t.samples.get(1).map(|s| s.0);
                 while t.ins.front().is_some_and(|&i| i <= ts) {
                     t.ins.pop_front();
                 }
-                let (tin, reason) = match t.ins.front() {
-                    Some(&tin) => {
+                let tin = t
+                    .ins
+                    .front()
+                    .copied()
+                    .filter(|&i| next.is_none_or(|n| i < n));
+                let (tin, preempt) = match tin {
+                    Some(tin) => {
+                        let out = t.outs.iter().find(|o| o.0 >= ts && o.0 < tin).map(|o| o.1);
+                        if out.is_none() && !forced {
+                            break; // its switch-out record is on its way
+                        }
                         t.ins.pop_front();
-                        let mut preempt = None;
-                        while let Some(&(to, p)) = t.outs.front()
-                            && to < tin
-                        {
+                        while t.outs.front().is_some_and(|o| o.0 < tin) {
                             t.outs.pop_front();
-                            if to >= ts {
-                                preempt = Some(p);
-                            }
                         }
-                        (tin, preempt)
+                        (tin, out)
                     }
-                    None => match (t.exited, end) {
-                        (Some(_), _) => {
-                            t.samples.pop_front();
-                            stats.unmatched += 1;
-                            continue;
-                        }
-                        (None, Some(end)) if end > ts => {
+                    None => match end {
+                        // The last sample of a thread still off the CPU at the end.
+                        Some(end) if next.is_none() && t.exited.is_none() && end > ts => {
                             stats.open_at_end += 1;
-                            let preempt = t.outs.iter().find(|o| o.0 >= ts).map(|o| o.1);
-                            (end, preempt)
+                            let out = t.outs.iter().find(|o| o.0 >= ts).map(|o| o.1);
+                            (end, out)
                         }
-                        (None, Some(_)) => {
+                        _ if forced => {
                             t.samples.pop_front();
                             stats.unmatched += 1;
                             continue;
                         }
-                        (None, None) => break,
+                        _ => break, // its switch-in is on its way, or still to come
                     },
                 };
+                t.settled = ts;
                 let Some((_, raw)) = t.samples.pop_front() else {
                     break;
                 };
@@ -208,7 +226,7 @@ impl OffCpu {
                 }
                 stats.unwound += 1;
                 stats.unwound_ns += nanos;
-                let reason = match reason {
+                let reason = match preempt {
                     Some(true) => OffReason::Preempted,
                     Some(false) => OffReason::Blocked,
                     None => OffReason::Unknown,
@@ -277,6 +295,44 @@ mod tests {
         assert_eq!(ready[1].weight.nanos, 5_000);
         assert_eq!(ready[1].weight.reason, OffReason::Blocked);
         assert_eq!(off.stats.open_at_end, 1);
+    }
+
+    #[test]
+    fn a_switch_in_still_on_its_way_is_waited_for_not_replaced_by_a_later_one() {
+        let mut off = OffCpu::new(0);
+        let mut ready = Vec::new();
+        // Two intervals; the first one's switch-in has not arrived, the second's has.
+        off.sample(1, 2, 1_000, b"a");
+        off.switch(1, 2, 1_001, true, true);
+        off.sample(1, 2, 3_000, b"b");
+        off.switch(1, 2, 3_001, true, false);
+        off.switch(1, 2, 5_000, false, false);
+        off.settle(None, &mut ready);
+        assert!(ready.is_empty());
+        off.switch(1, 2, 2_000, false, false);
+        off.settle(None, &mut ready);
+        let weights: Vec<_> = ready.iter().map(|r| r.weight).collect();
+        assert_eq!(
+            weights,
+            [
+                OffWeight {
+                    nanos: 1_000,
+                    reason: OffReason::Preempted
+                },
+                OffWeight {
+                    nanos: 2_000,
+                    reason: OffReason::Blocked
+                }
+            ]
+        );
+        // A switch-out record still on its way holds the sample back until the end.
+        off.sample(1, 2, 6_000, b"c");
+        off.switch(1, 2, 7_000, false, false);
+        off.settle(None, &mut ready);
+        assert_eq!(ready.len(), 2);
+        off.settle(Some(8_000), &mut ready);
+        assert_eq!(ready[2].weight.reason, OffReason::Unknown);
+        assert_eq!(ready[2].weight.nanos, 1_000);
     }
 
     #[test]
