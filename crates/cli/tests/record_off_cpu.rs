@@ -235,6 +235,29 @@ fn a_launched_command_s_wall_clock_time_splits_into_its_true_halves() {
     assert_eq!(sum, off_total);
     assert!(text.contains(";read_data;"), "{text}");
 
+    // speedscope gets one profile per time column, each thread's named after it.
+    let json = dir.path().join("off.speedscope.json");
+    let conv = rootline()
+        .arg("convert")
+        .arg(&out)
+        .arg("-o")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(conv.status.success(), "{conv:?}");
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let mut speedscope_off = 0i64;
+    for p in file["profiles"].as_array().unwrap() {
+        if p["name"].as_str().unwrap().ends_with(" — off_cpu") {
+            assert_eq!(p["unit"], "nanoseconds");
+            for w in p["weights"].as_array().unwrap() {
+                speedscope_off += w.as_i64().unwrap();
+            }
+        }
+    }
+    assert_eq!(speedscope_off, off_total);
+
     // go tool pprof reads both time sample types, with the same off-CPU total.
     if !real_tools::available("go", &["version"], "apt-get install golang-go") {
         return;
