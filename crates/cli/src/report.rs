@@ -144,6 +144,20 @@ pub fn write_report(
         let secs = (meta.end_time_ns - meta.start_time_ns) as f64 / 1e9;
         writeln!(out, "  duration {secs:.3} s")?;
     }
+    let extra = |key: &str| meta.extra.get(key).map_or("0", String::as_str);
+    if meta.extra.contains_key("off_cpu.switches") {
+        let min_us = extra("off_cpu.min_ns").parse::<u64>().unwrap_or(0) / 1000;
+        writeln!(
+            out,
+            "  off-CPU: {} switch-outs, {} intervals with stacks, {} under {min_us} µs counted \
+             as [off-cpu: short, not unwound], {} dropped unmatched; --value wall-ns counts \
+             cpu + off_cpu",
+            extra("off_cpu.switches"),
+            extra("off_cpu.unwound"),
+            extra("off_cpu.below_min"),
+            extra("off_cpu.unmatched"),
+        )?;
+    }
     if meta.lost_samples + meta.dropped_samples + meta.truncated_samples > 0 {
         writeln!(
             out,

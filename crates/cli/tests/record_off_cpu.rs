@@ -214,6 +214,7 @@ fn a_launched_command_s_wall_clock_time_splits_into_its_true_halves() {
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(report.status.success(), "{report:?}");
     assert!(text.contains("counting wall (nanoseconds)"), "{text}");
+    assert!(text.contains("  off-CPU: "), "{text}");
     assert!(text.contains("wait_for_data"), "{text}");
 
     // Folded output of one column carries exactly that column's total.
