@@ -189,7 +189,7 @@ impl<'p> Shares<'p> {
 fn column(profile: &Profile, value: Option<&str>, label: &str) -> Result<Option<usize>> {
     match value {
         None => Ok(input::default_column(profile)),
-        Some(name) => match profile.sample_types().iter().position(|t| t.name == name) {
+        Some(name) => match input::find_column(profile, name) {
             Some(c) => Ok(Some(c)),
             None => bail!("{label} has no value column {name:?}"),
         },

@@ -236,6 +236,39 @@ fn partial_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// The value column `name` of `profile`: a sample type's name (`samples`, `cpu`, `off_cpu`,
+/// `wall`, `alloc-bytes`, …), or that name with its unit as a suffix, dashes for underscores:
+/// `cpu-ns`, `off-cpu-ns` and `wall-ns` for the nanosecond columns (`wall` is `cpu` + `off_cpu`
+/// in a `record --off-cpu` profile).
+pub fn find_column(profile: &Profile, name: &str) -> Option<usize> {
+    let types = profile.sample_types();
+    if let Some(c) = types.iter().position(|t| t.name == name) {
+        return Some(c);
+    }
+    let (base, unit) = name
+        .strip_suffix("-ns")
+        .map(|b| (b, "nanoseconds"))
+        .or_else(|| name.strip_suffix("-count").map(|b| (b, "count")))
+        .or_else(|| name.strip_suffix("-bytes").map(|b| (b, "bytes")))?;
+    let normal = |n: &str| n.replace('_', "-");
+    types
+        .iter()
+        .position(|t| t.unit == unit && normal(&t.name) == normal(base))
+}
+
+/// The names [`find_column`] accepts for `profile`'s columns, for error messages.
+pub fn column_names(profile: &Profile) -> String {
+    profile
+        .sample_types()
+        .iter()
+        .map(|t| match t.unit.as_str() {
+            "nanoseconds" => format!("{} ({}-ns)", t.name, t.name.replace('_', "-")),
+            _ => t.name.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The column counted by default: the first named `samples`, else the first.
 pub fn default_column(profile: &Profile) -> Option<usize> {
     let types = profile.sample_types();

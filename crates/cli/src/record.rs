@@ -62,6 +62,16 @@ pub struct Args {
     /// before sampling a JVM given with -p, and whenever a JVM's code has no name).
     #[arg(long)]
     pub no_perfmap: bool,
+    /// Also record where threads wait (off-CPU / wall-clock profile): each time a thread leaves
+    /// the CPU its stack is taken and weighed by how long it stayed off, with a leaf frame saying
+    /// why ([off-cpu: blocked] or [off-cpu: preempted]). Adds the value columns off_cpu and wall
+    /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. Command or -p only.
+    #[arg(long, conflicts_with = "all_cpus")]
+    pub off_cpu: bool,
+    /// With --off-cpu: intervals off the CPU shorter than this many microseconds are counted and
+    /// their time summed per thread as [off-cpu: short, not unwound], without unwinding them.
+    #[arg(long, default_value_t = 100, value_name = "US", requires = "off_cpu")]
+    pub off_cpu_min_us: u64,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -98,6 +108,9 @@ pub fn run(args: Args) -> Result<()> {
     opts.stack_bytes = args.stack_size;
     opts.live_stack_budget = args.live_stack_budget;
     opts.ask_jvms = !args.no_perfmap;
+    if args.off_cpu {
+        opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
+    }
     if !args.no_perfmap {
         opts.launch_env = dotnet_perf_map_env();
     }
@@ -223,6 +236,23 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         stats.lost,
         stats.truncated_total()
     );
+    let off = &stats.off_cpu;
+    if off.switches > 0 {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let _ = writeln!(
+            err,
+            "rootline: off-CPU: {} switches; {} intervals unwound ({:.1} ms), {} below the \
+             minimum counted without stacks ({:.1} ms), {} dropped unmatched (thread exited or \
+             record lost), {} still off at the end",
+            off.switches,
+            off.unwound,
+            ms(off.unwound_ns),
+            off.below_min,
+            ms(off.below_min_ns),
+            off.unmatched,
+            off.open_at_end
+        );
+    }
     if let Some(status) = recording.exit_status {
         let _ = writeln!(err, "rootline: the command {}", how_it_ended(status));
     }

@@ -36,7 +36,8 @@ pub struct Args {
     /// Smallest share of the total, in percent, that --tree shows.
     #[arg(long, default_value_t = 1.0, value_name = "PCT")]
     pub min_percent: f64,
-    /// The value column to count (e.g. samples, cpu, alloc-bytes); default: samples, else the first.
+    /// The value column to count (e.g. samples, cpu-ns, alloc-bytes; with `record --off-cpu`
+    /// also off-cpu-ns, and wall-ns: on- plus off-CPU time); default: samples, else the first.
     #[arg(long, value_name = "NAME")]
     pub value: Option<String>,
     /// Input format, overriding the extension and content of INPUT.
@@ -59,12 +60,12 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let profile = input::read_profile(&args.input, args.input_format.as_deref())?;
     let column = match &args.value {
-        Some(name) => match profile.sample_types().iter().position(|t| &t.name == name) {
+        Some(name) => match input::find_column(&profile, name) {
             Some(c) => Some(c),
             None => bail!(
                 "{} has no value column {name:?}; it has: {}",
                 args.input.display(),
-                column_names(&profile)
+                input::column_names(&profile)
             ),
         },
         None => input::default_column(&profile),
@@ -98,15 +99,6 @@ pub fn run(args: Args) -> Result<()> {
         )?;
     }
     Ok(())
-}
-
-fn column_names(profile: &Profile) -> String {
-    profile
-        .sample_types()
-        .iter()
-        .map(|t| t.name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Sum of the counted value per distinct stack.
@@ -168,6 +160,20 @@ pub fn write_report(
     if meta.end_time_ns > meta.start_time_ns {
         let secs = (meta.end_time_ns - meta.start_time_ns) as f64 / 1e9;
         writeln!(out, "  duration {secs:.3} s")?;
+    }
+    let extra = |key: &str| meta.extra.get(key).map_or("0", String::as_str);
+    if meta.extra.contains_key("off_cpu.switches") {
+        let min_us = extra("off_cpu.min_ns").parse::<u64>().unwrap_or(0) / 1000;
+        writeln!(
+            out,
+            "  off-CPU: {} switch-outs, {} intervals with stacks, {} under {min_us} µs counted \
+             as [off-cpu: short, not unwound], {} dropped unmatched; --value wall-ns counts \
+             cpu + off_cpu",
+            extra("off_cpu.switches"),
+            extra("off_cpu.unwound"),
+            extra("off_cpu.below_min"),
+            extra("off_cpu.unmatched"),
+        )?;
     }
     if meta.lost_samples + meta.dropped_samples + meta.truncated_samples > 0 {
         writeln!(

@@ -399,6 +399,36 @@ fn weight_column(profile: &Profile) -> Option<(usize, Unit)> {
     (!types.is_empty()).then_some((0, Unit::None))
 }
 
+/// A view: its column and unit (None: each sample weighs 1), its unit, and its name when there
+/// are several.
+type View<'a> = (Option<(usize, Unit)>, Unit, Option<&'a str>);
+
+/// The views written, each a set of per-thread profiles: one per time column (`cpu`, `off_cpu`,
+/// `wall`, named in the profile names) when the profile has off-CPU time, else the one column of
+/// [`weight_column`].
+fn views(profile: &Profile) -> Vec<View<'_>> {
+    let types = profile.sample_types();
+    let has_off_cpu = types
+        .iter()
+        .any(|t| t.name == "off_cpu" && t.unit == "nanoseconds");
+    if has_off_cpu {
+        return types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.unit == "nanoseconds")
+            .map(|(c, t)| {
+                (
+                    Some((c, Unit::Nanoseconds)),
+                    Unit::Nanoseconds,
+                    Some(t.name.as_str()),
+                )
+            })
+            .collect();
+    }
+    let column = weight_column(profile);
+    vec![(column, column.map_or(Unit::None, |(_, u)| u), None)]
+}
+
 fn thread_label(profile: &Profile, thread: ThreadId) -> String {
     let t = profile.thread(thread);
     match (profile.thread_name(thread), profile.process_name(t.pid)) {
@@ -421,8 +451,7 @@ pub fn write_titled(
     writer: impl Write,
 ) -> Result<(), FormatError> {
     let samples = profile.samples();
-    let column = weight_column(profile);
-    let unit = column.map_or(Unit::None, |(_, u)| u);
+    let views = views(profile);
 
     let mut frame_index: HashMap<FrameId, usize> = HashMap::new();
     let mut frames: Vec<Frame> = Vec::new();
@@ -433,54 +462,68 @@ pub fn write_titled(
     let mut stack_cache: HashMap<StackId, Vec<Number>> = HashMap::new();
     let mut root_first = Vec::new();
     let mut profiles = Vec::new();
-    for (t, list) in per_thread.iter_mut().enumerate() {
-        if list.is_empty() {
-            continue;
-        }
+    for list in per_thread.iter_mut() {
         list.sort_by_key(|&i| samples.times[i]);
-        let mut stacks = Vec::with_capacity(list.len());
-        let mut weights = Vec::with_capacity(list.len());
-        let mut total = 0i64;
-        for &i in list.iter() {
-            let stack = samples.stacks[i];
-            let indexes = stack_cache.entry(stack).or_insert_with(|| {
-                profile.stack_frames_root_first(stack, &mut root_first);
-                root_first
-                    .iter()
-                    .map(|&f| {
-                        Number::from(*frame_index.entry(f).or_insert_with(|| {
-                            let frame = profile.frame(f);
-                            let function = profile.function(frame.function);
-                            frames.push(Frame {
-                                name: profile.string(function.name).to_owned(),
-                                file: match (function.file, function.tier) {
-                                    (Some(file), _) => Some(profile.string(file).to_owned()),
-                                    (None, Some(tier)) => {
-                                        Some(format!("[{}]", profile.string(tier)))
-                                    }
-                                    (None, None) => None,
-                                },
-                                line: frame.line.map(f64::from),
-                                col: None,
-                            });
-                            frames.len() - 1
-                        }) as u64)
-                    })
-                    .collect()
+    }
+    for &(column, unit, suffix) in &views {
+        for (t, list) in per_thread.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let mut stacks = Vec::with_capacity(list.len());
+            let mut weights = Vec::with_capacity(list.len());
+            let mut total = 0i64;
+            for &i in list.iter() {
+                let weight = column.map_or(1, |(c, _)| samples.values[c][i]);
+                if weight == 0 && suffix.is_some() {
+                    continue; // e.g. an off-CPU sample in the CPU view
+                }
+                let stack = samples.stacks[i];
+                let indexes = stack_cache.entry(stack).or_insert_with(|| {
+                    profile.stack_frames_root_first(stack, &mut root_first);
+                    root_first
+                        .iter()
+                        .map(|&f| {
+                            Number::from(*frame_index.entry(f).or_insert_with(|| {
+                                let frame = profile.frame(f);
+                                let function = profile.function(frame.function);
+                                frames.push(Frame {
+                                    name: profile.string(function.name).to_owned(),
+                                    file: match (function.file, function.tier) {
+                                        (Some(file), _) => Some(profile.string(file).to_owned()),
+                                        (None, Some(tier)) => {
+                                            Some(format!("[{}]", profile.string(tier)))
+                                        }
+                                        (None, None) => None,
+                                    },
+                                    line: frame.line.map(f64::from),
+                                    col: None,
+                                });
+                                frames.len() - 1
+                            }) as u64)
+                        })
+                        .collect()
+                });
+                total = total.saturating_add(weight);
+                stacks.push(indexes.clone());
+                weights.push(Number::from(weight));
+            }
+            if stacks.is_empty() {
+                continue;
+            }
+            let label = thread_label(profile, ThreadId(t as u32));
+            profiles.push(SpeedscopeProfile::Sampled {
+                name: match suffix {
+                    Some(s) => format!("{label} — {s}"),
+                    None => label,
+                },
+                unit,
+                start_value: 0.0,
+                end_value: total as f64,
+                samples: stacks,
+                weights,
             });
-            let weight = column.map_or(1, |(c, _)| samples.values[c][i]);
-            total = total.saturating_add(weight);
-            stacks.push(indexes.clone());
-            weights.push(Number::from(weight));
         }
-        profiles.push(SpeedscopeProfile::Sampled {
-            name: thread_label(profile, ThreadId(t as u32)),
-            unit,
-            start_value: 0.0,
-            end_value: total as f64,
-            samples: stacks,
-            weights,
-        });
     }
     let name = match title {
         Some(title) => title.to_owned(),

@@ -171,6 +171,11 @@ impl SampleType {
         SampleType::new("cpu", "nanoseconds")
     }
 
+    /// Time off the CPU (blocked, sleeping or preempted) in nanoseconds, as pprof names it.
+    pub fn off_cpu_nanoseconds() -> SampleType {
+        SampleType::new("off_cpu", "nanoseconds")
+    }
+
     /// Wall-clock time in nanoseconds.
     pub fn wall_nanoseconds() -> SampleType {
         SampleType::new("wall", "nanoseconds")

@@ -433,6 +433,22 @@ impl Profile {
         Ok(())
     }
 
+    /// Keeps only value column `column` (its sample type and values), dropping the others: a
+    /// profile of one measure (e.g. off-CPU time) for writers that show one value.
+    pub fn keep_value_column(&mut self, column: usize) -> Result<(), ProfileError> {
+        let len = self.sample_types.len();
+        check_id(
+            "sample type",
+            u32::try_from(column).unwrap_or(u32::MAX),
+            len,
+        )?;
+        let kept = std::mem::take(&mut self.samples.values[column]);
+        self.samples.values = vec![kept];
+        let sample_type = self.sample_types.swap_remove(column);
+        self.sample_types = vec![sample_type];
+        Ok(())
+    }
+
     /// Sum of each value column over all samples.
     pub fn totals(&self) -> Vec<i64> {
         self.samples

@@ -6,8 +6,10 @@
 //! dotnet-trace / TraceEvent use for grouping: `Process64 …`/`Process32 …`, `Threads`, `Thread (N)`,
 //! `(Non-Activities)`, `Activities`, `CPU_TIME`, `UNMANAGED_CODE_TIME`, `BLOCKED_TIME`.
 //!
-//! rootline's own pseudo frame is the repair gap, [`REPAIR_GAP`]: where repair joined a cut stack to
-//! a base and no sample shows what lies between, the repaired stack carries this frame at the join.
+//! rootline's own pseudo frames are the repair gap, [`REPAIR_GAP`] (where repair joined a cut stack
+//! to a base and no sample shows what lies between, the repaired stack carries this frame at the
+//! join), and the off-CPU frames at the leaf of a stack recorded as its thread left the CPU, which
+//! say why it left ([`OFF_CPU_BLOCKED`], [`OFF_CPU_PREEMPTED`], …).
 
 use crate::{FrameId, FrameKind, Profile};
 
@@ -25,6 +27,28 @@ const PSEUDO_NAMES: &[&str] = &[
 /// sample shows which frames were between them (an ambiguous join): frames are unknown here.
 pub const REPAIR_GAP: &str = "[repair: frames unknown]";
 
+/// Leaf frame of an off-CPU stack whose thread left the CPU while still runnable (preempted).
+pub const OFF_CPU_PREEMPTED: &str = "[off-cpu: preempted]";
+/// Leaf frame of an off-CPU stack whose thread left the CPU of its own accord: it blocked (I/O, a
+/// lock, a wait) or slept.
+pub const OFF_CPU_BLOCKED: &str = "[off-cpu: blocked]";
+/// Leaf frame of an off-CPU stack whose reason for leaving the CPU is not known.
+pub const OFF_CPU_UNKNOWN: &str = "[off-cpu]";
+/// The only frame of a thread's off-CPU intervals that were shorter than the recording's minimum:
+/// their time is counted, their stacks were not unwound.
+pub const OFF_CPU_SHORT: &str = "[off-cpu: short, not unwound]";
+
+/// True when a frame name is one of the off-CPU pseudo frames.
+pub fn is_off_cpu_name(name: &str) -> bool {
+    [
+        OFF_CPU_PREEMPTED,
+        OFF_CPU_BLOCKED,
+        OFF_CPU_UNKNOWN,
+        OFF_CPU_SHORT,
+    ]
+    .contains(&name)
+}
+
 /// True when a frame name is the repair gap, [`REPAIR_GAP`].
 pub fn is_repair_gap_name(name: &str) -> bool {
     name == REPAIR_GAP
@@ -41,10 +65,10 @@ pub fn intern_repair_gap(profile: &mut Profile) -> FrameId {
     profile.intern_named_frame(REPAIR_GAP, FrameKind::Pseudo)
 }
 
-/// True when a frame name is one of dotnet-trace's grouping frames (see the module doc) or the
-/// repair gap.
+/// True when a frame name is one of dotnet-trace's grouping frames (see the module doc), the
+/// repair gap or an off-CPU frame.
 pub fn is_pseudo_name(name: &str) -> bool {
-    if PSEUDO_NAMES.contains(&name) || is_repair_gap_name(name) {
+    if PSEUDO_NAMES.contains(&name) || is_repair_gap_name(name) || is_off_cpu_name(name) {
         return true;
     }
     if name.starts_with("Process64 ") || name.starts_with("Process32 ") {
@@ -79,6 +103,8 @@ mod tests {
             "CPU_TIME",
             "UNMANAGED_CODE_TIME",
             REPAIR_GAP,
+            OFF_CPU_BLOCKED,
+            OFF_CPU_SHORT,
         ] {
             assert!(is_pseudo_name(name), "{name}");
         }

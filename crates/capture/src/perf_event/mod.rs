@@ -3,6 +3,7 @@
 //! ring has a batch (its wake-up watermark) instead of waking on a timer.
 
 mod record;
+mod switches;
 mod wait;
 
 pub use record::{Record, Sample, is_sample, parse_record, side_band_time};
@@ -229,6 +230,8 @@ pub struct PerfEvent {
     fd: OwnedFd,
     ring: Option<Ring>,
     kind: EventKind,
+    /// A context-switch event ([`PerfEvent::open_switches`]): its samples are switch-outs.
+    switches: bool,
 }
 
 impl PerfEvent {
@@ -265,7 +268,12 @@ impl PerfEvent {
                             }
                             None => Some(Ring::new(&fd, cfg.ring_pages).map_err(OpenError::Other)?),
                         };
-                        return Ok(PerfEvent { fd, ring, kind });
+                        return Ok(PerfEvent {
+                            fd,
+                            ring,
+                            kind,
+                            switches: false,
+                        });
                     }
                     Err(e) => {
                         let errno = e.raw_os_error().unwrap_or(0);
@@ -299,6 +307,12 @@ impl PerfEvent {
     /// The event that was opened.
     pub fn kind(&self) -> EventKind {
         self.kind
+    }
+
+    /// Whether this is a context-switch event, whose samples are taken as a thread leaves the
+    /// CPU (see [`PerfEvent::open_switches`]).
+    pub fn is_switches(&self) -> bool {
+        self.switches
     }
 
     /// Starts counting and sampling.

@@ -52,6 +52,18 @@ pub enum Record<'a> {
         /// Thread id.
         tid: u32,
     },
+    /// A thread entered or left the CPU (`PERF_RECORD_SWITCH`, read from its `sample_id_all`
+    /// trailer).
+    Switch {
+        /// Process id.
+        pid: u32,
+        /// Thread id.
+        tid: u32,
+        /// The thread left the CPU (else it entered it).
+        out: bool,
+        /// It left while still runnable: preempted rather than blocked or sleeping.
+        preempt: bool,
+    },
     /// The kernel dropped this many records (ring full).
     Lost(u64),
     /// Anything else.
@@ -243,6 +255,16 @@ fn parse(data: &[u8], callchain: bool) -> Option<Record<'_>> {
                 Record::Fork { pid, ppid, tid }
             } else {
                 Record::Exit { pid, tid }
+            }
+        }
+        b::PERF_RECORD_SWITCH => {
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            Record::Switch {
+                pid,
+                tid,
+                out: misc & b::PERF_RECORD_MISC_SWITCH_OUT != 0,
+                preempt: misc & b::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0,
             }
         }
         b::PERF_RECORD_LOST => {

@@ -74,13 +74,19 @@ impl Builder {
                 self.profile.set_process_name(pid, &name);
             }
         }
+        // Columns: samples, cpu, and with off-CPU recording off_cpu and wall (their sum).
+        let with_off_cpu = self.profile.sample_types().len() == 4;
         for p in batch.samples {
             let thread = self.thread(p.pid, p.tid);
             let stack = self.node_map[p.node as usize];
-            // Ids come from this profile and the value count matches its two sample types.
-            let _ = self
-                .profile
-                .push_sample(p.time, thread, stack, &[1, p.nanos]);
+            let n = p.nanos;
+            let values: &[i64] = match (with_off_cpu, p.off_cpu.is_some()) {
+                (false, _) => &[1, n],
+                (true, false) => &[1, n, 0, n],
+                (true, true) => &[0, 0, n, n],
+            };
+            // Ids come from this profile and the value count matches its sample types.
+            let _ = self.profile.push_sample(p.time, thread, stack, values);
         }
     }
 
@@ -199,6 +205,10 @@ impl Builder {
                             .intern_named_frame("[kernel: exec]", FrameKind::Kernel),
                     ]
                 }
+                RawKind::OffCpu(reason) => vec![
+                    self.profile
+                        .intern_named_frame(reason.frame_name(), FrameKind::Pseudo),
+                ],
                 RawKind::Truncated(reason) => vec![
                     self.profile
                         .intern_named_frame(&reason.frame_name(), FrameKind::Truncated),

@@ -26,6 +26,8 @@ pub(crate) struct Deferred {
     /// The file it waits for; None: any file arriving in its process (its stack ended early and
     /// the region to blame is not known).
     pub waits_for: Option<FileKey>,
+    /// The weight of an off-CPU sample (None for a CPU sample).
+    pub off_cpu: Option<super::off_cpu::OffWeight>,
 }
 
 /// The waiting samples, in arrival order. See the module documentation.

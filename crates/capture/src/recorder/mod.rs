@@ -8,6 +8,7 @@ mod launch;
 mod lifetime;
 mod live_proof;
 mod naming;
+mod off_cpu;
 mod options;
 mod outer_cache;
 mod pipeline;
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 use rootline_profile::{Profile, SampleType};
 
 pub use crate::perf_event::monotonic_ns;
+pub use off_cpu::OffCpuStats;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, MAX_USER_CALLCHAIN, RecordError, RecordOptions,
     Recording, Retention, Target,
@@ -97,6 +99,7 @@ fn attach(
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
+    mut switches: Option<&mut Vec<PerfEvent>>,
 ) -> Result<(), RecordError> {
     if !process_alive(pid) {
         return Err(RecordError::TargetGone(pid));
@@ -110,7 +113,13 @@ fn attach(
         }
         for tid in new {
             seen.insert(tid);
-            match open_thread(tid, false, cfg, cpus, events) {
+            let opened = open_thread(tid, false, cfg, cpus, events, false).and_then(|()| {
+                match switches.as_deref_mut() {
+                    Some(s) => open_thread(tid, false, cfg, cpus, s, true),
+                    None => Ok(()),
+                }
+            });
+            match opened {
                 Ok(()) => {}
                 // The thread exited between the scan and the open.
                 Err(OpenError::NoSuchThread(_)) => {}
@@ -125,13 +134,15 @@ fn attach(
 }
 
 /// Opens one event per CPU for thread `tid` (inheriting), each writing into the ring of the first
-/// event opened on that CPU (`events[i]` for CPU `cpus[i]`), creating those rings first.
+/// event opened on that CPU (`events[i]` for CPU `cpus[i]`), creating those rings first. With
+/// `switches`, the events are context-switch events ([`PerfEvent::open_switches`]).
 fn open_thread(
     tid: u32,
     enable_on_exec: bool,
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
+    switches: bool,
 ) -> Result<(), OpenError> {
     let mut opened = Vec::with_capacity(cpus.len());
     for (i, &cpu) in cpus.iter().enumerate() {
@@ -142,7 +153,11 @@ fn open_thread(
             enable_on_exec,
         };
         let output = events.get(i).or(opened.get(i));
-        let e = PerfEvent::open(target, cfg, output)?;
+        let e = if switches {
+            PerfEvent::open_switches(target, cfg, output)?
+        } else {
+            PerfEvent::open(target, cfg, output)?
+        };
         opened.push(e);
     }
     events.extend(opened);
@@ -175,6 +190,8 @@ pub fn record(
     };
     let cpus = online_cpus();
     let mut events = Vec::new();
+    // Context-switch events (off-CPU), in rings of their own; appended to `events` once open.
+    let mut switch_events = Vec::new();
     let mut child = None;
     let start_ns = monotonic_ns();
     let mut attach_notes = Vec::new();
@@ -182,7 +199,13 @@ pub fn record(
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
             let c = launch::launch(argv, &opts.launch_env)?;
-            match open_thread(c.id(), true, &cfg, &cpus, &mut events) {
+            let opened = open_thread(c.id(), true, &cfg, &cpus, &mut events, false).and_then(
+                |()| match opts.off_cpu_min_ns {
+                    Some(_) => open_thread(c.id(), true, &cfg, &cpus, &mut switch_events, true),
+                    None => Ok(()),
+                },
+            );
+            match opened {
                 Ok(()) => {}
                 Err(e) => {
                     send_signal(c.id(), libc::SIGKILL);
@@ -199,14 +222,20 @@ pub fn record(
                 attach_notes = crate::jit::hotspot::ask_at_attach(pids);
             }
             for &pid in pids {
-                attach(pid, &cfg, &cpus, &mut events)?;
+                let switches = opts.off_cpu_min_ns.map(|_| &mut switch_events);
+                attach(pid, &cfg, &cpus, &mut events, switches)?;
             }
-            for e in &events {
+            for e in events.iter().chain(&switch_events) {
                 e.enable()
                     .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
             }
         }
         Target::System => {
+            if opts.off_cpu_min_ns.is_some() {
+                return Err(RecordError::Open(OpenError::Other(std::io::Error::other(
+                    "off-CPU recording follows given threads (a command or -p), not the whole host",
+                ))));
+            }
             cfg.ring_pages = ring_pages(&cfg, 1);
             for &cpu in &cpus {
                 events.push(PerfEvent::open(EventTarget::Cpu(cpu), &cfg, None).map_err(classify)?);
@@ -218,7 +247,13 @@ pub fn record(
         }
     }
     let event_kind = events[0].kind();
-    let mut profile = Profile::new(vec![SampleType::samples(), SampleType::cpu_nanoseconds()]);
+    events.append(&mut switch_events);
+    let mut sample_types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
+    if opts.off_cpu_min_ns.is_some() {
+        sample_types.push(SampleType::off_cpu_nanoseconds());
+        sample_types.push(SampleType::wall_nanoseconds());
+    }
+    let mut profile = Profile::new(sample_types);
     profile.metadata.producer = "rootline record".into();
     profile.metadata.start_time_ns = start_ns;
     profile.metadata.sample_rate_hz = Some(cfg.frequency_hz);
@@ -251,6 +286,10 @@ pub fn record(
         opts.live_stack_budget.to_string(),
     );
     extra.insert("user_callchain".into(), cfg.user_callchain.to_string());
+    if let Some(min_ns) = opts.off_cpu_min_ns {
+        extra.insert("off_cpu.min_ns".into(), min_ns.to_string());
+    }
+    let off_cpu_min_ns = opts.off_cpu_min_ns;
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
     let skip_own_process = opts.skip_own_process;
@@ -334,6 +373,9 @@ pub fn record(
                     pipeline.parse_binaries_inline();
                 }
                 pipeline.set_user_callchain(user_callchain);
+                if let Some(min_ns) = off_cpu_min_ns {
+                    pipeline.set_off_cpu(min_ns);
+                }
                 if let Retention::HandOver { max_entries } = retention {
                     pipeline.set_table_limit(max_entries);
                 }
@@ -498,17 +540,23 @@ impl Drain {
             pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));
         }
         for (e, &head) in events.iter_mut().zip(&self.heads) {
+            let switches = e.is_switches();
             let Some(ring) = e.ring() else {
                 continue;
             };
             let pos = ring.peek(head, |data| {
                 count += 1;
                 if let Record::Sample(s) = parse_record(data, kernel) {
-                    pipeline.sample_record(data, &s);
+                    if switches {
+                        pipeline.switch_record(data, &s);
+                    } else {
+                        pipeline.sample_record(data, &s);
+                    }
                 }
             });
             ring.consume(pos);
         }
+        pipeline.settle_off_cpu(None);
         count
     }
 }
@@ -554,5 +602,19 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
     if cc.capped > 0 {
         m.extra
             .insert("callchain.capped".into(), cc.capped.to_string());
+    }
+    let off = &stats.off_cpu;
+    if off.switches > 0 {
+        for (key, n) in [
+            ("off_cpu.switches", off.switches),
+            ("off_cpu.unwound", off.unwound),
+            ("off_cpu.unwound_ns", off.unwound_ns),
+            ("off_cpu.below_min", off.below_min),
+            ("off_cpu.below_min_ns", off.below_min_ns),
+            ("off_cpu.unmatched", off.unmatched),
+            ("off_cpu.open_at_end", off.open_at_end),
+        ] {
+            m.extra.insert(key.into(), n.to_string());
+        }
     }
 }

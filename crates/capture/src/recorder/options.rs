@@ -68,6 +68,11 @@ pub struct RecordOptions {
     /// Environment variables added to a launched command ([`Target::Command`]), e.g. the ones
     /// that make a runtime write its perf map from the start.
     pub launch_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// Also record where threads wait: every time a thread of a command or `-p` target leaves
+    /// the CPU its stack is taken and weighed by the nanoseconds until it runs again (value
+    /// columns `off_cpu` and `wall` = cpu + off_cpu). Intervals shorter than the given
+    /// nanoseconds are counted and summed per thread but not unwound. None: off.
+    pub off_cpu_min_ns: Option<u64>,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -96,6 +101,7 @@ impl RecordOptions {
             dwarf_budget: None,
             ask_jvms: true,
             launch_env: Vec::new(),
+            off_cpu_min_ns: None,
         }
     }
 }

@@ -25,6 +25,7 @@ use super::deferral::{Deferrals, Deferred};
 use super::lifetime::Lifetimes;
 use super::live_proof::LiveProof;
 use super::naming::jit_names;
+use super::off_cpu::{OffCpu, OffReason, OffWeight, Ready};
 use super::raw::{Batch, NO_NODE, Pending, RawFrame, RawKind, RawTables};
 #[cfg(doc)]
 use super::stack_end::stack_end;
@@ -56,6 +57,12 @@ pub struct Pipeline {
     proof: LiveProof,
     unwinder: UserUnwinder,
     limit: TableLimit,
+    /// Off-CPU pairing, when switch-outs are recorded.
+    off_cpu: Option<OffCpu>,
+    /// The weight of the off-CPU sample being handled (None while handling a CPU sample).
+    off_weight: Option<OffWeight>,
+    /// Off-CPU samples ready to unwind (reused between passes).
+    ready: Vec<Ready>,
 }
 
 impl Pipeline {
@@ -78,7 +85,43 @@ impl Pipeline {
             proof: LiveProof::default(),
             unwinder: UserUnwinder::default(),
             limit: TableLimit::default(),
+            off_cpu: None,
+            off_weight: None,
+            ready: Vec::new(),
         }
+    }
+
+    /// Records off-CPU intervals from switch-out samples ([`Pipeline::switch_record`]) and
+    /// switch records; intervals under `min_ns` are counted but not unwound.
+    pub fn set_off_cpu(&mut self, min_ns: u64) {
+        self.off_cpu = Some(OffCpu::new(min_ns));
+    }
+
+    /// A switch-out sample parsed from `raw`: kept until the switch-in that ends its interval.
+    pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+        if Some(s.pid) != self.skip_pid
+            && let Some(off) = self.off_cpu.as_mut()
+        {
+            off.sample(s.pid, s.tid, s.time, raw);
+        }
+    }
+
+    /// Unwinds the switch-out samples whose intervals are known; with `end`, those still open
+    /// are weighed until `end`.
+    pub(crate) fn settle_off_cpu(&mut self, end: Option<u64>) {
+        let Some(off) = self.off_cpu.as_mut() else {
+            return;
+        };
+        let mut ready = std::mem::take(&mut self.ready);
+        off.settle(end, &mut ready);
+        for r in ready.drain(..) {
+            if let Record::Sample(s) = parse_record(&r.raw, self.callchain) {
+                self.off_weight = Some(r.weight);
+                self.handle(&s, Some(&r.raw), s.pid);
+                self.off_weight = None;
+            }
+        }
+        self.ready = ready;
     }
 
     /// Called before each pass over the rings: installs finished parses, unwinds the samples
@@ -103,6 +146,7 @@ impl Pipeline {
 
     /// Finishes every set-aside sample (waiting for the loader); call before the last batch.
     pub fn finish(&mut self) {
+        self.settle_off_cpu(Some(crate::perf_event::monotonic_ns()));
         while !self.deferrals.is_empty() {
             // When nothing more can arrive, unwinds them with what there is.
             self.deferrals.force = !self.processes.wait_loaded();
@@ -125,7 +169,9 @@ impl Pipeline {
                 continue;
             }
             if let Record::Sample(s) = parse_record(&d.raw, self.callchain) {
+                self.off_weight = d.off_cpu;
                 self.handle(&s, Some(&d.raw), d.space);
+                self.off_weight = None;
             }
         }
         self.deferrals.release_retired(&mut self.processes);
@@ -221,8 +267,21 @@ impl Pipeline {
             Record::Fork { pid, ppid, .. } => self.processes.fork(pid, ppid),
             Record::Lost(n) => self.stats.lost += n,
             Record::Exit { pid, tid } => {
+                if let Some(off) = self.off_cpu.as_mut() {
+                    off.exited(tid, time);
+                }
                 self.proof.forget((pid, tid));
                 self.lifetimes.exited(pid, tid);
+            }
+            Record::Switch {
+                pid,
+                tid,
+                out,
+                preempt,
+            } => {
+                if let Some(off) = self.off_cpu.as_mut() {
+                    off.switch(pid, tid, time, out, preempt);
+                }
             }
             Record::Sample(_) | Record::Other => {}
         }
@@ -271,7 +330,9 @@ impl Pipeline {
             }
             _ => None,
         };
-        self.stats.samples += 1;
+        if self.off_weight.is_none() {
+            self.stats.samples += 1;
+        }
         if self.lifetimes.sampled(s.pid, s.tid) {
             // Exited threads leave the map, so count each one as it first appears.
             self.stats.threads += 1;
@@ -289,13 +350,20 @@ impl Pipeline {
         for &ip in s.kernel_ips.iter().rev() {
             node = self.node(node, RawKind::Kernel, ip);
         }
-        let nanos = self.period_nanos.unwrap_or(s.period as i64);
+        let nanos = match self.off_weight {
+            Some(w) => {
+                node = self.node(node, RawKind::OffCpu(w.reason), 0);
+                w.nanos
+            }
+            None => self.period_nanos.unwrap_or(s.period as i64),
+        };
         self.pending.push(Pending {
             time: s.time,
             pid: s.pid,
             tid: s.tid,
             node,
             nanos,
+            off_cpu: self.off_weight,
         });
     }
 
@@ -321,6 +389,31 @@ impl Pipeline {
 
     /// Everything new since the previous call, for the builder.
     pub(crate) fn take_batch(&mut self) -> Batch {
+        if let Some(off) = self.off_cpu.as_mut() {
+            self.stats.off_cpu = off.stats;
+            for (pid, tid, time, nanos) in off.take_short() {
+                let node = self.tables.node(
+                    NO_NODE,
+                    RawFrame {
+                        kind: RawKind::OffCpu(OffReason::Short),
+                        address: 0,
+                        live: false,
+                    },
+                );
+                let weight = OffWeight {
+                    nanos,
+                    reason: OffReason::Short,
+                };
+                self.pending.push(Pending {
+                    time,
+                    pid,
+                    tid,
+                    node,
+                    nanos,
+                    off_cpu: Some(weight),
+                });
+            }
+        }
         let pending = self.pending.len();
         let new = self.tables.take_new();
         // New JIT code of a JVM is named by asking it again; the reader waits this long at most.

@@ -10,6 +10,7 @@ use crate::jit::JitName;
 use crate::process::BinaryFile;
 use crate::unwind::{Region, TruncateReason};
 
+use super::off_cpu::{OffReason, OffWeight};
 use super::stats::Stats;
 
 /// What a raw frame's address is.
@@ -28,6 +29,8 @@ pub(crate) enum RawKind {
     Exec,
     /// The explicit end of a stack that could not be unwound further.
     Truncated(TruncateReason),
+    /// The leaf of an off-CPU stack: why the thread left the CPU.
+    OffCpu(OffReason),
 }
 
 /// A distinct frame of raw stacks: an address of a kind.
@@ -56,7 +59,10 @@ pub(crate) struct Pending {
     pub pid: u32,
     pub tid: u32,
     pub node: u32,
+    /// On-CPU nanoseconds (a CPU sample), or off-CPU nanoseconds (when `off_cpu`).
     pub nanos: i64,
+    /// Set for a sample taken as the thread left the CPU.
+    pub off_cpu: Option<OffWeight>,
 }
 
 /// Everything new since the previous batch. Indexes continue across batches.

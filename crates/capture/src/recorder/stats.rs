@@ -30,6 +30,8 @@ pub struct Stats {
     pub deferred: u64,
     /// Distinct JIT frames left without a name, by why.
     pub jit_unnamed: std::collections::BTreeMap<String, u64>,
+    /// Off-CPU intervals (with `--off-cpu`).
+    pub off_cpu: super::off_cpu::OffCpuStats,
     /// Why runtimes were not asked for their JIT maps (a JVM with attach off), one line each.
     pub jit_notes: Vec<String>,
 }

@@ -141,6 +141,7 @@ impl Pipeline {
             raw: raw.to_vec(),
             space,
             waits_for,
+            off_cpu: self.off_weight,
         });
         self.stats.deferred += 1;
     }
