@@ -44,9 +44,9 @@ fn profile() -> Profile {
 }
 
 fn report(extra: &[&str]) -> String {
-    let dir = std::env::temp_dir().join(format!("rootline-report-tiers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("tiers.rlp");
+    // A folder of its own per call: the tests of this file run at once.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiers.rlp");
     std::fs::write(&path, write_rlp(Vec::new(), &profile()).unwrap()).unwrap();
     let out = rootline()
         .arg("report")
@@ -54,7 +54,6 @@ fn report(extra: &[&str]) -> String {
         .args(extra)
         .output()
         .expect("rootline runs");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         out.status.success(),
         "{}",
