@@ -196,7 +196,8 @@ impl<'a> Converter<'a> {
         let mut types = Vec::with_capacity(m.sample_type.len());
         for (i, t) in m.sample_type.iter().enumerate() {
             let at = self.offsets.sample_type.get(i).copied().unwrap_or(0);
-            types.push(SampleType::new(
+            // Go's allocation types (`alloc_space`, `alloc_objects`) read back as rootline's.
+            types.push(SampleType::from_pprof(
                 self.string(t.r#type, at, "a sample type")?,
                 self.string(t.unit, at, "a sample type's unit")?,
             ));

@@ -103,7 +103,7 @@ pub(super) fn to_message(profile: &Profile) -> proto::Profile {
             .sample_types()
             .iter()
             .map(|t| proto::ValueType {
-                r#type: strings.intern(&t.name),
+                r#type: strings.intern(t.pprof_name()),
                 unit: strings.intern(&t.unit),
             })
             .collect(),
