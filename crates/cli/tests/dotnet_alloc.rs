@@ -3,8 +3,8 @@
 //! method and a quarter as `int[1024]` (the same size) in another, choosing at random which each
 //! time so that no pattern lines up with the runtime's tick. The GC allocation ticks must give each
 //! method and type its share of the bytes within 10%, and the writers must carry the allocation
-//! columns: `report`/`convert --value alloc-bytes`, and pprof's `alloc_space`/`alloc_objects` as
-//! `go tool pprof` reads them.
+//! columns: `report`/`convert --value alloc-bytes`, speedscope's views per column, and pprof's
+//! `alloc_space`/`alloc_objects` as `go tool pprof` reads them.
 
 #[path = "../../dotnet/tests/common/live.rs"]
 mod live;
@@ -243,6 +243,37 @@ fn allocations(runtime: &Runtime) {
         folded_big,
         sites[&(BIG.to_string(), "System.Byte[]".to_string())]
     );
+
+    // speedscope: a profile per thread for the time column and for each allocation column.
+    let ss = dir.path().join("alloc.speedscope.json");
+    let conv = rootline(&[
+        "convert",
+        trace.to_str().unwrap(),
+        "-o",
+        ss.to_str().unwrap(),
+    ]);
+    assert!(conv.status.success(), "{conv:?}");
+    let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&ss).unwrap()).unwrap();
+    let mut by_view: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for p in file["profiles"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let view = name.rsplit_once(" — ").unwrap().1.to_string();
+        let unit = p["unit"].as_str().unwrap().to_string();
+        let sum: i64 = p["weights"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_i64().unwrap())
+            .sum();
+        *by_view.entry((view, unit)).or_default() += sum;
+    }
+    assert_eq!(by_view[&("alloc-bytes".into(), "bytes".into())], total);
+    assert_eq!(
+        by_view[&("alloc-count".into(), "none".into())],
+        stats.allocation_ticks as i64
+    );
+    assert!(by_view[&("wall".into(), "nanoseconds".into())] > 0);
+    assert_eq!(by_view.len(), 3, "{by_view:?}");
 
     // pprof: Go's allocation sample types, read by go tool pprof with the same totals.
     let pprof = dir.path().join("alloc.pb.gz");
