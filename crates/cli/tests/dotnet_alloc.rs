@@ -18,30 +18,7 @@ use std::process::{Command, Output};
 use live::{Runtime, for_each_runtime};
 use rootline_profile::{FrameKind, Profile, SampleType, pseudo};
 
-const SOURCE: &str = r#"
-using System;
-using System.Runtime.CompilerServices;
-
-static class Alloc {
-    static object[] keep = new object[64];
-
-    [MethodImpl(MethodImplOptions.NoInlining)]
-    static void Big(int i) { keep[i & 63] = new byte[4096]; }
-
-    [MethodImpl(MethodImplOptions.NoInlining)]
-    static void Small(int i) { keep[i & 63] = new int[1024]; }
-
-    static void Main(string[] args) {
-        Console.WriteLine("ready");
-        var random = new Random(7);
-        long beat = 0;
-        for (int i = 0; ; i++) {
-            if (random.Next(4) == 0) Small(i); else Big(i);
-            if ((i & 0xFFFFF) == 0) Console.WriteLine("beat " + beat++);
-        }
-    }
-}
-"#;
+const SOURCE: &str = include_str!("../../dotnet/tests/data/Alloc.cs");
 
 const BIG: &str = "Alloc!Alloc.Big(int32)";
 const SMALL: &str = "Alloc!Alloc.Small(int32)";
@@ -217,6 +194,13 @@ fn allocations(runtime: &Runtime) {
     let text = String::from_utf8_lossy(&report.stdout);
     eprintln!("{text}");
     assert!(text.contains("[alloc: System.Byte[]]"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "allocations: {} GC allocation ticks",
+            stats.allocation_ticks
+        )),
+        "{text}"
+    );
     let folded = dir.path().join("alloc.folded");
     let conv = rootline(&[
         "convert",
