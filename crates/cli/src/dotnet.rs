@@ -269,9 +269,10 @@ fn run_collect(args: CollectArgs) -> Result<()> {
                 u64::try_from(profile.totals().get(c).copied().unwrap_or(0)).unwrap_or(0)
             });
         format!(
-            ", {} allocation ticks for {:.1} MB allocated",
+            ", {} allocation ticks for {:.1} MB allocated ({} cut at the frame limit)",
             stats.allocation_ticks,
-            bytes as f64 / 1e6
+            bytes as f64 / 1e6,
+            stats.allocation_ticks_at_cap
         )
     } else {
         String::new()

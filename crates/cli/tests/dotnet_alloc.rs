@@ -137,6 +137,8 @@ fn allocations(runtime: &Runtime) {
         "CPU samples are kept: {stats:?}"
     );
     assert!(stats.allocation_ticks > 1000, "{stats:?}");
+    // Main → Big is 2 frames deep (3 with Main's caller): no stack reaches EventPipe's cap.
+    assert_eq!(stats.allocation_ticks_at_cap, 0);
     let (sites, total) = bytes_by_site(&profile);
     for ((caller, ty), bytes) in &sites {
         eprintln!(

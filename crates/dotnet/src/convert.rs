@@ -40,6 +40,8 @@ pub struct ConvertStats {
     pub resolved_sample_frames: u64,
     /// Thread samples whose stack is exactly [`EVENTPIPE_DEPTH_CAP`] frames deep.
     pub samples_at_cap: u64,
+    /// Allocation ticks whose stack is exactly [`EVENTPIPE_DEPTH_CAP`] frames deep.
+    pub allocation_ticks_at_cap: u64,
     /// Events the writer dropped (sequence-number gaps).
     pub dropped_events: u64,
     /// Events that referred to a stack not defined in their region.
@@ -277,6 +279,9 @@ pub fn read_profile_with_stats<R: Read>(
             RowKind::Alloc => {
                 values[2] = row.value;
                 values[3] = 1;
+                if depth == EVENTPIPE_DEPTH_CAP {
+                    stats.allocation_ticks_at_cap += 1;
+                }
             }
         }
         let n = if has_alloc { 4 } else { 2 };
@@ -325,6 +330,10 @@ pub fn read_profile_with_stats<R: Read>(
     extra.insert(
         "nettrace.samples_at_depth_cap".into(),
         stats.samples_at_cap.to_string(),
+    );
+    extra.insert(
+        "nettrace.allocation_ticks_at_depth_cap".into(),
+        stats.allocation_ticks_at_cap.to_string(),
     );
     if let Some(cmd) = profile.metadata.command_line.clone() {
         let id = profile.intern_string(&cmd);
