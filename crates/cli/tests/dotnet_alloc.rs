@@ -3,16 +3,19 @@
 //! method and a quarter as `int[1024]` (the same size) in another, choosing at random which each
 //! time so that no pattern lines up with the runtime's tick. The GC allocation ticks must give each
 //! method and type its share of the bytes within 10%, and the writers must carry the allocation
-//! columns: `report`/`convert --value alloc-bytes`, speedscope's views per column, and pprof's
-//! `alloc_space`/`alloc_objects` as `go tool pprof` reads them.
+//! columns: `report`/`convert --value alloc-bytes`, speedscope's views per column (and the
+//! speedscope web app showing the bytes), and pprof's `alloc_space`/`alloc_objects` as
+//! `go tool pprof` reads them.
 
 #[path = "../../dotnet/tests/common/live.rs"]
 mod live;
 #[path = "../../../tests/support/real_tools.rs"]
 mod real_tools;
+#[path = "../../../tests/support/speedscope_check.rs"]
+mod speedscope_check;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use live::{Runtime, for_each_runtime};
@@ -22,6 +25,10 @@ const SOURCE: &str = include_str!("../../dotnet/tests/data/Alloc.cs");
 
 const BIG: &str = "Alloc!Alloc.Big(int32)";
 const SMALL: &str = "Alloc!Alloc.Small(int32)";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
 
 fn rootline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rootline"))
@@ -260,6 +267,38 @@ fn allocations(runtime: &Runtime) {
     );
     assert!(by_view[&("wall".into(), "nanoseconds".into())] > 0);
     assert_eq!(by_view.len(), 3, "{by_view:?}");
+
+    // speedscope's web app shows the bytes view (`--value alloc-bytes`: the only view), frames and
+    // allocated types included.
+    if speedscope_check::present(&workspace(), "the speedscope web app check") {
+        let only = dir.path().join("bytes.speedscope.json");
+        let conv = rootline(&[
+            "convert",
+            trace.to_str().unwrap(),
+            "--value",
+            "alloc-bytes",
+            "-o",
+            only.to_str().unwrap(),
+        ]);
+        assert!(conv.status.success(), "{conv:?}");
+        let file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&only).unwrap()).unwrap();
+        let first = file["profiles"][0]["name"].as_str().unwrap().to_owned();
+        assert!(first.ends_with(" — alloc-bytes"), "{first}");
+        let output = Command::new("node")
+            .arg(workspace().join("tests/js-speedscope/speedscope-check.mjs"))
+            .arg(&only)
+            .arg(&first)
+            .args(["Alloc.Big(int32)", "[alloc: System.Int32[]]"])
+            .output()
+            .expect("run node");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("\"ok\":true"),
+            "speedscope check failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 
     // pprof: Go's allocation sample types, read by go tool pprof with the same totals.
     let pprof = dir.path().join("alloc.pb.gz");
