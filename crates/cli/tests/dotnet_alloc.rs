@@ -268,6 +268,22 @@ fn allocations(runtime: &Runtime) {
     assert!(by_view[&("wall".into(), "nanoseconds".into())] > 0);
     assert_eq!(by_view.len(), 3, "{by_view:?}");
 
+    // Chromium JSON is a timeline of thread samples: allocation ticks, which take no time, are not
+    // on it, and they do not stretch or cut the samples' slices.
+    let json = dir.path().join("alloc.json");
+    let conv = rootline(&[
+        "convert",
+        trace.to_str().unwrap(),
+        "-o",
+        json.to_str().unwrap(),
+    ]);
+    assert!(conv.status.success(), "{conv:?}");
+    assert!(!std::fs::read_to_string(&json).unwrap().contains("[alloc: "));
+    let back = rootline(&["report", json.to_str().unwrap()]);
+    assert!(back.status.success(), "{back:?}");
+    let said = String::from_utf8_lossy(&back.stderr);
+    assert!(!said.contains("warning"), "{said}");
+
     // speedscope's web app shows the bytes view (`--value alloc-bytes`: the only view), frames and
     // allocated types included.
     if speedscope_check::present(&workspace(), "the speedscope web app check") {
