@@ -506,6 +506,8 @@ impl<'a> Converter<'a> {
                 if unit.is_empty() || unit == "nanoseconds" {
                     out.time = number.and_then(|n| u64::try_from(n).ok());
                 }
+            } else if key == super::encode::ALLOCATED_TYPE_KEY {
+                // The `[alloc: TYPE]` leaf frame holds it already.
             } else {
                 out.other_keys.push(key);
             }
