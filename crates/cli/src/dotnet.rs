@@ -28,7 +28,8 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// Trace a live .NET process (CPU samples of every managed thread) over its diagnostics socket.
+    /// Trace a live .NET process (CPU samples of every managed thread, and with --alloc GC
+    /// allocation ticks) over its diagnostics socket.
     Collect(CollectArgs),
     /// List the .NET processes that have a diagnostics socket.
     Ps,
@@ -74,6 +75,13 @@ struct CollectArgs {
     /// Keep stacks as EventPipe cut them (at 100 frames) instead of repairing them.
     #[arg(long)]
     no_repair: bool,
+    /// Also record GC allocation ticks: about every 100 KB a thread allocates, the stack and type
+    /// of the allocation that crossed the mark, weighed by the bytes since the previous tick.
+    /// Adds the value columns `alloc-bytes` and `alloc-count` (ticks) to the CPU samples' own;
+    /// each tick's stack ends in `[alloc: TYPE]`. Pick one with `report/convert --value
+    /// alloc-bytes`.
+    #[arg(long)]
+    alloc: bool,
 }
 
 /// Runs `rootline dotnet …`.
@@ -142,10 +150,13 @@ fn run_collect(args: CollectArgs) -> Result<()> {
     } else {
         Some(input::output_format(&args.output, args.format.as_deref())?)
     };
-    let providers = match &args.providers {
+    let mut providers = match &args.providers {
         Some(list) => Provider::parse_list(list).map_err(|e| anyhow!("--providers: {e}"))?,
         None => Provider::cpu_sampling(),
     };
+    if args.alloc {
+        Provider::add_allocation_ticks(&mut providers);
+    }
     let duration = match args.duration {
         Some(s) if !(s > 0.0 && s.is_finite()) => {
             bail!("--duration must be a positive number of seconds")
@@ -249,9 +260,26 @@ fn run_collect(args: CollectArgs) -> Result<()> {
     } else {
         100.0 * stats.resolved_sample_frames as f64 / stats.sample_frames as f64
     };
+    let allocations = if args.alloc || stats.allocation_ticks > 0 {
+        let bytes: u64 = profile
+            .sample_types()
+            .iter()
+            .position(|t| *t == rootline_profile::SampleType::alloc_bytes())
+            .map_or(0, |c| {
+                u64::try_from(profile.totals().get(c).copied().unwrap_or(0)).unwrap_or(0)
+            });
+        format!(
+            ", {} allocation ticks for {:.1} MB allocated ({} cut at the frame limit)",
+            stats.allocation_ticks,
+            bytes as f64 / 1e6,
+            stats.allocation_ticks_at_cap
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "rootline: wrote {} ({out_format}, {} thread samples, {named:.1}% of managed frames named, \
-         {} samples cut at EventPipe's {}-frame limit{repaired})",
+        "rootline: wrote {} ({out_format}, {} thread samples{allocations}, {named:.1}% of managed \
+         frames named, {} samples cut at EventPipe's {}-frame limit{repaired})",
         args.output.display(),
         stats.managed_samples + stats.external_samples,
         stats.samples_at_cap,

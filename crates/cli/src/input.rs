@@ -239,10 +239,14 @@ fn partial_path(path: &Path) -> PathBuf {
 /// The value column `name` of `profile`: a sample type's name (`samples`, `cpu`, `off_cpu`,
 /// `wall`, `alloc-bytes`, …), or that name with its unit as a suffix, dashes for underscores:
 /// `cpu-ns`, `off-cpu-ns` and `wall-ns` for the nanosecond columns (`wall` is `cpu` + `off_cpu`
-/// in a `record --off-cpu` profile).
+/// in a `record --off-cpu` profile). The allocation columns also answer to pprof's names,
+/// `alloc_space` and `alloc_objects`.
 pub fn find_column(profile: &Profile, name: &str) -> Option<usize> {
     let types = profile.sample_types();
-    if let Some(c) = types.iter().position(|t| t.name == name) {
+    if let Some(c) = types
+        .iter()
+        .position(|t| t.name == name || t.pprof_name() == name)
+    {
         return Some(c);
     }
     let (base, unit) = name

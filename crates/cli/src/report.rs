@@ -175,6 +175,16 @@ pub fn write_report(
             extra("off_cpu.unmatched"),
         )?;
     }
+    let ticks = extra("nettrace.allocation_ticks");
+    if ticks != "0" {
+        writeln!(
+            out,
+            "  allocations: {ticks} GC allocation ticks (the runtime sends one each time about \
+             100 KB were allocated, with the stack and type of the allocation that crossed the \
+             mark); --value alloc-bytes counts the bytes each tick stands for, alloc-count the \
+             ticks"
+        )?;
+    }
     if meta.lost_samples + meta.dropped_samples + meta.truncated_samples > 0 {
         writeln!(
             out,

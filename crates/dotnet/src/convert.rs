@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 
 use rootline_profile::{
-    Frame, FrameId, FrameKind, Function, Profile, SampleType, StackId, TruncateReason,
+    Frame, FrameId, FrameKind, Function, Profile, SampleType, StackId, TruncateReason, pseudo,
 };
 
 use crate::error::NetTraceError;
@@ -40,6 +40,8 @@ pub struct ConvertStats {
     pub resolved_sample_frames: u64,
     /// Thread samples whose stack is exactly [`EVENTPIPE_DEPTH_CAP`] frames deep.
     pub samples_at_cap: u64,
+    /// Allocation ticks whose stack is exactly [`EVENTPIPE_DEPTH_CAP`] frames deep.
+    pub allocation_ticks_at_cap: u64,
     /// Events the writer dropped (sequence-number gaps).
     pub dropped_events: u64,
     /// Events that referred to a stack not defined in their region.
@@ -58,7 +60,11 @@ struct Row {
     tid: u64,
     stack: u32,
     kind: RowKind,
+    /// Bytes, for an allocation tick.
     value: i64,
+    /// Index of the allocated type in the type table, for an allocation tick (`None`: the event
+    /// version does not say).
+    type_name: Option<u32>,
 }
 
 /// Method code ranges sorted by start, for IP lookup.
@@ -98,8 +104,14 @@ pub fn read_profile<R: Read>(source: R) -> Result<Profile, NetTraceError> {
 /// Reads a `.nettrace` stream into a [`Profile`] and reports what it saw.
 ///
 /// Sample types: `samples` (count) and `wall` (nanoseconds, the runtime's sampling period per
-/// sample), plus `alloc-bytes` when the trace has GC allocation ticks (thread samples carry 0 there,
-/// allocation ticks carry 0 samples and 0 wall time). Frames are named `Module!Namespace.Method(params)`
+/// sample), plus `alloc-bytes` and `alloc-count` when the trace has GC allocation ticks (thread
+/// samples carry 0 there, allocation ticks carry 0 samples and 0 wall time). The runtime sends a
+/// tick each time about 100 KB have been allocated on a heap, with the stack and type of the
+/// allocation that crossed the mark: its `alloc-bytes` is the tick's amount (the bytes allocated
+/// since the previous tick, so already an estimate of all bytes), its `alloc-count` is 1 (one tick:
+/// a count of ticks, not of objects). The stack of a tick ends in the pseudo frame
+/// `[alloc: TYPE]` ([`pseudo::alloc_frame_name`]), TYPE as the runtime names it
+/// (`System.Byte[]`). Frames are named `Module!Namespace.Method(params)`
 /// like dotnet-trace; IPs that no method event covers stay as `?!0x…`. The metadata records the
 /// producer `EventPipe` and the depth cap of 100 frames so that repair can find cut stacks.
 pub fn read_profile_with_stats<R: Read>(
@@ -115,6 +127,8 @@ pub fn read_profile_with_stats<R: Read>(
     let mut modules: HashMap<u64, String> = HashMap::new();
     let mut command_line = None;
     let mut ips = Vec::new();
+    let mut type_ids: HashMap<String, u32> = HashMap::new();
+    let mut type_names: Vec<String> = Vec::new();
     while let Some(event) = reader.next_event()? {
         stats.events += 1;
         let Some(known) = KnownEvent::classify(event.metadata) else {
@@ -147,11 +161,20 @@ pub fn read_profile_with_stats<R: Read>(
                 continue;
             }
         };
-        let value = if kind == RowKind::Alloc {
+        let (value, type_name) = if kind == RowKind::Alloc {
             let tick = events::parse_allocation_tick(event.payload, at, info.pointer_size)?;
-            i64::try_from(tick.amount).unwrap_or(i64::MAX)
+            let type_name = tick.type_name.map(|name| match type_ids.get(&name) {
+                Some(&id) => id,
+                None => {
+                    let id = u32::try_from(type_names.len()).unwrap_or(u32::MAX);
+                    type_ids.insert(name.clone(), id);
+                    type_names.push(name);
+                    id
+                }
+            });
+            (i64::try_from(tick.amount).unwrap_or(i64::MAX), type_name)
         } else {
-            1
+            (1, None)
         };
         ips.clear();
         ips.extend(event.stack.ips());
@@ -170,12 +193,14 @@ pub fn read_profile_with_stats<R: Read>(
             stack,
             kind,
             value,
+            type_name,
         });
     }
     let rs = reader.stats();
     stats.dropped_events = rs.dropped_events;
     stats.missing_stacks = rs.missing_stacks;
     drop(stack_ids);
+    drop(type_ids);
 
     let index = MethodIndex::new(methods);
     stats.methods = index.methods.len();
@@ -184,6 +209,7 @@ pub fn read_profile_with_stats<R: Read>(
     let mut types = vec![SampleType::samples(), SampleType::wall_nanoseconds()];
     if has_alloc {
         types.push(SampleType::alloc_bytes());
+        types.push(SampleType::alloc_count());
     }
     let mut profile = Profile::new(types);
 
@@ -220,12 +246,26 @@ pub fn read_profile_with_stats<R: Read>(
     };
     rows.sort_by_key(|r| r.ticks);
     let mut thread_ids = HashMap::new();
+    // An allocation's stack: the event's stack with the allocated type as its leaf frame.
+    let mut alloc_stacks: HashMap<(u32, Option<u32>), StackId> = HashMap::new();
     for row in &rows {
-        let (stack, depth, resolved) = resolved_depth[row.stack as usize];
+        let (mut stack, depth, resolved) = resolved_depth[row.stack as usize];
+        if row.kind == RowKind::Alloc {
+            stack = *alloc_stacks
+                .entry((row.stack, row.type_name))
+                .or_insert_with(|| {
+                    let name = row
+                        .type_name
+                        .and_then(|t| type_names.get(t as usize))
+                        .map(String::as_str);
+                    let leaf = pseudo::intern_alloc_frame(&mut profile, name);
+                    profile.intern_stack(Some(stack), leaf)
+                });
+        }
         let thread = *thread_ids.entry(row.tid).or_insert_with(|| {
             profile.intern_thread(pid, u32::try_from(row.tid).unwrap_or(u32::MAX))
         });
-        let mut values = [0i64; 3];
+        let mut values = [0i64; 4];
         match row.kind {
             RowKind::Thread => {
                 values[0] = 1;
@@ -236,9 +276,15 @@ pub fn read_profile_with_stats<R: Read>(
                     stats.samples_at_cap += 1;
                 }
             }
-            RowKind::Alloc => values[2] = row.value,
+            RowKind::Alloc => {
+                values[2] = row.value;
+                values[3] = 1;
+                if depth == EVENTPIPE_DEPTH_CAP {
+                    stats.allocation_ticks_at_cap += 1;
+                }
+            }
         }
-        let n = if has_alloc { 3 } else { 2 };
+        let n = if has_alloc { 4 } else { 2 };
         // Ids come from this profile and the value count matches its types.
         let _ = profile.push_sample(info.timestamp_ns(row.ticks), thread, stack, &values[..n]);
     }
@@ -284,6 +330,10 @@ pub fn read_profile_with_stats<R: Read>(
     extra.insert(
         "nettrace.samples_at_depth_cap".into(),
         stats.samples_at_cap.to_string(),
+    );
+    extra.insert(
+        "nettrace.allocation_ticks_at_depth_cap".into(),
+        stats.allocation_ticks_at_cap.to_string(),
     );
     if let Some(cmd) = profile.metadata.command_line.clone() {
         let id = profile.intern_string(&cmd);

@@ -123,6 +123,33 @@ impl Provider {
         ]
     }
 
+    /// The runtime's GC keyword (`GCKeyword`, 0x1).
+    pub const GC_KEYWORD: u64 = 0x1;
+    /// The level the runtime sends `GCAllocationTick` at: verbose.
+    pub const VERBOSE: u32 = 5;
+
+    /// Adds GC allocation ticks (runtime event 10, about one per 100 KB allocated, each with its
+    /// stack, amount and type) to `providers`: the runtime provider's GC keyword at verbose level,
+    /// merged into the runtime provider's entry when there is one (its keywords ORed, its level
+    /// raised), else a new entry.
+    pub fn add_allocation_ticks(providers: &mut Vec<Provider>) {
+        match providers
+            .iter_mut()
+            .find(|p| p.name == crate::events::RUNTIME)
+        {
+            Some(p) => {
+                p.keywords |= Provider::GC_KEYWORD;
+                p.level = p.level.max(Provider::VERBOSE);
+            }
+            None => providers.push(Provider {
+                name: crate::events::RUNTIME.into(),
+                keywords: Provider::GC_KEYWORD,
+                level: Provider::VERBOSE,
+                arguments: None,
+            }),
+        }
+    }
+
     /// Parses dotnet-trace's `--providers` syntax: `Name[:Keywords[:Level[:Args]]]`, comma-separated.
     /// Keywords are hexadecimal (`0x` optional); a missing keyword mask enables all keywords, a
     /// missing level is 4 (informational).
@@ -442,6 +469,21 @@ impl DiagnosticsClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocation_ticks_merge_into_the_runtime_provider() {
+        let mut cpu = Provider::cpu_sampling();
+        Provider::add_allocation_ticks(&mut cpu);
+        assert_eq!(cpu.len(), 2);
+        assert_eq!(cpu[1].name, crate::events::RUNTIME);
+        assert_eq!(cpu[1].keywords, 0x14_C14F_CCBD | 0x1);
+        assert_eq!(cpu[1].level, 5);
+        assert_eq!(cpu[0], Provider::cpu_sampling()[0]);
+        let mut only_samples = vec![Provider::cpu_sampling().remove(0)];
+        Provider::add_allocation_ticks(&mut only_samples);
+        assert_eq!(only_samples.len(), 2);
+        assert_eq!((only_samples[1].keywords, only_samples[1].level), (1, 5));
+    }
 
     #[test]
     fn collect_message_matches_the_protocol_example() {

@@ -104,12 +104,27 @@ fn dotnetcore30_profile_has_every_sample_and_allocation_tick() {
         .iter()
         .map(|t| t.name.as_str())
         .collect();
-    assert_eq!(types, ["samples", "wall", "alloc-bytes"]);
+    assert_eq!(types, ["samples", "wall", "alloc-bytes", "alloc-count"]);
     let totals = profile.totals();
     assert_eq!(totals[0], 35_161);
     // Every tick reports at least the 100 KB tick threshold (more when a large object crossed it).
     assert_eq!(totals[2], 4_235_066_536);
     assert!(totals[2] > 35_458 * 100_000);
+    assert_eq!(totals[3], 35_458);
+    // Each tick's stack ends in the allocated type; thread samples' stacks end in code.
+    let mut by_type: std::collections::BTreeMap<&str, i64> = Default::default();
+    for (i, &stack) in profile.samples().stacks.iter().enumerate() {
+        let leaf = profile.stack(stack).frame;
+        let ty = rootline_profile::pseudo::alloc_type_of(profile.frame_name(leaf));
+        let ticks = profile.samples().values[3][i];
+        assert_eq!(ty.is_some(), ticks == 1, "{}", profile.frame_name(leaf));
+        if let Some(ty) = ty {
+            assert_eq!(profile.frame(leaf).kind, FrameKind::Pseudo);
+            *by_type.entry(ty).or_default() += profile.samples().values[2][i];
+        }
+    }
+    eprintln!("{by_type:?}");
+    assert!(!by_type.contains_key(rootline_profile::pseudo::ALLOC_UNKNOWN_TYPE));
     assert_eq!(profile.metadata.depth_cap, Some(100));
     assert_eq!(profile.metadata.producer, "EventPipe");
     assert_eq!(profile.processes()[0].pid, 10064);

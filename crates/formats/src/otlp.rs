@@ -368,7 +368,7 @@ pub fn to_request(profile: &Profile) -> ExportProfilesServiceRequest {
         let sample_type = column.map(|c| {
             let t = &profile.sample_types()[c];
             pb::ValueType {
-                type_strindex: dict.string(&t.name),
+                type_strindex: dict.string(t.pprof_name()),
                 unit_strindex: dict.string(&t.unit),
             }
         });

@@ -14,7 +14,9 @@
 //!
 //! **Writing**: one `sampled` profile per thread, frames shared, weights in the unit of the
 //! profile's time column (`nanoseconds`), else its bytes column (`bytes`), else its first column
-//! (`none`). A frame with a code tier and no source file (a .NET method from a perf map) shows
+//! (`none`); a profile with off-CPU time gets one per time column, and one with allocation columns
+//! one more per allocation column (`alloc-bytes` in `bytes`, `alloc-count` in `none`), each named
+//! `THREAD — COLUMN`. A frame with a code tier and no source file (a .NET method from a perf map) shows
 //! its tier in the `file` field, `[OptimizedTier1]`; the reader takes such a `file` back as the
 //! tier.
 
@@ -405,8 +407,48 @@ type View<'a> = (Option<(usize, Unit)>, Unit, Option<&'a str>);
 
 /// The views written, each a set of per-thread profiles: one per time column (`cpu`, `off_cpu`,
 /// `wall`, named in the profile names) when the profile has off-CPU time, else the one column of
-/// [`weight_column`].
+/// [`weight_column`]; and, when the profile has allocation columns (`alloc-bytes`, `alloc-count`),
+/// one more per allocation column, all named.
 fn views(profile: &Profile) -> Vec<View<'_>> {
+    let types = profile.sample_types();
+    let allocs: Vec<View<'_>> = types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == SampleType::alloc_bytes() || **t == SampleType::alloc_count())
+        .map(|(c, t)| {
+            let unit = if t.unit == "bytes" {
+                Unit::Bytes
+            } else {
+                Unit::None
+            };
+            (Some((c, unit)), unit, Some(t.name.as_str()))
+        })
+        .collect();
+    let mut views = time_views(profile);
+    if allocs.is_empty() {
+        return views;
+    }
+    if let [(column, _, name @ None)] = &mut views[..] {
+        match column {
+            // No time column: the allocation views are the whole file.
+            Some((c, _))
+                if allocs
+                    .iter()
+                    .any(|(a, _, _)| a.map(|(ac, _)| ac) == Some(*c)) =>
+            {
+                views.clear();
+            }
+            Some((c, _)) => *name = Some(types[*c].name.as_str()),
+            None => views.clear(),
+        }
+    }
+    views.extend(allocs);
+    views
+}
+
+/// The time views of [`views`]: one per time column when the profile has off-CPU time, else the
+/// one column of [`weight_column`], unnamed.
+fn time_views(profile: &Profile) -> Vec<View<'_>> {
     let types = profile.sample_types();
     let has_off_cpu = types
         .iter()

@@ -152,7 +152,8 @@ fn python_opentelemetry_proto_decodes_our_request() {
         assert_eq!(decoded_profiles.len(), profile.sample_types().len());
         for (c, p) in decoded_profiles.iter().enumerate() {
             let t = &profile.sample_types()[c];
-            assert_eq!(p["type"], json!(format!("{}/{}", t.name, t.unit)));
+            // Go's names, as in pprof: `alloc_space` for `alloc-bytes`, …
+            assert_eq!(p["type"], json!(format!("{}/{}", t.pprof_name(), t.unit)));
             assert_eq!(p["samples"], json!(groups.len()), "{name}");
             assert_eq!(p["events"], json!(samples.len()), "{name}");
             assert_eq!(p["total"], json!(profile.totals()[c]), "{name}");

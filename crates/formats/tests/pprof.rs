@@ -319,14 +319,10 @@ fn go_and_gperftools_profiles_are_read_and_agree_with_go_tool_pprof() {
         .iter()
         .map(|t| t.name.as_str())
         .collect();
+    // Go's allocation types read as rootline's own (and are written back under Go's names).
     assert_eq!(
         types,
-        [
-            "alloc_objects",
-            "alloc_space",
-            "inuse_objects",
-            "inuse_space"
-        ]
+        ["alloc-count", "alloc-bytes", "inuse_objects", "inuse_space"]
     );
     // 100 live 4 KiB buffers from main.allocate, every allocation sampled (MemProfileRate = 1).
     let allocate: i64 = common::stack_totals(&heap)

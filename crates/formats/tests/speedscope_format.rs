@@ -236,6 +236,67 @@ fn round_trip_keeps_stacks_and_totals() {
     );
 }
 
+/// Profile names and weight sums per view of a written file.
+fn view_totals(out: &[u8]) -> BTreeMap<String, (String, i64)> {
+    let file: serde_json::Value = serde_json::from_slice(out).unwrap();
+    let mut views = BTreeMap::new();
+    for p in file["profiles"].as_array().unwrap() {
+        let sum: i64 = p["weights"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_i64().unwrap())
+            .sum();
+        let entry = views
+            .entry(p["name"].as_str().unwrap().to_owned())
+            .or_insert((p["unit"].as_str().unwrap().to_owned(), 0));
+        entry.1 += sum;
+    }
+    views
+}
+
+#[test]
+fn allocation_columns_get_their_own_views() {
+    let mut p = Profile::new(vec![
+        SampleType::wall_nanoseconds(),
+        SampleType::alloc_bytes(),
+        SampleType::alloc_count(),
+    ]);
+    let thread = p.intern_thread(7, 70);
+    let main = p.intern_named_frame("main", FrameKind::Native);
+    let stack = p.intern_stack(None, main);
+    let ty = rootline_profile::pseudo::intern_alloc_frame(&mut p, Some("T"));
+    let alloc = p.intern_stack(Some(stack), ty);
+    p.push_sample(0, thread, stack, &[1_000, 0, 0]).unwrap();
+    p.push_sample(1, thread, alloc, &[0, 4096, 1]).unwrap();
+    p.push_sample(2, thread, alloc, &[0, 100, 1]).unwrap();
+    let mut out = Vec::new();
+    speedscope::write(&p, &mut out).unwrap();
+    let views = view_totals(&out);
+    let want: BTreeMap<String, (String, i64)> = [
+        ("pid 7, tid 70 — wall", ("nanoseconds", 1_000)),
+        ("pid 7, tid 70 — alloc-bytes", ("bytes", 4196)),
+        ("pid 7, tid 70 — alloc-count", ("none", 2)),
+    ]
+    .into_iter()
+    .map(|(n, (u, v))| (n.to_owned(), (u.to_owned(), v)))
+    .collect();
+    assert_eq!(views, want);
+
+    // Allocations only: no time view.
+    p.keep_value_column(1).unwrap();
+    let mut out = Vec::new();
+    speedscope::write(&p, &mut out).unwrap();
+    let views = view_totals(&out);
+    assert_eq!(
+        views.into_iter().collect::<Vec<_>>(),
+        [(
+            "pid 7, tid 70 — alloc-bytes".to_owned(),
+            ("bytes".to_owned(), 4196)
+        )]
+    );
+}
+
 #[test]
 fn bad_input_gives_positioned_errors() {
     let deep = format!("{{\"shared\": {}", "[".repeat(1000));

@@ -191,8 +191,47 @@ impl SampleType {
         SampleType::new("alloc-bytes", "bytes")
     }
 
-    /// Number of allocations.
+    /// Number of allocations (or of allocation events, where a producer reports one event per
+    /// so many bytes, e.g. a .NET GC allocation tick).
     pub fn alloc_count() -> SampleType {
         SampleType::new("alloc-count", "count")
+    }
+
+    /// The name pprof readers know this type by: Go's `alloc_space` for `alloc-bytes` and
+    /// `alloc_objects` for `alloc-count`; other types keep their name.
+    pub fn pprof_name(&self) -> &str {
+        match (self.name.as_str(), self.unit.as_str()) {
+            ("alloc-bytes", "bytes") => "alloc_space",
+            ("alloc-count", "count") => "alloc_objects",
+            (name, _) => name,
+        }
+    }
+
+    /// The type a pprof sample type `name`/`unit` stands for: the inverse of
+    /// [`SampleType::pprof_name`].
+    pub fn from_pprof(name: &str, unit: &str) -> SampleType {
+        match (name, unit) {
+            ("alloc_space", "bytes") => SampleType::alloc_bytes(),
+            ("alloc_objects", "count") => SampleType::alloc_count(),
+            _ => SampleType::new(name, unit),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SampleType;
+
+    #[test]
+    fn allocation_types_take_go_names_in_pprof() {
+        for (t, name) in [
+            (SampleType::alloc_bytes(), "alloc_space"),
+            (SampleType::alloc_count(), "alloc_objects"),
+            (SampleType::off_cpu_nanoseconds(), "off_cpu"),
+            (SampleType::new("alloc-bytes", "count"), "alloc-bytes"),
+        ] {
+            assert_eq!(t.pprof_name(), name);
+            assert_eq!(SampleType::from_pprof(t.pprof_name(), &t.unit), t);
+        }
     }
 }

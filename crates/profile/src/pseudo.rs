@@ -9,7 +9,9 @@
 //! rootline's own pseudo frames are the repair gap, [`REPAIR_GAP`] (where repair joined a cut stack
 //! to a base and no sample shows what lies between, the repaired stack carries this frame at the
 //! join), and the off-CPU frames at the leaf of a stack recorded as its thread left the CPU, which
-//! say why it left ([`OFF_CPU_BLOCKED`], [`OFF_CPU_PREEMPTED`], …).
+//! say why it left ([`OFF_CPU_BLOCKED`], [`OFF_CPU_PREEMPTED`], …), and the allocation frame at the
+//! leaf of an allocation sample's stack, which names the allocated type (`[alloc: System.Byte[]]`,
+//! see [`alloc_frame_name`]).
 
 use crate::{FrameId, FrameKind, Profile};
 
@@ -37,6 +39,32 @@ pub const OFF_CPU_UNKNOWN: &str = "[off-cpu]";
 /// The only frame of a thread's off-CPU intervals that were shorter than the recording's minimum:
 /// their time is counted, their stacks were not unwound.
 pub const OFF_CPU_SHORT: &str = "[off-cpu: short, not unwound]";
+
+/// Prefix of the leaf frame of an allocation sample, `[alloc: TYPE]`: the allocated type.
+pub const ALLOC_PREFIX: &str = "[alloc: ";
+/// The type in an allocation frame whose producer did not say what type was allocated.
+pub const ALLOC_UNKNOWN_TYPE: &str = "unknown type";
+
+/// The leaf frame name of an allocation of `type_name` (`None`: not known): `[alloc: TYPE]`.
+pub fn alloc_frame_name(type_name: Option<&str>) -> String {
+    format!(
+        "{ALLOC_PREFIX}{}]",
+        type_name
+            .filter(|t| !t.is_empty())
+            .unwrap_or(ALLOC_UNKNOWN_TYPE)
+    )
+}
+
+/// The allocated type an allocation frame name names, or `None` when `name` is not one.
+pub fn alloc_type_of(name: &str) -> Option<&str> {
+    name.strip_prefix(ALLOC_PREFIX)?.strip_suffix(']')
+}
+
+/// Interns the allocation frame of `type_name` (kind [`FrameKind::Pseudo`]), see
+/// [`alloc_frame_name`].
+pub fn intern_alloc_frame(profile: &mut Profile, type_name: Option<&str>) -> FrameId {
+    profile.intern_named_frame(&alloc_frame_name(type_name), FrameKind::Pseudo)
+}
 
 /// True when a frame name is one of the off-CPU pseudo frames.
 pub fn is_off_cpu_name(name: &str) -> bool {
@@ -66,9 +94,13 @@ pub fn intern_repair_gap(profile: &mut Profile) -> FrameId {
 }
 
 /// True when a frame name is one of dotnet-trace's grouping frames (see the module doc), the
-/// repair gap or an off-CPU frame.
+/// repair gap, an off-CPU frame or an allocation frame.
 pub fn is_pseudo_name(name: &str) -> bool {
-    if PSEUDO_NAMES.contains(&name) || is_repair_gap_name(name) || is_off_cpu_name(name) {
+    if PSEUDO_NAMES.contains(&name)
+        || is_repair_gap_name(name)
+        || is_off_cpu_name(name)
+        || alloc_type_of(name).is_some()
+    {
         return true;
     }
     if name.starts_with("Process64 ") || name.starts_with("Process32 ") {
@@ -105,6 +137,7 @@ mod tests {
             REPAIR_GAP,
             OFF_CPU_BLOCKED,
             OFF_CPU_SHORT,
+            "[alloc: System.Byte[]]",
         ] {
             assert!(is_pseudo_name(name), "{name}");
         }
@@ -130,6 +163,26 @@ mod tests {
         assert!(is_pseudo_frame(&p, a));
         assert!(!is_pseudo_frame(&p, b));
         assert!(is_pseudo_frame(&p, c));
+    }
+
+    #[test]
+    fn allocation_frames_name_their_type() {
+        assert_eq!(
+            alloc_frame_name(Some("System.Byte[]")),
+            "[alloc: System.Byte[]]"
+        );
+        assert_eq!(alloc_frame_name(None), "[alloc: unknown type]");
+        assert_eq!(alloc_frame_name(Some("")), "[alloc: unknown type]");
+        assert_eq!(
+            alloc_type_of("[alloc: System.Byte[]]"),
+            Some("System.Byte[]")
+        );
+        assert_eq!(alloc_type_of("[alloc: x"), None);
+        assert_eq!(alloc_type_of("alloc"), None);
+        let mut p = Profile::new(vec![]);
+        let f = intern_alloc_frame(&mut p, Some("System.String"));
+        assert_eq!(intern_alloc_frame(&mut p, Some("System.String")), f);
+        assert!(is_pseudo_frame(&p, f));
     }
 
     #[test]

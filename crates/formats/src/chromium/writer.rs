@@ -193,9 +193,13 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
         .filter(|&hz| hz > 0)
         .map_or(DEFAULT_SAMPLE_NS, |hz| 1_000_000_000 / i64::from(hz));
 
-    // Samples per thread, in time order.
+    // Samples per thread, in time order. With a time column, a sample that weighs no time there
+    // (a .NET allocation tick among thread samples) is not on the timeline at all.
     let mut per_thread: Vec<Vec<u32>> = vec![Vec::new(); profile.threads().len()];
     for (i, t) in samples.threads.iter().enumerate() {
+        if column.is_some_and(|c| c[i] <= 0) {
+            continue;
+        }
         per_thread[t.index()].push(i as u32);
     }
     for list in &mut per_thread {

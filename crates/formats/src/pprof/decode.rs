@@ -196,7 +196,8 @@ impl<'a> Converter<'a> {
         let mut types = Vec::with_capacity(m.sample_type.len());
         for (i, t) in m.sample_type.iter().enumerate() {
             let at = self.offsets.sample_type.get(i).copied().unwrap_or(0);
-            types.push(SampleType::new(
+            // Go's allocation types (`alloc_space`, `alloc_objects`) read back as rootline's.
+            types.push(SampleType::from_pprof(
                 self.string(t.r#type, at, "a sample type")?,
                 self.string(t.unit, at, "a sample type's unit")?,
             ));
@@ -505,6 +506,8 @@ impl<'a> Converter<'a> {
                 if unit.is_empty() || unit == "nanoseconds" {
                     out.time = number.and_then(|n| u64::try_from(n).ok());
                 }
+            } else if key == super::encode::ALLOCATED_TYPE_KEY {
+                // The `[alloc: TYPE]` leaf frame holds it already.
             } else {
                 out.other_keys.push(key);
             }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use rootline_profile::{Frame, Profile, StackId, ThreadId};
+use rootline_profile::{Frame, Profile, StackId, ThreadId, pseudo};
 
 use super::proto;
 
@@ -103,7 +103,7 @@ pub(super) fn to_message(profile: &Profile) -> proto::Profile {
             .sample_types()
             .iter()
             .map(|t| proto::ValueType {
-                r#type: strings.intern(&t.name),
+                r#type: strings.intern(t.pprof_name()),
                 unit: strings.intern(&t.unit),
             })
             .collect(),
@@ -169,10 +169,20 @@ pub(super) fn to_message(profile: &Profile) -> proto::Profile {
                 frames.extend(profile.stack_frames(stack).map(|f| *profile.frame(f)));
                 location_ids(profile, &frames, &mut locations, &mut message.location)
             });
+            let mut label = thread_labels(profile, thread, &mut strings);
+            // An allocation's type, which its leaf frame `[alloc: TYPE]` also shows.
+            if let Some(ty) = pseudo::alloc_type_of(profile.frame_name(profile.stack(stack).frame))
+            {
+                label.push(proto::Label {
+                    key: strings.intern(ALLOCATED_TYPE_KEY),
+                    str: strings.intern(ty),
+                    ..proto::Label::default()
+                });
+            }
             message.sample.push(proto::Sample {
                 location_id: ids.clone(),
                 value: vec![0; data.values.len()],
-                label: thread_labels(profile, thread, &mut strings),
+                label,
             });
             message.sample.len() - 1
         });
@@ -221,6 +231,9 @@ fn location_ids(
     }
     ids
 }
+
+/// The label key of an allocation sample's type.
+pub(crate) const ALLOCATED_TYPE_KEY: &str = "allocated_type";
 
 fn thread_labels(profile: &Profile, thread: ThreadId, strings: &mut Strings) -> Vec<proto::Label> {
     let t = profile.thread(thread);

@@ -24,7 +24,9 @@
 //! `Function` per distinct row, one `Location` per distinct (mapping, address, inline chain) — the
 //! frames inlined at one address grouped into one location with the innermost line first — and
 //! address-0 (name-only) frames each in a location of their own. Samples are summed per
-//! (thread, stack) and carry `thread_id`, `pid` and `thread_name` labels. A `Function`'s
+//! (thread, stack) and carry `thread_id`, `pid` and `thread_name` labels, and an allocation's (a
+//! stack whose leaf is `[alloc: TYPE]`) an `allocated_type` label, TYPE (the reader knows the key
+//! and leaves the type to the frame). A `Function`'s
 //! `system_name` is the name its runtime wrote (a CoreCLR perf map's whole line, code tier
 //! included), else its name; pprof has no other place for the code tier.
 
