@@ -87,3 +87,43 @@ fn collapsed_counts_become_proportional_span_lengths() {
     }
     assert_eq!(hot * 10, total * 9, "hot {hot} of {total}");
 }
+
+#[test]
+fn an_off_cpu_interval_is_a_slice_as_long_as_the_thread_stayed_off() {
+    let mut p = Profile::new(vec![
+        SampleType::cpu_nanoseconds(),
+        SampleType::off_cpu_nanoseconds(),
+        SampleType::wall_nanoseconds(),
+    ]);
+    let t = p.intern_thread(1, 1);
+    let main = p.intern_named_frame("main", FrameKind::Native);
+    let work = p.intern_named_frame("work", FrameKind::Native);
+    let wait = p.intern_named_frame("wait", FrameKind::Native);
+    let off = p.intern_named_frame("[off-cpu: blocked]", FrameKind::Pseudo);
+    let working = p.intern_stack_root_first([main, work]).unwrap();
+    let blocked = p.intern_stack_root_first([main, wait, off]).unwrap();
+    // Work for 1 ms, block at 1 ms for 5 ms, the next CPU sample at 10 ms (the sampler saw the
+    // thread again only then).
+    p.push_sample(0, t, working, &[1_000_000, 0, 1_000_000])
+        .unwrap();
+    p.push_sample(1_000_000, t, blocked, &[0, 5_000_000, 5_000_000])
+        .unwrap();
+    p.push_sample(10_000_000, t, working, &[1_000_000, 0, 1_000_000])
+        .unwrap();
+    let mut out = Vec::new();
+    chromium::write(&p, &mut out).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let at = |name: &str, ph: &str| -> Vec<f64> {
+        json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == name && e["ph"] == ph)
+            .map(|e| e["ts"].as_f64().unwrap())
+            .collect()
+    };
+    // The blocked slice runs from 1 ms to 6 ms (in µs), not to the next sample at 10 ms.
+    assert_eq!(at("[off-cpu: blocked]", "B"), vec![1000.0]);
+    assert_eq!(at("[off-cpu: blocked]", "E"), vec![6000.0]);
+    assert_eq!(at("wait", "E"), vec![6000.0]);
+}

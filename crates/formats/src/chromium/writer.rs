@@ -187,6 +187,13 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
         .iter()
         .position(|t| t.unit == "count")
         .map(|c| &samples.values[c]);
+    // Off-CPU samples (`record --off-cpu`) say how long the thread stayed off: their slice ends
+    // there, not at the thread's next sample.
+    let off_cpu = profile
+        .sample_types()
+        .iter()
+        .position(|t| t.name == "off_cpu" && t.unit == "nanoseconds")
+        .map(|c| &samples.values[c]);
     let period_ns = profile
         .metadata
         .sample_rate_hz
@@ -261,7 +268,11 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
             let end = if !timed || k + 1 == list.len() {
                 start.saturating_add(weight(i))
             } else {
-                samples.times[list[k + 1] as usize] as i64
+                let next = samples.times[list[k + 1] as usize] as i64;
+                match off_cpu.map(|c| c[i as usize]).filter(|&ns| ns > 0) {
+                    Some(ns) => next.min(start.saturating_add(ns)),
+                    None => next,
+                }
             };
             clock = end;
             if end <= start {
