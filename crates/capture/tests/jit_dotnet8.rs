@@ -42,9 +42,15 @@ const EDGES: [(&str, &str); 5] = [
     ("Spin", "Step"),
 ];
 
-/// How many `Down` frames the runtime's own stack walk (EventPipe's sample profiler, 3 s)
-/// shows under the worker's `Shallow` wherever `Spin` is on the stack, by count.
-fn eventpipe_recursion(pid: u32) -> std::collections::BTreeMap<usize, u64> {
+/// The runtime's own stack walk (EventPipe's sample profiler, 3 s): over the samples whose
+/// stack holds a frame `entry` accepts and one `leaf` accepts, how many frames `counted` accepts,
+/// by count. (EventPipe walks 100 frames at most: the stacks compared here fit.)
+fn eventpipe_counts(
+    pid: u32,
+    entry: impl Fn(&str) -> bool,
+    leaf: impl Fn(&str) -> bool,
+    counted: impl Fn(&str) -> bool,
+) -> std::collections::BTreeMap<usize, u64> {
     let options = CollectOptions {
         duration: Some(Duration::from_secs(3)),
         ..CollectOptions::default()
@@ -58,15 +64,9 @@ fn eventpipe_recursion(pid: u32) -> std::collections::BTreeMap<usize, u64> {
             .stack_frames(stack)
             .map(|f| profile.frame_name(f))
             .collect();
-        if names
-            .iter()
-            .any(|n| n.ends_with("Calls.Shallow(class System.Object)"))
-            && names.iter().any(|n| n.ends_with("Calls.Spin(int32)"))
-        {
-            let downs = names
-                .iter()
-                .filter(|n| n.ends_with("Calls.Down(int32,int32)"));
-            *counts.entry(downs.count()).or_default() += 1;
+        if names.iter().any(|n| entry(n)) && names.iter().any(|n| leaf(n)) {
+            let n = names.iter().filter(|n| counted(n)).count();
+            *counts.entry(n).or_default() += 1;
         }
     }
     counts
@@ -91,7 +91,12 @@ fn osr_frames_whole_and_true(test: &str, env: &[(&str, &str)]) {
     let pid = target.pid();
     // The runtime's own view of the worker's recursion (EventPipe walks 100 frames at most:
     // the worker's 31 levels fit).
-    let runtime_counts = eventpipe_recursion(pid);
+    let runtime_counts = eventpipe_counts(
+        pid,
+        |n| n.ends_with("Calls.Shallow(class System.Object)"),
+        |n| n.ends_with("Calls.Spin(int32)"),
+        |n| n.ends_with("Calls.Down(int32,int32)"),
+    );
     println!("{test}: EventPipe's Down counts under Shallow: {runtime_counts:?}");
     let (&runtime_depth, _) = runtime_counts
         .iter()
@@ -220,32 +225,6 @@ const ASYNC_EDGES: [(&str, &str); 14] = [
 
 const ASYNC_DEEP: usize = 25;
 
-/// How many state-machine frames of `Level` the runtime's own stack walk shows under `Worker`
-/// wherever `Spin` is on the stack, by count.
-fn eventpipe_async_depth(pid: u32) -> std::collections::BTreeMap<usize, u64> {
-    let options = CollectOptions {
-        duration: Some(Duration::from_secs(3)),
-        ..CollectOptions::default()
-    };
-    let mut trace = Vec::new();
-    collect(pid, &options, &mut trace, &AtomicBool::new(false)).expect("EventPipe collects");
-    let (profile, _) = read_profile_with_stats(&trace[..]).expect("the trace reads");
-    let mut counts = std::collections::BTreeMap::new();
-    for &stack in &profile.samples().stacks {
-        let names: Vec<&str> = profile
-            .stack_frames(stack)
-            .map(|f| profile.frame_name(f))
-            .collect();
-        if names.iter().any(|n| n.contains("AsyncChain.Worker("))
-            && names.iter().any(|n| n.contains("AsyncChain.Spin("))
-        {
-            let levels = names.iter().filter(|n| n.ends_with("AsyncChain.Level"));
-            *counts.entry(levels.count()).or_default() += 1;
-        }
-    }
-    counts
-}
-
 /// Runs `AsyncChain.cs` on `dotnet` (with `env`), attaches, and checks every sample.
 fn async_chain_whole_and_true(
     test: &str,
@@ -261,7 +240,12 @@ fn async_chain_whole_and_true(
         .envs(env.iter().copied());
     let target = Running::start(cmd);
     let pid = target.pid();
-    let runtime_counts = eventpipe_async_depth(pid);
+    let runtime_counts = eventpipe_counts(
+        pid,
+        |n| n.contains("AsyncChain.Worker("),
+        |n| n.contains("AsyncChain.Spin("),
+        |n| n.ends_with("AsyncChain.Level"),
+    );
     println!("{test}: EventPipe's Level state machines under Worker: {runtime_counts:?}");
     let (&runtime_depth, _) = runtime_counts
         .iter()

