@@ -22,6 +22,7 @@
 
 pub mod import;
 pub mod jit;
+pub mod kernel_walk;
 pub mod live;
 pub mod perf_event;
 pub mod process;

@@ -72,6 +72,13 @@ pub struct Args {
     /// their time summed per thread as [off-cpu: short, not unwound], without unwinding them.
     #[arg(long, default_value_t = 100, value_name = "US", requires = "off_cpu")]
     pub off_cpu_min_us: u64,
+    /// Walk each sample's user stack in the kernel as well, while the thread is stopped (a BPF
+    /// program with rules compiled from the binaries' CFI): frames past the stack copy are then
+    /// read at the sample's instant instead of live afterwards, so stacks that change between
+    /// samples stay whole. `auto` uses it when the kernel loads the program (root or
+    /// CAP_BPF+CAP_PERFMON, Linux 5.17+) and says why not otherwise; `on` fails without it.
+    #[arg(long, value_enum, default_value_t = KernelWalkArg::Auto, value_name = "WHEN")]
+    pub kernel_walk: KernelWalkArg,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -80,6 +87,28 @@ pub struct Args {
     /// Launch this command and record it from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// `--kernel-walk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelWalkArg {
+    /// When the kernel loads the program.
+    Auto,
+    /// Always (recording fails without it).
+    On,
+    /// Never.
+    Off,
+}
+
+impl From<KernelWalkArg> for rootline_capture::recorder::KernelWalkMode {
+    fn from(a: KernelWalkArg) -> Self {
+        use rootline_capture::recorder::KernelWalkMode as M;
+        match a {
+            KernelWalkArg::Auto => M::Auto,
+            KernelWalkArg::On => M::On,
+            KernelWalkArg::Off => M::Off,
+        }
+    }
 }
 
 /// Writes `.rlp` chunks as the recording goes.
@@ -108,6 +137,7 @@ pub fn run(args: Args) -> Result<()> {
     opts.stack_bytes = args.stack_size;
     opts.live_stack_budget = args.live_stack_budget;
     opts.ask_jvms = !args.no_perfmap;
+    opts.kernel_walk = args.kernel_walk.into();
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
     }
@@ -255,6 +285,38 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
     }
     if let Some(status) = recording.exit_status {
         let _ = writeln!(err, "rootline: the command {}", how_it_ended(status));
+    }
+    if let Some(kw) = &stats.kernel_walk {
+        let w = &kw.walk;
+        let stops: Vec<String> = w
+            .stops
+            .iter()
+            .map(|(s, n)| format!("{n} {}", s.name()))
+            .collect();
+        let _ = writeln!(
+            err,
+            "rootline: in-kernel stack walk: {} walks, {} frames; {} samples unwound with it, {} \
+             needed more and were unwound the usual way, {} found no walk; walks ended: {}; {} \
+             chunks lost (ring full), {} walks broken; {} rows in the table{}",
+            w.walks,
+            w.frames,
+            kw.unwound,
+            kw.fell_back,
+            kw.no_walk,
+            if stops.is_empty() {
+                "-".to_string()
+            } else {
+                stops.join(", ")
+            },
+            w.lost_chunks,
+            w.join.broken,
+            w.rows_used,
+            if w.binaries_refused > 0 {
+                format!(", {} binaries did not fit", w.binaries_refused)
+            } else {
+                String::new()
+            }
+        );
     }
     let mut reasons: Vec<_> = stats.truncated.iter().collect();
     reasons.sort();

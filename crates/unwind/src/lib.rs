@@ -25,6 +25,7 @@
 pub mod binary;
 pub mod cfi;
 pub mod full;
+pub mod kernel_rows;
 pub mod memory;
 pub mod nocfi;
 pub mod policy;

@@ -337,6 +337,19 @@ impl PerfEvent {
         }
     }
 
+    /// Runs the BPF program `prog` (a loaded `perf_event` program) at each of this event's
+    /// samples, before the sample is written.
+    pub fn set_bpf(&self, prog: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+        // SAFETY: both descriptors are live for the call; the kernel takes its own reference
+        // to the program.
+        let rc = unsafe { sys::ioctls::SET_BPF(self.fd.as_raw_fd(), prog.as_raw_fd() as u32) };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
     /// The descriptor, for `poll`.
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()

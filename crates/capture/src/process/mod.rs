@@ -219,6 +219,14 @@ impl Processes {
         Some(key)
     }
 
+    /// The tracked processes (not the address spaces kept aside), by pid.
+    pub fn tracked(&self) -> impl Iterator<Item = (u32, &ProcessState)> {
+        self.procs
+            .iter()
+            .filter(|(pid, _)| **pid < 1 << 31)
+            .map(|(&pid, state)| (pid, state))
+    }
+
     /// Forgets a process that exited.
     pub fn remove(&mut self, pid: u32) {
         self.procs.remove(&pid);

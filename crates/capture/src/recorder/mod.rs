@@ -26,15 +26,16 @@ use rootline_profile::{Profile, SampleType};
 pub use crate::perf_event::monotonic_ns;
 pub use off_cpu::OffCpuStats;
 pub use options::{
-    ChunkSink, DEFAULT_LIVE_STACK_BUDGET, MAX_USER_CALLCHAIN, RecordError, RecordOptions,
-    Recording, Retention, Target,
+    ChunkSink, DEFAULT_LIVE_STACK_BUDGET, KernelWalkMode, MAX_USER_CALLCHAIN, RecordError,
+    RecordOptions, Recording, Retention, Target,
 };
 pub use outer_cache::OuterCacheStats;
 pub use pipeline::Pipeline;
-pub use stats::{CallchainStats, Stats};
+pub use stats::{CallchainStats, KernelWalkUse, Stats};
 
 use std::os::fd::AsRawFd;
 
+use crate::kernel_walk::{KernelWalk, KernelWalkOptions};
 use crate::perf_event::{
     EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Poller, Record, Waker, is_sample,
     parse_record, pidfd, side_band_time,
@@ -164,6 +165,62 @@ fn open_thread(
     Ok(())
 }
 
+/// Loads the in-kernel stack walk as `opts` asks; with [`KernelWalkMode::Auto`], a failure is
+/// one line in `notes` and the recording goes on without it.
+fn load_kernel_walk(
+    opts: &RecordOptions,
+    stack_bytes: u32,
+    notes: &mut Vec<String>,
+) -> Result<Option<KernelWalk>, RecordError> {
+    if opts.kernel_walk == KernelWalkMode::Off {
+        return Ok(None);
+    }
+    let walk_opts = KernelWalkOptions {
+        copy_bytes: stack_bytes,
+        ..KernelWalkOptions::default()
+    };
+    match KernelWalk::load(walk_opts) {
+        Ok(kw) => Ok(Some(kw)),
+        Err(e) if opts.kernel_walk == KernelWalkMode::Auto => {
+            notes.push(kernel_walk_note(&e));
+            Ok(None)
+        }
+        Err(e) => Err(RecordError::KernelWalk(e)),
+    }
+}
+
+/// The one line that says the in-kernel walk is off, and how to get it.
+fn kernel_walk_note(e: &crate::kernel_walk::KernelWalkError) -> String {
+    format!(
+        "in-kernel stack walk off: {e}; deep stacks past the stack copy need live reads with a \
+         proof (run as root or with CAP_BPF and CAP_PERFMON on Linux 5.17 or later)"
+    )
+}
+
+/// Attaches the in-kernel walk to the sampling events; with [`KernelWalkMode::Auto`], a
+/// failure drops the walk with one line in `notes`.
+fn attach_kernel_walk(
+    walk: &mut Option<KernelWalk>,
+    events: &[PerfEvent],
+    opts: &RecordOptions,
+    notes: &mut Vec<String>,
+) -> Result<(), RecordError> {
+    let Some(kw) = walk.as_mut() else {
+        return Ok(());
+    };
+    for e in events.iter().filter(|e| !e.is_switches()) {
+        if let Err(err) = kw.attach(e) {
+            if opts.kernel_walk == KernelWalkMode::On {
+                return Err(RecordError::KernelWalk(err));
+            }
+            notes.push(kernel_walk_note(&err));
+            *walk = None;
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 /// Records until `stop` is set, the duration passes, or the target ends.
 pub fn record(
     opts: &RecordOptions,
@@ -171,6 +228,7 @@ pub fn record(
     mut sink: Option<Box<dyn ChunkSink>>,
 ) -> Result<Recording, RecordError> {
     let targeted_live = opts.live_stack_budget > 0 && opts.target != Target::System;
+    let mut attach_notes_early = Vec::new();
     let mut cfg = EventConfig {
         frequency_hz: opts.frequency_hz.max(1),
         stack_bytes: (opts.stack_bytes.clamp(8, 60 * 1024) + 7) & !7,
@@ -188,6 +246,7 @@ pub fn record(
         // batches and few wake-ups.
         prompt: targeted_live,
     };
+    let mut kernel_walk = load_kernel_walk(opts, cfg.stack_bytes, &mut attach_notes_early)?;
     let cpus = online_cpus();
     let mut events = Vec::new();
     // Context-switch events (off-CPU), in rings of their own; appended to `events` once open.
@@ -205,12 +264,12 @@ pub fn record(
                     None => Ok(()),
                 },
             );
-            match opened {
-                Ok(()) => {}
-                Err(e) => {
-                    send_signal(c.id(), libc::SIGKILL);
-                    return Err(classify(e));
-                }
+            let opened = opened.map_err(classify).and_then(|()| {
+                attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)
+            });
+            if let Err(e) = opened {
+                send_signal(c.id(), libc::SIGKILL);
+                return Err(e);
             }
             send_signal(c.id(), libc::SIGCONT);
             child = Some(c);
@@ -225,9 +284,14 @@ pub fn record(
                 let switches = opts.off_cpu_min_ns.map(|_| &mut switch_events);
                 attach(pid, &cfg, &cpus, &mut events, switches)?;
             }
-            for e in events.iter().chain(&switch_events) {
-                e.enable()
-                    .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+            attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)?;
+            // With the in-kernel walk, the reader enables the events once it has sent the
+            // targets' mappings to the walk, so that no early sample goes without one.
+            if kernel_walk.is_none() {
+                for e in events.iter().chain(&switch_events) {
+                    e.enable()
+                        .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+                }
             }
         }
         Target::System => {
@@ -240,6 +304,7 @@ pub fn record(
             for &cpu in &cpus {
                 events.push(PerfEvent::open(EventTarget::Cpu(cpu), &cfg, None).map_err(classify)?);
             }
+            attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)?;
             for e in &events {
                 e.enable()
                     .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
@@ -306,6 +371,10 @@ pub fn record(
         EventKind::Cycles => Some(1_000_000_000 / i64::from(cfg.frequency_hz)),
     };
     let kernel = cfg.kernel;
+    let prime = match &opts.target {
+        Target::Pids(pids) if kernel_walk.is_some() => Some(pids.clone()),
+        _ => None,
+    };
 
     let done = Arc::new(AtomicBool::new(false));
     let (batches, batch_rx) = std::sync::mpsc::channel::<raw::Batch>();
@@ -352,6 +421,12 @@ pub fn record(
             .add(e.raw_fd())
             .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
     }
+    if let Some(kw) = &kernel_walk {
+        // Deep walks fill their ring long before the perf rings reach their watermark.
+        poller
+            .add(kw.ring_fd())
+            .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
+    }
     let reader = {
         let done = done.clone();
         let interval = opts.flush_interval;
@@ -378,6 +453,17 @@ pub fn record(
                 }
                 if let Retention::HandOver { max_entries } = retention {
                     pipeline.set_table_limit(max_entries);
+                }
+                if let Some(kw) = kernel_walk {
+                    pipeline.set_kernel_walk(kw);
+                    if let Some(pids) = &prime {
+                        pipeline.prime_kernel_walk(pids);
+                        for e in &events {
+                            // Opened without error, so enabling cannot fail but for a thread
+                            // that exited since.
+                            let _ = e.enable();
+                        }
+                    }
                 }
                 let mut drain = Drain::default();
                 let mut last_flush = Instant::now();
@@ -476,6 +562,7 @@ pub fn record(
     };
     reader.join().map_err(panicked)?;
     let (profile, mut stats, sink_error) = builder.join().map_err(panicked)?;
+    attach_notes.extend(attach_notes_early);
     for note in attach_notes.into_iter().rev() {
         if !stats.jit_notes.contains(&note) {
             stats.jit_notes.insert(0, note);
@@ -535,6 +622,8 @@ impl Drain {
             });
             self.heads.push(head);
         }
+        // Every sample up to the heads just read had its walk written before it.
+        pipeline.drain_kernel_walk();
         self.side_band.sort_by_key(|r| r.0);
         for &(time, start, end) in &self.side_band {
             pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));

@@ -73,6 +73,21 @@ pub struct RecordOptions {
     /// columns `off_cpu` and `wall` = cpu + off_cpu). Intervals shorter than the given
     /// nanoseconds are counted and summed per thread but not unwound. None: off.
     pub off_cpu_min_ns: Option<u64>,
+    /// Whether the user stack is also walked in the kernel at each sample
+    /// ([`crate::kernel_walk`]).
+    pub kernel_walk: KernelWalkMode,
+}
+
+/// Whether to walk user stacks in the kernel at sample time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelWalkMode {
+    /// Never: frames past each sample's copy come from live reads with a proof.
+    Off,
+    /// When the BPF program loads; otherwise say why once and record without it.
+    #[default]
+    Auto,
+    /// Always: recording fails when the program cannot load.
+    On,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -102,6 +117,7 @@ impl RecordOptions {
             ask_jvms: true,
             launch_env: Vec::new(),
             off_cpu_min_ns: None,
+            kernel_walk: KernelWalkMode::Auto,
         }
     }
 }
@@ -164,6 +180,9 @@ pub enum RecordError {
     /// Writing a chunk failed.
     #[error("writing the profile failed: {0}")]
     Sink(#[source] std::io::Error),
+    /// The in-kernel stack walk was required and could not run.
+    #[error("{0} (record without it: --kernel-walk off)")]
+    KernelWalk(#[source] crate::kernel_walk::KernelWalkError),
 }
 
 impl RecordError {

@@ -15,6 +15,7 @@
 //! symbolizes distinct frames and builds the profile on its own thread.
 
 use crate::jit::JitMaps;
+use crate::kernel_walk::KernelWalk;
 use crate::perf_event::{Record, Sample, parse_record};
 use crate::process::Processes;
 use rootline_image::ModuleBudget;
@@ -63,6 +64,10 @@ pub struct Pipeline {
     off_weight: Option<OffWeight>,
     /// Off-CPU samples ready to unwind (reused between passes).
     ready: Vec<Ready>,
+    /// The in-kernel stack walk, when it runs.
+    kernel_walk: Option<KernelWalk>,
+    /// Walks of samples set aside, by (tid, time).
+    kept_walks: foldhash::HashMap<(u32, u64), std::sync::Arc<crate::kernel_walk::KernelStack>>,
 }
 
 impl Pipeline {
@@ -88,6 +93,47 @@ impl Pipeline {
             off_cpu: None,
             off_weight: None,
             ready: Vec::new(),
+            kernel_walk: None,
+            kept_walks: Default::default(),
+        }
+    }
+
+    /// Unwinds with the words of `walk`'s in-kernel walks where they suffice (see
+    /// [`crate::kernel_walk`]); the program must already be attached to the sampling events.
+    pub fn set_kernel_walk(&mut self, walk: KernelWalk) {
+        self.kernel_walk = Some(walk);
+        self.stats.kernel_walk = Some(Default::default());
+    }
+
+    /// Reads the walks written so far: call after reading the perf rings' heads, before
+    /// handling their samples.
+    pub fn drain_kernel_walk(&mut self) {
+        if let Some(kw) = self.kernel_walk.as_mut() {
+            kw.drain();
+        }
+    }
+
+    /// Reads the mappings of `pids` (parsing their binaries) and sends them to the in-kernel
+    /// walk: call before their events are enabled.
+    pub fn prime_kernel_walk(&mut self, pids: &[u32]) {
+        for &pid in pids {
+            self.processes.get(pid);
+        }
+        self.processes.wait_loaded();
+        self.processes.take_installed();
+        self.sync_kernel_walk();
+    }
+
+    /// Sends every tracked process's mappings to the in-kernel walk where they changed.
+    fn sync_kernel_walk(&mut self) {
+        let Some(kw) = self.kernel_walk.as_mut() else {
+            return;
+        };
+        for (pid, state) in self.processes.tracked() {
+            kw.sync(pid, &state.space);
+        }
+        if let Some(s) = self.stats.kernel_walk.as_mut() {
+            s.walk = kw.stats();
         }
     }
 
@@ -137,7 +183,11 @@ impl Pipeline {
             });
         }
         self.replay_answered_jvms();
+        self.sync_kernel_walk();
         for pid in self.lifetimes.forget_exited() {
+            if let Some(kw) = self.kernel_walk.as_mut() {
+                kw.forget_process(pid);
+            }
             self.deferrals.retire_space(&mut self.processes, pid);
             self.processes.remove(pid);
             self.jit.exec(pid);

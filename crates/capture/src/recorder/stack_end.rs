@@ -33,6 +33,9 @@ pub(crate) struct StackFacts {
     /// Live reads are on and the sample copied some stack, so a stack that outgrew its copy
     /// could be proven later.
     pub provable: bool,
+    /// Every word past the copy came from the in-kernel walk, read at the sample's instant:
+    /// no frame was read live.
+    pub from_kernel: bool,
 }
 
 /// How the stack ends, decided by [`stack_end`].
@@ -135,6 +138,7 @@ mod tests {
             thread_exited: false,
             passed: None,
             provable: true,
+            from_kernel: false,
         }
     }
 

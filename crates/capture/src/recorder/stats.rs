@@ -34,6 +34,23 @@ pub struct Stats {
     pub off_cpu: super::off_cpu::OffCpuStats,
     /// Why runtimes were not asked for their JIT maps (a JVM with attach off), one line each.
     pub jit_notes: Vec<String>,
+    /// The in-kernel stack walk, when it runs.
+    pub kernel_walk: Option<KernelWalkUse>,
+}
+
+/// How samples used the in-kernel stack walk ([`crate::kernel_walk`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelWalkUse {
+    /// The walk's own counts.
+    pub walk: crate::kernel_walk::KernelWalkStats,
+    /// Samples unwound with their walk's words (whatever the end).
+    pub unwound: u64,
+    /// Samples whose unwind needed a word the walk had not read, and were unwound again the
+    /// usual way (copy, then live reads with a proof).
+    pub fell_back: u64,
+    /// Samples of tracked processes that found no walk (the program had not yet seen their
+    /// process's mappings, or the walk was lost).
+    pub no_walk: u64,
 }
 
 /// Counts of the kernel callchain cross-check (see [`crate::live::callchain`]).

@@ -6,9 +6,12 @@
 use std::cell::Cell;
 
 use crate::jit::{JitMaps, JitMemory};
+use crate::kernel_walk::KernelStack;
 use crate::live::callchain;
 use crate::process::Processes;
-use crate::unwind::{Memory, NoCfiRule, ReadFailure, Registers, SampleStack};
+use crate::unwind::{
+    Memory, MemoryReader, NoCfiRule, ReadFailure, Registers, SampleStack, StackEnd, TruncateReason,
+};
 
 use super::live_proof::{LiveProof, Walk};
 use super::outer_cache::{Observed, Outer, Plan, ProofObserver, State};
@@ -27,6 +30,8 @@ pub(crate) struct UserSample<'s> {
     pub stack: &'s [u8],
     /// The kernel's user callchain (may be empty).
     pub chain: &'s [u64],
+    /// The in-kernel walk made at the sample, when there is one.
+    pub kernel: Option<&'s KernelStack>,
 }
 
 impl UserSample<'_> {
@@ -63,8 +68,77 @@ pub(crate) struct UserUnwinder {
 }
 
 impl UserUnwinder {
-    /// Unwinds `s` once, reading and reusing what `plan` allows.
+    /// Unwinds `s`: with its in-kernel walk's words past the copy when it has a walk and they
+    /// suffice, else reading and reusing what `plan` allows.
     pub fn unwind(
+        &mut self,
+        parts: &mut UnwindParts<'_>,
+        s: &UserSample<'_>,
+        plan: Plan,
+    ) -> StackFacts {
+        if let Some(walk) = s.kernel {
+            let facts = self.unwind_from_kernel(parts, s, walk);
+            let kw = parts.stats.kernel_walk.get_or_insert_with(Default::default);
+            if facts.unwound != StackEnd::Truncated(TruncateReason::StackCopyExhausted) {
+                kw.unwound += 1;
+                return facts;
+            }
+            kw.fell_back += 1;
+        }
+        self.unwind_with_plan(parts, s, plan)
+    }
+
+    /// Unwinds `s` over its copy and the words its in-kernel walk read: nothing is read live,
+    /// so nothing needs a proof; a word the walk did not read ends the stack as past the copy.
+    fn unwind_from_kernel(
+        &mut self,
+        parts: &mut UnwindParts<'_>,
+        s: &UserSample<'_>,
+        walk: &KernelStack,
+    ) -> StackFacts {
+        let state = parts.processes.get(s.space);
+        self.pending_ranges.clear();
+        state.pending_ranges(&mut self.pending_ranges);
+        let mut words = walk.reader();
+        let mut mem = JitMemory {
+            stack: SampleStack {
+                base: s.regs.sp(),
+                bytes: s.stack,
+                fallback: Some(&mut words as &mut dyn MemoryReader),
+            },
+            jit: parts.jit.process(s.pid),
+        };
+        let mut guarded = NotPending {
+            inner: &mut mem,
+            pending: &self.pending_ranges,
+        };
+        let before = state.space.full_register_unwinds();
+        let unwound = state.space.unwind_with_sps(
+            &s.regs,
+            &mut guarded,
+            &mut self.addrs,
+            Some(&mut self.sps),
+        );
+        parts.stats.full_register_unwinds += state.space.full_register_unwinds() - before;
+        self.instruction_frames.clear();
+        self.instruction_frames
+            .extend_from_slice(state.space.instruction_frames());
+        self.states.clear();
+        self.reused = None;
+        StackFacts {
+            unwound,
+            copy_frames: self.sps.len(),
+            live_frames: false,
+            callchain_mismatch: None,
+            thread_exited: false,
+            passed: None,
+            provable: false,
+            from_kernel: true,
+        }
+    }
+
+    /// Unwinds `s` once the usual way, reading and reusing what `plan` allows.
+    fn unwind_with_plan(
         &mut self,
         parts: &mut UnwindParts<'_>,
         s: &UserSample<'_>,
@@ -155,6 +229,7 @@ impl UserUnwinder {
                 by_instruction: self.instruction_frames.contains(&index),
             }),
             provable: parts.proof.enabled() && !s.stack.is_empty(),
+            from_kernel: false,
         }
     }
 

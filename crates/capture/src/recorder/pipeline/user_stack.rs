@@ -2,6 +2,9 @@
 //! after re-reading the mappings, or after a binary's parse arrives), ended by
 //! [`stack_end`], interned as raw trie nodes.
 
+use std::sync::Arc;
+
+use crate::kernel_walk::KernelStack;
 use crate::perf_event::Sample;
 use crate::process::FileKey;
 use crate::unwind::{Registers, StackEnd, TruncateReason};
@@ -34,6 +37,7 @@ impl Pipeline {
             return None;
         }
         let key = (s.pid, s.tid);
+        let walk = self.kernel_walk_of(s, regs);
         let input = UserSample {
             space,
             pid: s.pid,
@@ -41,6 +45,7 @@ impl Pipeline {
             regs,
             stack: s.stack,
             chain: &s.user_ips,
+            kernel: walk.as_deref(),
         };
         let copy_end = input.copy_end();
         let space_gen = self.lifetimes.space_gen(s.pid);
@@ -50,6 +55,7 @@ impl Pipeline {
             if let Some(raw) = raw
                 && self.deferrals.has_room(raw.len())
             {
+                self.keep_walk(s, walk);
                 self.defer(raw, space, waits_for);
                 return None;
             }
@@ -62,6 +68,7 @@ impl Pipeline {
             && self.deferrals.has_room(raw.len())
             && self.waits_for_jvm(space, s.pid, facts.unwound)
         {
+            self.keep_walk(s, walk);
             self.defer(raw, space, None);
             return None;
         }
@@ -114,7 +121,9 @@ impl Pipeline {
                     if self.tables.mapping(m).binary.module.is_some());
             }
             // A return address was read just below its caller's stack pointer.
-            let live = is_return && self.unwinder.sps.get(i).is_some_and(|&csp| csp > copy_end);
+            let live = is_return
+                && !facts.from_kernel
+                && self.unwinder.sps.get(i).is_some_and(|&csp| csp > copy_end);
             let frame = RawFrame {
                 kind,
                 address: addr,
@@ -169,6 +178,30 @@ impl Pipeline {
     /// in another ring, or created before attach), re-reads `/proc/PID/maps` (at most every
     /// 100 ms per process) and unwinds again. A kept-aside space is as it was: nothing to
     /// re-read.
+    /// The in-kernel walk made at sample `s`: claimed from the walk's ring the first time, or
+    /// kept from when the sample was set aside.
+    fn kernel_walk_of(&mut self, s: &Sample<'_>, regs: Registers) -> Option<Arc<KernelStack>> {
+        if let Some(w) = self.kept_walks.remove(&(s.tid, s.time)) {
+            return Some(w);
+        }
+        let kw = self.kernel_walk.as_mut()?;
+        let walk = kw.claim(s.tid, s.time, (regs.ip(), regs.sp(), regs.bp()));
+        if walk.is_none() && kw.tracks(s.pid) {
+            self.stats
+                .kernel_walk
+                .get_or_insert_with(Default::default)
+                .no_walk += 1;
+        }
+        walk
+    }
+
+    /// Keeps a sample's walk while the sample is set aside.
+    fn keep_walk(&mut self, s: &Sample<'_>, walk: Option<Arc<KernelStack>>) {
+        if let Some(w) = walk {
+            self.kept_walks.insert((s.tid, s.time), w);
+        }
+    }
+
     fn unwind(&mut self, s: &UserSample<'_>, plan: Plan) -> StackFacts {
         let facts = self.unwind_once(s, plan);
         if facts.end_after_reads() == StackEnd::Truncated(TruncateReason::UnmappedAddress)

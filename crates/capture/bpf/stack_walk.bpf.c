@@ -1,0 +1,464 @@
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//
+// rootline's in-kernel user-stack walk. Attached to the sampling perf events, it walks the
+// sampled thread's user stack while the thread is still stopped, with per-binary rules user
+// space compiled from `.eh_frame`/`.debug_frame` (crates/unwind/src/kernel_rows.rs), and sends
+// every stack word it read past the sample's stack copy to user space, with its address. User
+// space unwinds the sample with its own exact analysis and reads those words instead of live
+// memory: the frames they give were read at the sample's instant and need no liveness proof.
+//
+// The walk has no depth bound: `bpf_loop` runs one frame per iteration, up to the helper's
+// limit (2^23 frames), and frames go out in chunks. Why a walk ended travels in its last chunk.
+//
+// Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches):
+//   clang -O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c stack_walk.bpf.c -o stack_walk.bpf.o &&
+//   llvm-strip -g stack_walk.bpf.o
+
+#include <linux/bpf.h>
+#include <linux/bpf_perf_event.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+// The few kernel fields read, relocated by CO-RE against the running kernel's BTF.
+// (The `___kernel` suffix keeps it apart from the user-space header's `struct pt_regs`; CO-RE
+// matches it to the kernel's `struct pt_regs`.)
+struct pt_regs___kernel {
+	unsigned long bp;
+	unsigned long sp;
+	unsigned long ip;
+} __attribute__((preserve_access_index));
+
+#define MAX_MAPPINGS 512
+#define CHUNK_WORDS 256
+
+// How a row finds its frame's CFA (canonical frame address); the return address is at CFA-8.
+enum row_kind {
+	ROW_NONE = 0, // no rule: the walk ends (no unwind info)
+	ROW_RSP = 1, // CFA = rsp + cfa
+	ROW_RBP = 2, // CFA = rbp + cfa
+	ROW_PLT = 3, // CFA = rsp + 8, + 8 more when (ip & 15) >= arg (a lazy-binding PLT entry)
+	ROW_ROOT = 4, // the return address is undefined: the thread's outermost frame
+	ROW_STOP = 5, // a rule the walk does not evaluate (other registers, signal frames)
+	ROW_FP = 6, // frame-pointer frame: CFA = rbp + 16, rbp saved at CFA-16
+};
+
+// One row, for addresses from `pc` (relative to its mapping's `base`) to the next row.
+struct row {
+	__u32 pc;
+	__s32 cfa;
+	__s16 rbp; // where rbp is saved, relative to the CFA; 0 = rbp unchanged
+	__u8 kind;
+	__u8 arg;
+	__u32 pad; // array elements are 8-byte aligned anyway
+};
+
+// An executable mapping of a tracked process.
+struct mapping {
+	__u64 start;
+	__u64 end;
+	__u64 bias; // runtime address minus link-time address
+	__u64 base; // link-time address rows are relative to
+	__u32 row_start; // first row in `rows`
+	__u32 row_count;
+	__u32 kind; // ROW_NONE (no table), ROW_FP (frame pointers throughout) or ROW_RSP (table)
+	__u32 pad;
+};
+
+struct proc {
+	__u32 count;
+	__u32 pad;
+	struct mapping m[MAX_MAPPINGS];
+};
+
+struct config {
+	__u32 copy_bytes; // the user stack bytes each sample copies
+	__u32 pad;
+};
+
+// Why a walk ended.
+enum stop {
+	STOP_ROOT = 1,
+	STOP_UNMAPPED = 2,
+	STOP_NO_RULE = 3,
+	STOP_UNSUPPORTED = 4,
+	STOP_READ = 5,
+	STOP_NOT_OUTWARD = 6,
+	STOP_LIMIT = 7,
+	STOP_LOST = 8,
+};
+
+struct chunk_header {
+	__u64 time;
+	__u32 pid;
+	__u32 tid;
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 seq; // chunk number within the walk, from 0
+	__u16 words; // (address, value) pairs in this chunk
+	__u8 last; // the walk's last chunk
+	__u8 stop; // with `last`: enum stop
+	__u32 frames; // with `last`: frames walked
+	__u32 pad;
+};
+
+struct chunk {
+	struct chunk_header h;
+	__u64 words[CHUNK_WORDS * 2];
+};
+
+struct stats {
+	__u64 walks;
+	__u64 frames;
+	__u64 chunks;
+	__u64 lost_chunks;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct row);
+	__uint(max_entries, 1); // set at load time
+	__uint(map_flags, BPF_F_MMAPABLE); // user space writes rows in place
+} rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct proc);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(max_entries, 1);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct chunk);
+	__uint(max_entries, 1);
+} scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct stats);
+	__uint(max_entries, 1);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 24); // set at load time
+} chunks SEC(".maps");
+
+struct walk {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u64 copy_end;
+	__u32 pid;
+	__u32 frames;
+	__u32 words;
+	__u32 seq;
+	__u8 stop;
+	__u8 leaf;
+	// The mapping and row of the last lookup (recursion repeats them).
+	__u8 have_mapping;
+	__u8 have_row;
+	struct mapping map;
+	__u64 row_from; // runtime address range the cached row covers
+	__u64 row_to;
+	struct row row;
+};
+
+static const __u32 zero = 0;
+
+// Sends the scratch chunk; `last` marks the walk's end.
+static __always_inline int flush(struct walk *w, struct chunk *c, __u8 last)
+{
+	c->h.seq = w->seq++;
+	c->h.words = w->words;
+	c->h.last = last;
+	c->h.stop = w->stop;
+	c->h.frames = w->frames;
+	__u64 size = sizeof(struct chunk_header) + (__u64)w->words * 16;
+	if (size > sizeof(struct chunk))
+		size = sizeof(struct chunk);
+	w->words = 0;
+	if (bpf_ringbuf_output(&chunks, c, size, 0) != 0) {
+		struct stats *s = bpf_map_lookup_elem(&counters, &zero);
+		if (s)
+			s->lost_chunks++;
+		return -1;
+	}
+	return 0;
+}
+
+// Records one stack word read past the copy. (Global functions are verified once each, not at
+// every call: without them the verifier's path count explodes.)
+__attribute__((noinline)) int emit(struct walk *w, __u64 addr, __u64 value)
+{
+	if (!w)
+		return -1;
+	if (addr < w->copy_end)
+		return 0;
+	struct chunk *c = bpf_map_lookup_elem(&scratch, &zero);
+	if (!c)
+		return -1;
+	__u32 n = w->words;
+	if (n >= CHUNK_WORDS) {
+		if (flush(w, c, 0) != 0)
+			return -1;
+		n = 0;
+	}
+	c->words[(n & (CHUNK_WORDS - 1)) * 2] = addr;
+	c->words[(n & (CHUNK_WORDS - 1)) * 2 + 1] = value;
+	w->words = n + 1;
+	return 0;
+}
+
+// A binary search's state: the first index whose key is above `key`, in [lo, hi).
+struct search {
+	__u64 key;
+	__u32 lo;
+	__u32 hi;
+	__u32 pid;
+	__u32 row_start;
+};
+
+// One step of the search for the last mapping starting at or below `key`.
+static long mapping_step(__u32 i, void *ctx)
+{
+	struct search *s = ctx;
+	if (s->lo >= s->hi)
+		return 1;
+	struct proc *p = bpf_map_lookup_elem(&procs, &s->pid);
+	if (!p)
+		return 1;
+	__u32 mid = (s->lo + s->hi) / 2;
+	if (mid >= MAX_MAPPINGS)
+		return 1;
+	if (s->key < p->m[mid].start)
+		s->hi = mid;
+	else
+		s->lo = mid + 1;
+	return 0;
+}
+
+// One step of the search for the last row at or below `key` (relative to the table's base).
+static long row_step(__u32 i, void *ctx)
+{
+	struct search *s = ctx;
+	if (s->lo >= s->hi)
+		return 1;
+	__u32 mid = (s->lo + s->hi) / 2;
+	__u32 idx = s->row_start + mid;
+	struct row *r = bpf_map_lookup_elem(&rows, &idx);
+	if (!r)
+		return 1;
+	if ((__u64)r->pc <= s->key)
+		s->lo = mid + 1;
+	else
+		s->hi = mid;
+	return 0;
+}
+
+// Finds the mapping holding `addr` in the walk's process; false when none.
+__attribute__((noinline)) int find_mapping(struct walk *w, __u64 addr)
+{
+	if (!w)
+		return 0;
+	if (w->have_mapping && addr >= w->map.start && addr < w->map.end)
+		return 1;
+	struct proc *p = bpf_map_lookup_elem(&procs, &w->pid);
+	if (!p)
+		return 0;
+	struct search s = { .key = addr, .lo = 0, .hi = p->count, .pid = w->pid };
+	if (s.hi > MAX_MAPPINGS)
+		s.hi = MAX_MAPPINGS;
+	bpf_loop(16, mapping_step, &s, 0);
+	if (s.lo == 0 || s.lo > MAX_MAPPINGS)
+		return 0;
+	p = bpf_map_lookup_elem(&procs, &w->pid);
+	if (!p)
+		return 0;
+	struct mapping *m = &p->m[(s.lo - 1) & (MAX_MAPPINGS - 1)];
+	if (addr < m->start || addr >= m->end)
+		return 0;
+	w->map = *m;
+	w->have_mapping = 1;
+	w->have_row = 0;
+	return 1;
+}
+
+// Finds the row for `lookup` in the cached mapping; false when its table has none.
+__attribute__((noinline)) int find_row(struct walk *w, __u64 lookup)
+{
+	if (!w)
+		return 0;
+	if (w->have_row && lookup >= w->row_from && lookup < w->row_to)
+		return 1;
+	struct mapping *m = &w->map;
+	if (m->kind == ROW_FP) {
+		w->row.kind = ROW_FP;
+		w->row.cfa = 16;
+		w->row.rbp = -16;
+		w->row_from = m->start;
+		w->row_to = m->end;
+		w->have_row = 1;
+		return 1;
+	}
+	if (m->kind != ROW_RSP || m->row_count == 0)
+		return 0;
+	__u64 rel = lookup - m->bias - m->base;
+	if (rel > 0xffffffffULL)
+		return 0;
+	// The last row whose pc <= rel.
+	struct search s = { .key = rel, .lo = 0, .hi = m->row_count, .row_start = m->row_start };
+	bpf_loop(33, row_step, &s, 0);
+	__u32 lo = s.lo;
+	if (lo == 0)
+		return 0;
+	__u32 idx = m->row_start + lo - 1;
+	struct row *r = bpf_map_lookup_elem(&rows, &idx);
+	if (!r)
+		return 0;
+	w->row = *r;
+	w->row_from = m->bias + m->base + r->pc;
+	w->row_to = m->end;
+	if (lo < m->row_count) {
+		__u32 next_idx = idx + 1;
+		struct row *next = bpf_map_lookup_elem(&rows, &next_idx);
+		if (next)
+			w->row_to = m->bias + m->base + next->pc;
+	}
+	w->have_row = 1;
+	return 1;
+}
+
+// One frame: from (ip, sp, bp) to the caller's; nonzero when the walk ends.
+__attribute__((noinline)) int step_frame(struct walk *w)
+{
+	if (!w)
+		return 1;
+	__u64 lookup = w->leaf ? w->ip : w->ip - 1;
+	if (!find_mapping(w, lookup)) {
+		w->stop = STOP_UNMAPPED;
+		return 1;
+	}
+	if (!find_row(w, lookup)) {
+		w->stop = STOP_NO_RULE;
+		return 1;
+	}
+	__u64 cfa;
+	switch (w->row.kind) {
+	case ROW_RSP:
+		cfa = w->sp + (__s64)w->row.cfa;
+		break;
+	case ROW_RBP:
+	case ROW_FP:
+		cfa = w->bp + (__s64)w->row.cfa;
+		break;
+	case ROW_PLT:
+		cfa = w->sp + 8 + (((w->ip & 15) >= w->row.arg) ? 8 : 0);
+		break;
+	case ROW_ROOT:
+		w->stop = STOP_ROOT;
+		return 1;
+	case ROW_STOP:
+		w->stop = STOP_UNSUPPORTED;
+		return 1;
+	default:
+		w->stop = STOP_NO_RULE;
+		return 1;
+	}
+	if (cfa <= w->sp) {
+		w->stop = STOP_NOT_OUTWARD;
+		return 1;
+	}
+	__u64 ra = 0;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+		w->stop = STOP_READ;
+		return 1;
+	}
+	if (emit(w, cfa - 8, ra) != 0) {
+		w->stop = STOP_LOST;
+		return 1;
+	}
+	if (w->row.rbp != 0) {
+		__u64 slot = cfa + (__s64)w->row.rbp;
+		__u64 bp = 0;
+		if (bpf_probe_read_user(&bp, sizeof(bp), (void *)slot) != 0) {
+			w->stop = STOP_READ;
+			return 1;
+		}
+		if (emit(w, slot, bp) != 0) {
+			w->stop = STOP_LOST;
+			return 1;
+		}
+		w->bp = bp;
+	}
+	w->frames++;
+	w->sp = cfa;
+	w->ip = ra;
+	w->leaf = 0;
+	if (ra == 0) {
+		w->stop = STOP_ROOT;
+		return 1;
+	}
+	return 0;
+}
+
+static long step(__u32 i, void *ctx)
+{
+	return step_frame(ctx) ? 1 : 0;
+}
+
+SEC("perf_event")
+int walk_user_stack(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (!bpf_map_lookup_elem(&procs, &pid))
+		return 1;
+	struct config *cfg = bpf_map_lookup_elem(&config, &zero);
+	struct chunk *c = bpf_map_lookup_elem(&scratch, &zero);
+	struct stats *s = bpf_map_lookup_elem(&counters, &zero);
+	if (!cfg || !c || !s)
+		return 1;
+	struct pt_regs___kernel *regs = (struct pt_regs___kernel *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	if (!regs)
+		return 1;
+	struct walk w = {};
+	w.ip = BPF_CORE_READ(regs, ip);
+	w.sp = BPF_CORE_READ(regs, sp);
+	w.bp = BPF_CORE_READ(regs, bp);
+	w.copy_end = w.sp + cfg->copy_bytes;
+	w.pid = pid;
+	w.leaf = 1;
+	c->h.time = bpf_ktime_get_ns();
+	c->h.pid = pid;
+	c->h.tid = (__u32)id;
+	c->h.ip = w.ip;
+	c->h.sp = w.sp;
+	c->h.bp = w.bp;
+	long n = bpf_loop(1 << 23, step, &w, 0);
+	if (w.stop == 0)
+		w.stop = STOP_LIMIT;
+	s->walks++;
+	s->frames += w.frames;
+	c = bpf_map_lookup_elem(&scratch, &zero);
+	if (!c)
+		return 1;
+	s->chunks += w.seq + 1;
+	flush(&w, c, 1);
+	(void)n;
+	return 1;
+}

@@ -1,0 +1,306 @@
+//! Joining the kernel's walks to perf samples: chunks assembled per thread into one
+//! [`KernelStack`] per walk, then matched to the sample taken in the same interrupt (same thread,
+//! same user registers, the walk's time at or just before the sample's).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::unwind::{MemoryReader, ReadFailure};
+use foldhash::HashMap;
+
+use super::layout::{CHUNK_HEADER_BYTES, ChunkHeader};
+
+/// Why a kernel walk ended (the BPF program's `enum stop`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WalkStop {
+    /// The thread's outermost frame (return address undefined or zero).
+    Root,
+    /// An address in no mapping the walk knew.
+    Unmapped,
+    /// An address without rules (no CFI, or its binary's rows not loaded).
+    NoRule,
+    /// A rule the walk does not evaluate (another register, a signal frame).
+    Unsupported,
+    /// A stack read failed.
+    Unreadable,
+    /// A frame's CFA was not above its stack pointer.
+    NotOutward,
+    /// The walk used every iteration `bpf_loop` allows (2^23 frames).
+    Limit,
+    /// The ring buffer was full: chunks were lost.
+    Lost,
+    /// A value the program does not send.
+    Other(u8),
+}
+
+impl WalkStop {
+    fn from_code(c: u8) -> WalkStop {
+        match c {
+            1 => WalkStop::Root,
+            2 => WalkStop::Unmapped,
+            3 => WalkStop::NoRule,
+            4 => WalkStop::Unsupported,
+            5 => WalkStop::Unreadable,
+            6 => WalkStop::NotOutward,
+            7 => WalkStop::Limit,
+            8 => WalkStop::Lost,
+            c => WalkStop::Other(c),
+        }
+    }
+
+    /// A short name for summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            WalkStop::Root => "root",
+            WalkStop::Unmapped => "unmapped",
+            WalkStop::NoRule => "no-rule",
+            WalkStop::Unsupported => "unsupported-rule",
+            WalkStop::Unreadable => "unreadable",
+            WalkStop::NotOutward => "not-outward",
+            WalkStop::Limit => "loop-limit",
+            WalkStop::Lost => "ring-full",
+            WalkStop::Other(_) => "other",
+        }
+    }
+}
+
+/// One walk: the stack words the kernel read past the sample's copy, at the sample's instant.
+#[derive(Debug)]
+pub struct KernelStack {
+    time: u64,
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    /// `(address, value)`, sorted by address.
+    words: Vec<(u64, u64)>,
+    /// Frames the kernel walked.
+    pub frames: u32,
+    /// Why the walk ended.
+    pub stop: WalkStop,
+}
+
+impl KernelStack {
+    /// The word at `addr`, if the walk read it.
+    pub fn word(&self, addr: u64) -> Option<u64> {
+        self.words
+            .binary_search_by_key(&addr, |w| w.0)
+            .ok()
+            .map(|i| self.words[i].1)
+    }
+
+    /// Words held.
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Whether the walk read nothing past the copy.
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// A reader over the words, for [`crate::unwind::SampleStack::fallback`]: a read of any
+    /// other address fails as past the copy.
+    pub fn reader(&self) -> WordsReader<'_> {
+        WordsReader { stack: self }
+    }
+}
+
+/// Reads a walk's words; see [`KernelStack::reader`].
+pub struct WordsReader<'a> {
+    stack: &'a KernelStack,
+}
+
+impl MemoryReader for WordsReader<'_> {
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        if buf.len() != 8 {
+            return false;
+        }
+        match self.stack.word(addr) {
+            Some(v) => {
+                buf.copy_from_slice(&v.to_le_bytes());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn failure(&self) -> Option<ReadFailure> {
+        Some(ReadFailure::BeyondCopy)
+    }
+}
+
+/// Counts of the join.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JoinStats {
+    /// Walks assembled whole.
+    pub walks: u64,
+    /// Walks dropped because a chunk of theirs was missing.
+    pub broken: u64,
+    /// Walks matched to a sample.
+    pub matched: u64,
+    /// Walks no sample claimed (their sample was lost, or not a user sample).
+    pub unclaimed: u64,
+}
+
+/// How long a walk waits for its sample, in nanoseconds of the walk's clock.
+const CLAIM_WINDOW_NS: u64 = 2_000_000_000;
+/// Furthest a walk's time may lie from its sample's.
+const MATCH_NS: u64 = 200_000;
+/// Most walks kept per thread.
+const PER_THREAD: usize = 4096;
+
+/// Walks being assembled and waiting for their samples.
+#[derive(Default)]
+pub struct Join {
+    assembling: HashMap<u32, (ChunkHeader, Vec<(u64, u64)>)>,
+    ready: HashMap<u32, VecDeque<Arc<KernelStack>>>,
+    /// Counts.
+    pub stats: JoinStats,
+}
+
+impl Join {
+    /// Adds one chunk as read from the ring buffer.
+    pub fn chunk(&mut self, bytes: &[u8]) {
+        let Some(h) = ChunkHeader::parse(bytes) else {
+            return;
+        };
+        let words = &bytes[CHUNK_HEADER_BYTES.min(bytes.len())..];
+        let entry = self.assembling.remove(&h.tid);
+        let (first, mut collected) = match entry {
+            Some((first, collected)) if h.seq == first.seq + 1 && h.time == first.time => {
+                (first, collected)
+            }
+            other => {
+                // A walk cut short (its later chunks lost) or a chunk whose walk's first was.
+                let interrupted = other.is_some();
+                if interrupted {
+                    self.stats.broken += 1;
+                }
+                if h.seq != 0 {
+                    if !interrupted {
+                        self.stats.broken += 1;
+                    }
+                    return;
+                }
+                (h, Vec::new())
+            }
+        };
+        for pair in words.chunks_exact(16).take(usize::from(h.words)) {
+            let addr = u64::from_le_bytes(pair[..8].try_into().unwrap_or_default());
+            let value = u64::from_le_bytes(pair[8..].try_into().unwrap_or_default());
+            collected.push((addr, value));
+        }
+        if !h.last {
+            let mut head = first;
+            head.seq = h.seq;
+            self.assembling.insert(h.tid, (head, collected));
+            return;
+        }
+        collected.sort_unstable_by_key(|w| w.0);
+        collected.dedup_by_key(|w| w.0);
+        self.stats.walks += 1;
+        let queue = self.ready.entry(h.tid).or_default();
+        if queue.len() >= PER_THREAD {
+            queue.pop_front();
+            self.stats.unclaimed += 1;
+        }
+        queue.push_back(Arc::new(KernelStack {
+            time: first.time,
+            ip: first.ip,
+            sp: first.sp,
+            bp: first.bp,
+            words: collected,
+            frames: h.frames,
+            stop: WalkStop::from_code(h.stop),
+        }));
+    }
+
+    /// The walk of thread `tid`'s sample at `time` with user registers `(ip, sp, bp)`: the walk
+    /// with the same registers closest in time (the kernel stamps the sample just before the
+    /// program runs, so the walk's time is a few microseconds later; the thread's next sample
+    /// is a sampling period away). Walks older than the claim window are dropped.
+    pub fn claim(
+        &mut self,
+        tid: u32,
+        time: u64,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+    ) -> Option<Arc<KernelStack>> {
+        let queue = self.ready.get_mut(&tid)?;
+        while queue
+            .front()
+            .is_some_and(|w| w.time.saturating_add(CLAIM_WINDOW_NS) < time)
+        {
+            queue.pop_front();
+            self.stats.unclaimed += 1;
+        }
+        let (i, _) = queue
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| (w.ip, w.sp, w.bp) == (ip, sp, bp) && w.time.abs_diff(time) < MATCH_NS)
+            .min_by_key(|(_, w)| w.time.abs_diff(time))?;
+        self.stats.matched += 1;
+        let walk = queue.remove(i);
+        if queue.is_empty() {
+            self.ready.remove(&tid);
+        }
+        walk
+    }
+
+    /// Forgets a thread that exited.
+    pub fn forget_thread(&mut self, tid: u32) {
+        self.assembling.remove(&tid);
+        if let Some(q) = self.ready.remove(&tid) {
+            self.stats.unclaimed += q.len() as u64;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(time: u64, tid: u32, seq: u32, last: bool, words: &[(u64, u64)]) -> Vec<u8> {
+        let mut b = vec![0u8; CHUNK_HEADER_BYTES];
+        b[0..8].copy_from_slice(&time.to_le_bytes());
+        b[12..16].copy_from_slice(&tid.to_le_bytes());
+        b[16..24].copy_from_slice(&0x1000u64.to_le_bytes());
+        b[24..32].copy_from_slice(&0x7000u64.to_le_bytes());
+        b[40..44].copy_from_slice(&seq.to_le_bytes());
+        b[44..46].copy_from_slice(&(words.len() as u16).to_le_bytes());
+        b[46] = u8::from(last);
+        b[47] = 1;
+        for &(a, v) in words {
+            b.extend_from_slice(&a.to_le_bytes());
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn chunks_assemble_and_match_their_sample() {
+        let mut j = Join::default();
+        j.chunk(&chunk(100, 7, 0, false, &[(0x9008, 1), (0x9000, 2)]));
+        j.chunk(&chunk(100, 7, 1, true, &[(0xa008, 3)]));
+        assert_eq!(j.stats.walks, 1);
+        // Other registers, or a sample far from it in time, do not claim it.
+        assert!(j.claim(7, 150, 0x1001, 0x7000, 0).is_none());
+        assert!(j.claim(7, 1_000_000, 0x1000, 0x7000, 0).is_none());
+        let w = j.claim(7, 150, 0x1000, 0x7000, 0).expect("matched");
+        assert_eq!(w.word(0x9000), Some(2));
+        assert_eq!(w.word(0xa008), Some(3));
+        assert_eq!(w.word(0xa000), None);
+        assert_eq!(w.stop, WalkStop::Root);
+        assert!(j.claim(7, 150, 0x1000, 0x7000, 0).is_none());
+    }
+
+    #[test]
+    fn a_walk_missing_a_chunk_is_dropped() {
+        let mut j = Join::default();
+        j.chunk(&chunk(100, 7, 0, false, &[(0x9008, 1)]));
+        j.chunk(&chunk(100, 7, 2, true, &[(0xa008, 3)]));
+        assert_eq!((j.stats.walks, j.stats.broken), (0, 1));
+        assert!(j.claim(7, 150, 0x1000, 0x7000, 0).is_none());
+    }
+}

@@ -1,0 +1,318 @@
+//! The in-kernel user-stack walk: a BPF program on the sampling events walks each sampled
+//! thread's user stack while the thread is still stopped in the sampling interrupt, and sends
+//! the stack words it read past the sample's copy (each with its address) to a ring buffer.
+//!
+//! The caller loads it once ([`KernelWalk::load`]), attaches it to every sampling event
+//! ([`KernelWalk::attach`]), keeps each process's executable mappings in its maps
+//! ([`KernelWalk::sync`], which compiles a binary's CFI into rows the first time it is seen),
+//! drains the ring before handling the samples it read ([`KernelWalk::drain`]), and claims each
+//! sample's walk ([`KernelWalk::claim`]). The unwinder then reads the walk's words instead of
+//! live memory: they were read at the sample's instant, so frames found through them need no
+//! liveness proof, and the frames themselves are still decided in user space by the exact
+//! analysis (prologues, epilogues, JIT code), joined to the copy by stack address.
+//!
+//! The program itself is C (`crates/capture/bpf/stack_walk.bpf.c`), compiled by clang into the
+//! committed object embedded here, so building rootline needs no BPF toolchain;
+//! `crates/capture/tests/bpf_object.rs` checks the object matches its source where clang is
+//! installed.
+
+mod join;
+mod layout;
+mod rows;
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::os::fd::AsFd;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::PerfEvent as BpfPerfEvent;
+use foldhash::HashMap;
+
+use crate::perf_event::PerfEvent;
+use crate::unwind::AddressSpace;
+
+pub use join::{JoinStats, KernelStack, WalkStop, WordsReader};
+use layout::{
+    Config, Counters, MAPPING_FRAME_POINTERS, MAPPING_NONE, MAPPING_TABLE, MAX_MAPPINGS, Mapping,
+    Proc,
+};
+use rows::{MappedRows, RowTable};
+
+/// The compiled program.
+static OBJECT: &[u8] = aya::include_bytes_aligned!("../../bpf/stack_walk.bpf.o");
+
+/// Why the walk cannot run here.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelWalkError {
+    /// The kernel refused the program or a map (no CAP_BPF/CAP_PERFMON, an old kernel, the
+    /// verifier).
+    #[error("the kernel refused the stack-walk BPF program: {0}")]
+    Load(String),
+    /// A map could not be set up.
+    #[error("the stack-walk BPF maps could not be set up: {0}")]
+    Maps(String),
+    /// The program could not be attached to a sampling event.
+    #[error("the stack-walk BPF program could not be attached to a sampling event: {0}")]
+    Attach(#[source] std::io::Error),
+}
+
+/// Sizes of the walk's maps.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelWalkOptions {
+    /// The user stack bytes each sample copies (words below their end are not sent).
+    pub copy_bytes: u32,
+    /// Rows the shared table holds (16 bytes each, kernel memory).
+    pub rows: u32,
+    /// Bytes of the ring buffer (a power of two).
+    pub ring_bytes: u32,
+}
+
+impl Default for KernelWalkOptions {
+    fn default() -> Self {
+        KernelWalkOptions {
+            copy_bytes: 16 * 1024,
+            rows: 4 << 20,
+            ring_bytes: 32 << 20,
+        }
+    }
+}
+
+/// Counts of the walk, for the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelWalkStats {
+    /// Walks the program ran (all CPUs).
+    pub walks: u64,
+    /// Frames it walked.
+    pub frames: u64,
+    /// Chunks lost because the ring was full.
+    pub lost_chunks: u64,
+    /// Assembly and matching.
+    pub join: JoinStats,
+    /// How the walks ended, by reason.
+    pub stops: std::collections::BTreeMap<WalkStop, u64>,
+    /// Rows in the table.
+    pub rows_used: u64,
+    /// Binaries whose rows did not fit the table.
+    pub binaries_refused: u64,
+    /// Processes whose executable mappings outnumber what the program searches (the rest end
+    /// the walk).
+    pub mappings_cut: u64,
+}
+
+/// The loaded program and its maps.
+pub struct KernelWalk {
+    ebpf: aya::Ebpf,
+    procs: BpfHashMap<MapData, u32, Proc>,
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, Counters>,
+    rows: RowTable,
+    /// Each process's mappings as last sent, by fingerprint.
+    synced: HashMap<u32, u64>,
+    join: Join,
+    stops: std::collections::BTreeMap<WalkStop, u64>,
+    mappings_cut: u64,
+}
+
+use join::Join;
+
+impl KernelWalk {
+    /// Loads the program and creates its maps.
+    pub fn load(opts: KernelWalkOptions) -> Result<KernelWalk, KernelWalkError> {
+        let mut ebpf = aya::EbpfLoader::new()
+            .set_max_entries("rows", opts.rows.max(1))
+            .set_max_entries("chunks", opts.ring_bytes.next_power_of_two().max(4096))
+            .load(OBJECT)
+            .map_err(|e| KernelWalkError::Load(e.to_string()))?;
+        let prog: &mut BpfPerfEvent = ebpf
+            .program_mut("walk_user_stack")
+            .ok_or_else(|| KernelWalkError::Load("program missing from the object".into()))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| KernelWalkError::Load(e.to_string()))?;
+        prog.load()
+            .map_err(|e| KernelWalkError::Load(verifier_text(&e)))?;
+        let maps = |e: aya::maps::MapError| KernelWalkError::Maps(e.to_string());
+        let take = |ebpf: &mut aya::Ebpf, name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| KernelWalkError::Maps(format!("map {name} missing")))
+        };
+        let mut config: aya::maps::Array<MapData, Config> =
+            take(&mut ebpf, "config")?.try_into().map_err(maps)?;
+        config
+            .set(
+                0,
+                Config {
+                    copy_bytes: opts.copy_bytes,
+                    pad: 0,
+                },
+                0,
+            )
+            .map_err(maps)?;
+        let rows_map = ebpf
+            .map("rows")
+            .ok_or_else(|| KernelWalkError::Maps("map rows missing".into()))?;
+        let aya::maps::Map::Array(rows_data) = rows_map else {
+            return Err(KernelWalkError::Maps("map rows is not an array".into()));
+        };
+        let mapped = MappedRows::new(rows_data.fd().as_fd(), opts.rows.max(1) as usize)
+            .map_err(|e| KernelWalkError::Maps(format!("mapping the rows: {e}")))?;
+        Ok(KernelWalk {
+            procs: take(&mut ebpf, "procs")?.try_into().map_err(maps)?,
+            ring: take(&mut ebpf, "chunks")?.try_into().map_err(maps)?,
+            counters: take(&mut ebpf, "counters")?.try_into().map_err(maps)?,
+            ebpf,
+            rows: RowTable::new(mapped),
+            synced: HashMap::default(),
+            join: Join::default(),
+            stops: Default::default(),
+            mappings_cut: 0,
+        })
+    }
+
+    /// Runs the walk at each sample of `event` (and of the events it inherits to).
+    pub fn attach(&mut self, event: &PerfEvent) -> Result<(), KernelWalkError> {
+        let prog: &mut BpfPerfEvent = self
+            .ebpf
+            .program_mut("walk_user_stack")
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| KernelWalkError::Attach(std::io::Error::other("program missing")))?;
+        let fd = prog
+            .fd()
+            .map_err(|e| KernelWalkError::Attach(std::io::Error::other(e.to_string())))?;
+        event.set_bpf(fd.as_fd()).map_err(KernelWalkError::Attach)
+    }
+
+    /// Sends `pid`'s executable mappings to the program when they changed since the last call:
+    /// mappings with CFI get their binary's rows (compiled and placed the first time), others
+    /// (JIT code, binaries without CFI) a frame-pointer rule.
+    pub fn sync(&mut self, pid: u32, space: &AddressSpace) {
+        let mut h = foldhash::fast::FixedState::with_seed(0).build_hasher();
+        for r in space.regions() {
+            (r.start, r.end, r.bias).hash(&mut h);
+            r.module.as_ref().map(std::sync::Arc::as_ptr).hash(&mut h);
+        }
+        let print = h.finish();
+        if self.synced.get(&pid) == Some(&print) {
+            return;
+        }
+        self.synced.insert(pid, print);
+        let mut proc = Box::<Proc>::default();
+        let mut n = 0;
+        for r in space.regions() {
+            if n == MAX_MAPPINGS {
+                self.mappings_cut += 1;
+                break;
+            }
+            let mut m = Mapping {
+                start: r.start,
+                end: r.end,
+                bias: r.bias,
+                kind: MAPPING_FRAME_POINTERS,
+                ..Mapping::default()
+            };
+            if let Some(module) = &r.module {
+                let sections = rootline_unwind::Binary::unwind_sections(&**module);
+                if sections.has_cfi() {
+                    match self.rows.place(sections) {
+                        Some(p) => {
+                            m.kind = MAPPING_TABLE;
+                            m.row_start = p.start;
+                            m.row_count = p.count;
+                            m.base = p.base;
+                        }
+                        None => m.kind = MAPPING_NONE,
+                    }
+                }
+            } else if r.refused {
+                m.kind = MAPPING_NONE;
+            }
+            proc.m[n] = m;
+            n += 1;
+        }
+        proc.count = n as u32;
+        // A failed update leaves the old mappings: the unwinder checks every word's use anyway.
+        let _ = self.procs.insert(pid, *proc, 0);
+    }
+
+    /// Stops walking `pid`'s stacks (it exited or is no longer recorded), and frees the rows no
+    /// process uses any more.
+    pub fn forget_process(&mut self, pid: u32) {
+        if self.synced.remove(&pid).is_some() {
+            let _ = self.procs.remove(&pid);
+        }
+        self.rows.sweep();
+    }
+
+    /// Reads every chunk the ring holds. Call after reading the perf rings' heads and before
+    /// handling their samples: a sample's walk is written before the sample.
+    pub fn drain(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            self.join.chunk(&item);
+            n += 1;
+        }
+        n
+    }
+
+    /// The walk made at thread `tid`'s sample at `time` with user registers `(ip, sp, bp)`.
+    pub fn claim(
+        &mut self,
+        tid: u32,
+        time: u64,
+        (ip, sp, bp): (u64, u64, u64),
+    ) -> Option<std::sync::Arc<KernelStack>> {
+        let walk = self.join.claim(tid, time, ip, sp, bp)?;
+        *self.stops.entry(walk.stop).or_default() += 1;
+        Some(walk)
+    }
+
+    /// The ring buffer's descriptor, readable when walks wait in it (for `poll`).
+    pub fn ring_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.ring.as_raw_fd()
+    }
+
+    /// Whether `pid`'s mappings were sent to the program.
+    pub fn tracks(&self, pid: u32) -> bool {
+        self.synced.contains_key(&pid)
+    }
+
+    /// Forgets a thread that exited.
+    pub fn forget_thread(&mut self, tid: u32) {
+        self.join.forget_thread(tid);
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> KernelWalkStats {
+        let mut s = KernelWalkStats {
+            join: self.join.stats.clone(),
+            stops: self.stops.clone(),
+            rows_used: self.rows.used,
+            binaries_refused: self.rows.refused,
+            mappings_cut: self.mappings_cut,
+            ..KernelWalkStats::default()
+        };
+        if let Ok(per_cpu) = self.counters.get(&0, 0) {
+            for c in per_cpu.iter() {
+                s.walks += c.walks;
+                s.frames += c.frames;
+                s.lost_chunks += c.lost_chunks;
+            }
+        }
+        s
+    }
+}
+
+/// The verifier's log when it refused the program, else the error.
+fn verifier_text(e: &aya::programs::ProgramError) -> String {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("{io_error}: {}", tail.join(" | "))
+        }
+        e => e.to_string(),
+    }
+}

@@ -1,0 +1,186 @@
+//! The rows table the BPF program searches: one array map, memory-mapped into this process and
+//! written in place, shared by every binary (each gets a contiguous range, freed when the last
+//! process using it goes).
+
+use std::sync::{Arc, Weak};
+
+use foldhash::HashMap;
+use rootline_unwind::UnwindSections;
+use rootline_unwind::kernel_rows::kernel_rows;
+
+use super::layout::Row;
+
+/// A binary's rows in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Placed {
+    pub start: u32,
+    pub count: u32,
+    /// Link-time address the rows' addresses are relative to.
+    pub base: u64,
+}
+
+struct Entry {
+    sections: Weak<UnwindSections>,
+    /// None: compiled, but there was no room (or no rows).
+    placed: Option<Placed>,
+}
+
+/// The shared rows table.
+pub(super) struct RowTable {
+    map: MappedRows,
+    /// Free ranges `(start, len)`, sorted by start.
+    free: Vec<(u32, u32)>,
+    binaries: HashMap<usize, Entry>,
+    /// Rows in use.
+    pub used: u64,
+    /// Binaries whose rows did not fit.
+    pub refused: u64,
+}
+
+/// The rows map's memory, mapped into this process.
+pub(super) struct MappedRows {
+    ptr: std::ptr::NonNull<Row>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by the table and only written through `&mut self`.
+unsafe impl Send for MappedRows {}
+
+impl MappedRows {
+    /// Maps the `len` rows of the array map behind `fd` (created `BPF_F_MMAPABLE`).
+    pub fn new(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> std::io::Result<MappedRows> {
+        use std::os::fd::AsRawFd;
+        let bytes = (len * std::mem::size_of::<Row>()).next_multiple_of(4096);
+        // SAFETY: a shared read-write mapping of a BPF array map created mmapable, `bytes` long
+        // (its elements rounded up to a page, as the kernel maps it); the fd is valid for the
+        // call, and the mapping lives until `Drop`.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<Row>())
+            .ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        Ok(MappedRows { ptr, len })
+    }
+
+    fn rows_mut(&mut self) -> &mut [Row] {
+        // SAFETY: `ptr` maps `len` rows (see `new`), written only through `&mut self`; the BPF
+        // program only reads them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MappedRows {
+    fn drop(&mut self) {
+        let bytes = (self.len * std::mem::size_of::<Row>()).next_multiple_of(4096);
+        // SAFETY: unmaps exactly the mapping made in `new`, never used after.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), bytes);
+        }
+    }
+}
+
+impl RowTable {
+    /// A table over `map`, all of it free.
+    pub fn new(map: MappedRows) -> RowTable {
+        let len = u32::try_from(map.len).unwrap_or(u32::MAX);
+        RowTable {
+            map,
+            free: vec![(0, len)],
+            binaries: HashMap::default(),
+            used: 0,
+            refused: 0,
+        }
+    }
+
+    /// The rows of `sections`, compiled and placed the first time; None when they did not fit.
+    pub fn place(&mut self, sections: &Arc<UnwindSections>) -> Option<Placed> {
+        let key = Arc::as_ptr(sections) as usize;
+        if let Some(e) = self.binaries.get(&key)
+            && e.sections.upgrade().is_some()
+        {
+            return e.placed;
+        }
+        let rows = kernel_rows(sections);
+        let placed = self.store(&rows);
+        if placed.is_none() && !rows.is_empty() {
+            self.refused += 1;
+        }
+        if let Some(old) = self.binaries.insert(
+            key,
+            Entry {
+                sections: Arc::downgrade(sections),
+                placed,
+            },
+        ) && let Some(p) = old.placed
+        {
+            self.release(p);
+        }
+        placed
+    }
+
+    /// Frees the rows of binaries no process holds any more.
+    pub fn sweep(&mut self) {
+        let dead: Vec<usize> = self
+            .binaries
+            .iter()
+            .filter(|(_, e)| e.sections.strong_count() == 0)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in dead {
+            if let Some(Entry {
+                placed: Some(p), ..
+            }) = self.binaries.remove(&k)
+            {
+                self.release(p);
+            }
+        }
+    }
+
+    fn store(&mut self, rows: &[rootline_unwind::kernel_rows::KernelRow]) -> Option<Placed> {
+        let first = rows.first()?;
+        let base = first.svma;
+        let count = u32::try_from(rows.len()).ok()?;
+        // Rows past 4 GiB of the first do not fit the program's 32-bit offsets.
+        if rows.last()?.svma - base > u64::from(u32::MAX) {
+            return None;
+        }
+        let slot = self.free.iter().position(|&(_, len)| len >= count)?;
+        let (start, len) = self.free[slot];
+        if len == count {
+            self.free.remove(slot);
+        } else {
+            self.free[slot] = (start + count, len - count);
+        }
+        let table = self.map.rows_mut();
+        for (i, r) in rows.iter().enumerate() {
+            table[start as usize + i] = Row::new(r, base);
+        }
+        self.used += u64::from(count);
+        Some(Placed { start, count, base })
+    }
+
+    fn release(&mut self, p: Placed) {
+        self.used -= u64::from(p.count);
+        let at = self.free.partition_point(|&(s, _)| s < p.start);
+        self.free.insert(at, (p.start, p.count));
+        // Merge with the neighbours.
+        if at + 1 < self.free.len() && self.free[at].0 + self.free[at].1 == self.free[at + 1].0 {
+            self.free[at].1 += self.free[at + 1].1;
+            self.free.remove(at + 1);
+        }
+        if at > 0 && self.free[at - 1].0 + self.free[at - 1].1 == self.free[at].0 {
+            self.free[at - 1].1 += self.free[at].1;
+            self.free.remove(at);
+        }
+    }
+}
