@@ -6,13 +6,19 @@
 //! main thread and on a second thread. Of the samples taken in the leaf, at least 99% must hold
 //! every frame from the leaf to the thread entry with the exact recursion count; every other one
 //! must end in an explicit `[truncated: …]` frame. A stack that is neither is a failure.
+//!
+//! These recordings run with the in-kernel stack walk off: they prove the live-read path, which
+//! stays the fallback where the walk cannot load or stops early (`tests/kernel_walk.rs` covers
+//! the walk, on stacks that are rebuilt between samples).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use rootline_capture::recorder::{DEFAULT_LIVE_STACK_BUDGET, RecordOptions, Target, record};
+use rootline_capture::recorder::{
+    DEFAULT_LIVE_STACK_BUDGET, KernelWalkMode, RecordOptions, Target, record,
+};
 use rootline_profile::Profile;
 
 fn build(name: &str, flags: &[&str]) -> PathBuf {
@@ -125,6 +131,7 @@ fn run(name: &str, flags: &[&str], mode: &str) {
             .expect("program starts");
         std::thread::sleep(Duration::from_millis(300));
         let mut opts = RecordOptions::new(Target::Pids(vec![child.id()]));
+        opts.kernel_walk = KernelWalkMode::Off;
         opts.live_stack_budget = DEFAULT_LIVE_STACK_BUDGET;
         opts.frequency_hz = 400;
         opts.duration = Some(Duration::from_secs(seconds));
@@ -218,6 +225,7 @@ fn an_exhausted_budget_is_an_explicit_truncation() {
         .expect("program starts");
     std::thread::sleep(Duration::from_millis(300));
     let mut opts = RecordOptions::new(Target::Pids(vec![child.id()]));
+    opts.kernel_walk = KernelWalkMode::Off;
     opts.frequency_hz = 400;
     opts.duration = Some(Duration::from_secs(2));
     opts.live_stack_budget = 1 << 20;
@@ -279,6 +287,7 @@ fn new_threads_with_live_reads_never_splice_or_report_a_changed_stack() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let binary = build_source("churn.c", "churn", &["-O2", "-fno-omit-frame-pointer"]);
     let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "4".into()]));
+    opts.kernel_walk = KernelWalkMode::Off;
     assert_eq!(
         opts.live_stack_budget, DEFAULT_LIVE_STACK_BUDGET,
         "on by default"
@@ -348,6 +357,7 @@ fn outer_frames_are_proven_when_the_outer_stack_changes() {
             "4".into(),
             "150".into(),
         ]));
+        opts.kernel_walk = KernelWalkMode::Off;
         opts.frequency_hz = 1_000;
         let stop = AtomicBool::new(false);
         let recording = record(&opts, &stop, None).expect("recording works");
@@ -413,6 +423,7 @@ fn a_busy_loop_under_a_large_frame_is_whole() {
         &["-O2", "-fno-omit-frame-pointer", "-DKIB=24"],
     );
     let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "4".into()]));
+    opts.kernel_walk = KernelWalkMode::Off;
     opts.frequency_hz = 4_000;
     let stop = AtomicBool::new(false);
     let recording = record(&opts, &stop, None).expect("recording works");

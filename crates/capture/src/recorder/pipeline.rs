@@ -204,6 +204,9 @@ impl Pipeline {
             self.replay_if(|_| true);
             self.deferrals.force = false;
         }
+        if let (Some(kw), Some(s)) = (&self.kernel_walk, self.stats.kernel_walk.as_mut()) {
+            s.walk = kw.stats();
+        }
     }
 
     /// Unwinds again the set-aside samples that `due` picks.

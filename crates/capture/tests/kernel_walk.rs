@@ -1,0 +1,178 @@
+//! Ground truth for the in-kernel stack walk on stacks that are rebuilt between samples: the main
+//! thread and a second thread of `tests/c/rebuild.c` each recurse 1,000 levels with 1 KiB of
+//! locals per frame (a megabyte of stack, far past the 16 KiB a sample copies), spin about a
+//! millisecond in the leaf, return all the way and recurse again. Live reads after the sample
+//! cannot be proven here (the stack is gone and rebuilt hundreds of times a second); frames read
+//! by the kernel at the sample's instant need no proof.
+//!
+//! Attached by PID, built with frame pointers and without (CFI only): of the samples in the
+//! leaf, at least 99% must run from the thread's root through exactly 1,001 `recurse` frames,
+//! none may be wrong (every other one ends in an explicit `[truncated: …]`), and no frame may be
+//! marked as read live.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use rootline_capture::recorder::{KernelWalkMode, RecordOptions, Recording, Target, record};
+
+const DEPTH: usize = 1000;
+
+fn build(name: &str, flags: &[&str]) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let status = Command::new("cc")
+        .args(flags)
+        .arg("-g")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rebuild.c"))
+        .arg("-lpthread")
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "cc failed for {flags:?}");
+    out
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Verdict {
+    in_leaf: u64,
+    complete: [u64; 2],
+    truncated: u64,
+    wrong: u64,
+    live_marked: u64,
+    examples: Vec<String>,
+}
+
+fn check(recording: &Recording) -> Verdict {
+    let profile = &recording.profile;
+    let mut v = Verdict::default();
+    let mut frames = Vec::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        if names.last() != Some(&"spin") {
+            continue;
+        }
+        v.in_leaf += 1;
+        if names[0].starts_with("[truncated") {
+            v.truncated += 1;
+            continue;
+        }
+        let main = matches!(
+            &names[..names.len().min(5)],
+            ["_start", start, "__libc_start_call_main", "main", "cycle"]
+                if start.starts_with("__libc_start_main")
+        );
+        let second = matches!(
+            &names[..names.len().min(4)],
+            [clone, "start_thread", "second", "cycle"] if clone.ends_with("clone3")
+        );
+        let body = if main { 5 } else { 4 };
+        let recursion = &names[body.min(names.len())..names.len() - 1];
+        if (main || second)
+            && recursion.len() == DEPTH + 1
+            && recursion.iter().all(|&n| n == "recurse")
+        {
+            v.complete[usize::from(second)] += 1;
+            if frames.iter().any(|&f| profile.frame(f).from_live_memory) {
+                v.live_marked += 1;
+            }
+        } else {
+            v.wrong += 1;
+            if v.examples.len() < 4 {
+                let head: Vec<_> = names.iter().take(6).collect();
+                v.examples.push(format!(
+                    "wrong: {head:?} … recurse×{} ({} frames)",
+                    names.iter().filter(|&&n| n == "recurse").count(),
+                    names.len()
+                ));
+            }
+        }
+    }
+    v
+}
+
+fn run(name: &str, flags: &[&str]) {
+    let binary = build(name, flags);
+    let child = Killed(
+        Command::new(&binary)
+            .args([DEPTH.to_string(), "30".into()])
+            .spawn()
+            .expect("starts the workload"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
+    opts.kernel_walk = KernelWalkMode::On;
+    opts.duration = Some(Duration::from_secs(3));
+    let recording = match record(&opts, &AtomicBool::new(false), None) {
+        Ok(r) => r,
+        Err(e) if std::env::var_os("CI").is_none() && e.to_string().contains("BPF") => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("record failed: {e}"),
+    };
+    let v = check(&recording);
+    let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
+    println!(
+        "{name}: samples={} in_leaf={} complete(main, second)={:?} truncated={} wrong={} live={} \
+         kernel_walk: unwound={} fell_back={} no_walk={} stops={:?} lost_chunks={} truncated_by={:?}",
+        recording.stats.samples,
+        v.in_leaf,
+        v.complete,
+        v.truncated,
+        v.wrong,
+        v.live_marked,
+        kw.unwound,
+        kw.fell_back,
+        kw.no_walk,
+        kw.walk.stops,
+        kw.walk.lost_chunks,
+        recording.stats.truncated,
+    );
+    for e in &v.examples {
+        println!("  {e}");
+    }
+    assert!(
+        v.in_leaf >= 200,
+        "{name}: only {} samples in the leaf",
+        v.in_leaf
+    );
+    assert_eq!(
+        v.wrong, 0,
+        "{name}: stacks neither whole nor marked truncated"
+    );
+    let complete = v.complete[0] + v.complete[1];
+    assert!(
+        complete * 100 >= v.in_leaf * 99,
+        "{name}: {complete} of {} stacks whole",
+        v.in_leaf
+    );
+    assert!(
+        v.complete.iter().all(|&n| n * 4 >= v.in_leaf),
+        "{name}: each thread has at least a quarter of the whole stacks: {:?}",
+        v.complete
+    );
+    assert_eq!(v.live_marked, 0, "{name}: no frame was read live");
+}
+
+#[test]
+fn rebuilt_deep_stacks_with_frame_pointers_are_whole() {
+    run("rebuild-fp", &["-O2", "-fno-omit-frame-pointer"]);
+}
+
+#[test]
+fn rebuilt_deep_stacks_with_cfi_only_are_whole() {
+    run("rebuild-nofp", &["-O2", "-fomit-frame-pointer"]);
+}
