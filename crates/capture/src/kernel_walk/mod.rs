@@ -56,14 +56,19 @@ pub enum KernelWalkError {
 }
 
 /// Sizes of the walk's maps.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct KernelWalkOptions {
     /// The user stack bytes each sample copies (words below their end are not sent).
     pub copy_bytes: u32,
-    /// Rows the shared table holds (16 bytes each, kernel memory).
+    /// Rows the shared table holds (16 bytes each, kernel memory allocated at load).
     pub rows: u32,
     /// Bytes of the ring buffer (a power of two).
     pub ring_bytes: u32,
+    /// Where placed rows are counted (with the binaries' other tables).
+    pub modules: rootline_image::ModuleBudget,
+    /// The most the tables counted in `modules` may hold; rows that would pass it are not placed
+    /// (that binary's frames end the walk, counted).
+    pub module_limit: Option<usize>,
 }
 
 impl Default for KernelWalkOptions {
@@ -72,6 +77,8 @@ impl Default for KernelWalkOptions {
             copy_bytes: 16 * 1024,
             rows: 4 << 20,
             ring_bytes: 32 << 20,
+            modules: rootline_image::ModuleBudget::new(),
+            module_limit: None,
         }
     }
 }
@@ -159,7 +166,7 @@ impl KernelWalk {
             ring: take(&mut ebpf, "chunks")?.try_into().map_err(maps)?,
             counters: take(&mut ebpf, "counters")?.try_into().map_err(maps)?,
             ebpf,
-            rows: RowTable::new(mapped),
+            rows: RowTable::new(mapped, opts.modules.clone(), opts.module_limit),
             synced: HashMap::default(),
             join: Join::default(),
             stops: Default::default(),

@@ -8,6 +8,8 @@ use foldhash::HashMap;
 use rootline_unwind::UnwindSections;
 use rootline_unwind::kernel_rows::kernel_rows;
 
+use rootline_image::{ModuleBudget, TableCharge};
+
 use super::layout::Row;
 
 /// A binary's rows in the table.
@@ -23,6 +25,8 @@ struct Entry {
     sections: Weak<UnwindSections>,
     /// None: compiled, but there was no room (or no rows).
     placed: Option<Placed>,
+    /// The rows' memory, counted in the module budget while placed.
+    _charge: Option<TableCharge>,
 }
 
 /// The shared rows table.
@@ -35,6 +39,9 @@ pub(super) struct RowTable {
     pub used: u64,
     /// Binaries whose rows did not fit.
     pub refused: u64,
+    /// Where the rows are counted, and the most the counted tables may hold.
+    budget: ModuleBudget,
+    limit: Option<usize>,
 }
 
 /// The rows map's memory, mapped into this process.
@@ -90,8 +97,9 @@ impl Drop for MappedRows {
 }
 
 impl RowTable {
-    /// A table over `map`, all of it free.
-    pub fn new(map: MappedRows) -> RowTable {
+    /// A table over `map`, all of it free; placed rows are counted in `budget`, and refused
+    /// when they would take the tables it counts past `limit`.
+    pub fn new(map: MappedRows, budget: ModuleBudget, limit: Option<usize>) -> RowTable {
         let len = u32::try_from(map.len).unwrap_or(u32::MAX);
         RowTable {
             map,
@@ -99,6 +107,8 @@ impl RowTable {
             binaries: HashMap::default(),
             used: 0,
             refused: 0,
+            budget,
+            limit,
         }
     }
 
@@ -111,7 +121,10 @@ impl RowTable {
             return e.placed;
         }
         let rows = kernel_rows(sections);
-        let placed = self.store(&rows);
+        let bytes = rows.len() * std::mem::size_of::<Row>();
+        let fits = self.limit.is_none_or(|l| self.budget.fits(bytes, l));
+        let placed = if fits { self.store(&rows) } else { None };
+        let charge = placed.map(|_| self.budget.charge(bytes));
         if placed.is_none() && !rows.is_empty() {
             self.refused += 1;
         }
@@ -120,6 +133,7 @@ impl RowTable {
             Entry {
                 sections: Arc::downgrade(sections),
                 placed,
+                _charge: charge,
             },
         ) && let Some(p) = old.placed
         {

@@ -175,10 +175,18 @@ fn load_kernel_walk(
     if opts.kernel_walk == KernelWalkMode::Off {
         return Ok(None);
     }
-    let walk_opts = KernelWalkOptions {
+    let mut walk_opts = KernelWalkOptions {
         copy_bytes: stack_bytes,
+        modules: opts.modules.clone(),
+        module_limit: opts.module_budget,
         ..KernelWalkOptions::default()
     };
+    if let Some(limit) = opts.module_budget {
+        // The table is allocated whole at load: no larger than the budget it is counted in.
+        walk_opts.rows = walk_opts
+            .rows
+            .min((limit / 16).clamp(1 << 16, u32::MAX as usize) as u32);
+    }
     match KernelWalk::load(walk_opts) {
         Ok(kw) => Ok(Some(kw)),
         Err(e) if opts.kernel_walk == KernelWalkMode::Auto => {

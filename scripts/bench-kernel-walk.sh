@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Whole stacks on stacks that change, and on a real compiler: rootline with its in-kernel stack
+# walk, rootline without it, perf (--call-graph fp and dwarf) and samply (when installed), side by
+# side on the same workloads.
+#
+# 1. Rebuilt recursion (crates/capture/tests/c/rebuild.c): the main thread and a second thread
+#    recurse DEPTH levels with 1 KiB of locals per frame, spin ~1 ms, return to their loop and
+#    recurse again. Built with frame pointers and without (CFI only); each profiler attaches by
+#    PID for RUN_SECONDS at 999 Hz. A sample in `spin` is whole when it runs from the thread's
+#    root (_start / clone3) through exactly DEPTH+1 `recurse` frames.
+# 2. rustc compiling a crate from the local cargo registry (RUSTC_CRATE, default regex-syntax):
+#    share of rustc's samples that reach a thread root with no [truncated]/[unknown] frame, and
+#    the profiler's CPU above the bare run (user+sys of profiler and compiler minus the bare
+#    compiler's, median of RUNS).
+#
+# Usage: scripts/bench-kernel-walk.sh            (root; DEPTHS="1000 10000" RUN_SECONDS=4 RUNS=3)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+RUN_SECONDS="${RUN_SECONDS:-4}"
+DEPTHS="${DEPTHS:-1000 10000}"
+RUNS="${RUNS:-3}"
+TMP="$(mktemp -d)"
+PID=
+trap 'if [ -n "$PID" ]; then kill "$PID" 2>/dev/null || true; fi; rm -rf "$TMP"' EXIT
+cd "$ROOT"
+cargo build --quiet --release -p rootline
+RL="$ROOT/target/release/rootline"
+cc -O2 -g -fno-omit-frame-pointer crates/capture/tests/c/rebuild.c -lpthread -o "$TMP/fp"
+cc -O2 -g -fomit-frame-pointer crates/capture/tests/c/rebuild.c -lpthread -o "$TMP/nofp"
+tools=(rootline rootline-no-kernel-walk perf-fp perf-dwarf)
+command -v samply >/dev/null && tools+=(samply)
+
+# perf script → folded (comm;root;…;leaf count)
+perf_folded() {
+    perf script --no-inline -i "$1" -F comm,ip,sym 2>/dev/null | python3 -c '
+import sys, collections
+c = collections.Counter(); frames = []; comm = None
+def flush():
+    if comm is not None:
+        c[";".join([comm] + frames[::-1])] += 1
+for line in sys.stdin:
+    if not line.strip():
+        flush(); frames = []; comm = None; continue
+    if not line[0].isspace():
+        comm = line.split()[0]; continue
+    parts = line.split()
+    frames.append(parts[1].split("+")[0] if len(parts) > 1 else "[unknown]")
+flush()
+for k, v in c.items(): print(k, v)'
+}
+
+# record TOOL PID OUT SECONDS: attaches TOOL to PID, writes folded stacks to OUT
+record() {
+    local tool=$1 pid=$2 out=$3 secs=$4
+    case $tool in
+    rootline) "$RL" record -p "$pid" --duration "$secs" -o "$out" 2>"$out.log" ;;
+    rootline-no-kernel-walk) "$RL" record -p "$pid" --kernel-walk off --duration "$secs" -o "$out" 2>"$out.log" ;;
+    perf-fp) perf record -q -F 999 -e cpu-clock --call-graph fp -p "$pid" -o "$TMP/p.data" -- sleep "$secs" 2>/dev/null
+        perf_folded "$TMP/p.data" >"$out" ;;
+    perf-dwarf) perf record -q -F 999 -e cpu-clock --call-graph dwarf -p "$pid" -o "$TMP/p.data" -- sleep "$secs" 2>/dev/null
+        perf_folded "$TMP/p.data" >"$out" ;;
+    samply) timeout --signal=INT "$secs" samply record --save-only -r 999 -p "$pid" -o "$TMP/s.json.gz" >/dev/null 2>&1 || true
+        python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$out" ;;
+    esac
+}
+
+whole_recursion() {
+    python3 - "$1" "$2" <<'PY'
+import sys
+path, depth = sys.argv[1], int(sys.argv[2])
+leaf = whole = 0
+for line in open(path):
+    stack, n = line.rsplit(" ", 1)
+    f = stack.split(";")[1:]
+    if not f or f[-1] != "spin":
+        continue
+    leaf += int(n)
+    rooted = f[0] == "_start" or f[0].endswith("clone3")
+    rec = f[:-1]
+    body = rec[len(rec) - rec[::-1].index("cycle"):] if "cycle" in rec else []
+    if rooted and len(body) == depth + 1 and all(x == "recurse" for x in body):
+        whole += int(n)
+print(f"{100 * whole / max(leaf, 1):6.2f}% ({whole}/{leaf})")
+PY
+}
+
+echo "== rebuilt recursion, attached by PID, ${RUN_SECONDS}s at 999 Hz: whole stacks in the leaf"
+for depth in $DEPTHS; do
+    for build in fp nofp; do
+        for tool in "${tools[@]}"; do
+            (ulimit -s $(( (depth + 64) * 2 + 8192 )); exec "$TMP/$build" "$depth" 3600) &
+            PID=$!
+            sleep 0.5
+            record "$tool" "$PID" "$TMP/out.folded" "$RUN_SECONDS"
+            kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=
+            printf "depth %-6s %-5s %-24s %s\n" "$depth" "$build" "$tool" "$(whole_recursion "$TMP/out.folded" "$depth")"
+            if [ "$tool" = rootline ]; then grep -h "in-kernel stack walk" "$TMP/out.folded.log" | sed 's/^/    /' || true; fi
+        done
+    done
+done
+
+# --- rustc
+REG=$(ls -d "$HOME"/.cargo/registry/src/*/ 2>/dev/null | head -1)
+CRATE_DIR=$(ls -d "$REG"${RUSTC_CRATE:-regex-syntax}-* 2>/dev/null | sort -V | tail -1)
+if [ -z "$CRATE_DIR" ]; then
+    echo "rustc: no ${RUSTC_CRATE:-regex-syntax} in the local cargo registry; skipped"
+    exit 0
+fi
+RUSTC_CMD=(rustc --edition 2021 --crate-type lib --crate-name bench -C opt-level=2 -C codegen-units=4 \
+    --cap-lints allow -o "$TMP/libbench.rlib" "$CRATE_DIR/src/lib.rs")
+echo "== rustc compiling $(basename "$CRATE_DIR") (-C opt-level=2, 4 codegen units), median of $RUNS"
+cpu_of() { # CPU seconds (user+sys) of a command and its children
+    python3 -c '
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"{r.ru_utime + r.ru_stime:.2f}")' "$@"
+}
+whole_share() {
+    python3 - "$1" <<'PY'
+import sys
+total = whole = 0
+for line in open(sys.argv[1]):
+    stack, n = line.rsplit(" ", 1)
+    f = stack.split(";")
+    if not f[0].startswith("rustc") or len(f) < 2:
+        continue
+    total += int(n)
+    rooted = f[1] == "_start" or f[1].endswith("clone3") or f[1] == "clone"
+    if rooted and not any(x.startswith("[truncated") or x == "[unknown]" for x in f):
+        whole += int(n)
+print(f"{100 * whole / max(total, 1):6.2f}% of {total} rustc samples whole")
+PY
+}
+bare=()
+for _ in $(seq "$RUNS"); do bare+=("$(cpu_of "${RUSTC_CMD[@]}")"); done
+bare_med=$(python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' "${bare[@]}")
+echo "bare rustc: ${bare_med}s CPU"
+for tool in "${tools[@]}"; do
+    cpus=()
+    for _ in $(seq "$RUNS"); do
+        case $tool in
+        rootline) cpus+=("$(cpu_of "$RL" record -o "$TMP/r.folded" -- "${RUSTC_CMD[@]}")") ;;
+        rootline-no-kernel-walk) cpus+=("$(cpu_of "$RL" record --kernel-walk off -o "$TMP/r.folded" -- "${RUSTC_CMD[@]}")") ;;
+        perf-fp) cpus+=("$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph fp -o "$TMP/p.data" -- "${RUSTC_CMD[@]}")") ;;
+        perf-dwarf) cpus+=("$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/p.data" -- "${RUSTC_CMD[@]}")") ;;
+        samply) cpus+=("$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")") ;;
+        esac
+    done
+    case $tool in
+    perf-*) perf_folded "$TMP/p.data" >"$TMP/r.folded" ;;
+    samply) python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$TMP/r.folded" ;;
+    esac
+    med=$(python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' "${cpus[@]}")
+    printf "%-24s +%5.2fs CPU over bare (%.2fx)   %s\n" "$tool" "$(python3 -c "print($med - $bare_med)")" \
+        "$(python3 -c "print($med / $bare_med)")" "$(whole_share "$TMP/r.folded")"
+done
