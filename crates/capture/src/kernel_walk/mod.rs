@@ -266,7 +266,15 @@ impl KernelWalk {
         time: u64,
         (ip, sp, bp): (u64, u64, u64),
     ) -> Option<std::sync::Arc<KernelStack>> {
-        let walk = self.join.claim(tid, time, ip, sp, bp)?;
+        let walk = match self.join.claim(tid, time, ip, sp, bp) {
+            Some(w) => w,
+            None => {
+                // The ring's reader stops at a record another CPU is still writing: chunks
+                // after it (this walk's last ones, perhaps) wait for the next read.
+                self.drain();
+                self.join.claim(tid, time, ip, sp, bp)?
+            }
+        };
         *self.stops.entry(walk.stop).or_default() += 1;
         Some(walk)
     }
