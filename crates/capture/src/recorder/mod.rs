@@ -212,6 +212,9 @@ pub fn record(
                     return Err(classify(e));
                 }
             }
+            if let Some(pid) = &opts.launched_pid {
+                pid.store(c.id(), Ordering::Release);
+            }
             send_signal(c.id(), libc::SIGCONT);
             child = Some(c);
         }
@@ -253,6 +256,8 @@ pub fn record(
         sample_types.push(SampleType::off_cpu_nanoseconds());
         sample_types.push(SampleType::wall_nanoseconds());
     }
+    let own_columns = sample_types.len();
+    sample_types.extend(opts.extra_columns.iter().cloned());
     let mut profile = Profile::new(sample_types);
     profile.metadata.producer = "rootline record".into();
     profile.metadata.start_time_ns = start_ns;
@@ -316,7 +321,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile, symbolizer_budgets);
+                let mut builder = builder::Builder::new(profile, symbolizer_budgets, own_columns);
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {

@@ -73,6 +73,13 @@ pub struct RecordOptions {
     /// columns `off_cpu` and `wall` = cpu + off_cpu). Intervals shorter than the given
     /// nanoseconds are counted and summed per thread but not unwound. None: off.
     pub off_cpu_min_ns: Option<u64>,
+    /// Value columns appended after the recorder's own, for samples the caller adds to the
+    /// recording from another source (e.g. .NET allocation ticks): the recorder's samples carry 0
+    /// there.
+    pub extra_columns: Vec<rootline_profile::SampleType>,
+    /// Set to the launched command's pid once it runs ([`Target::Command`]), for a caller that
+    /// attaches to it by other means while recording.
+    pub launched_pid: Option<std::sync::Arc<std::sync::atomic::AtomicU32>>,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -102,6 +109,8 @@ impl RecordOptions {
             ask_jvms: true,
             launch_env: Vec::new(),
             off_cpu_min_ns: None,
+            extra_columns: Vec::new(),
+            launched_pid: None,
         }
     }
 }
