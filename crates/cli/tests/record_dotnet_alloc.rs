@@ -194,6 +194,55 @@ fn by_pid(runtime: &Runtime) {
     assert!(report.status.success(), "{report:?}");
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(text.contains("[alloc: System.Byte[]]"), "{text}");
+    otlp_types(&out, dir.path());
+}
+
+/// The OTLP export, decoded by PyPI `opentelemetry-proto`: the `alloc_space` profile's samples
+/// carry their type as the `rootline.allocated_type` attribute, with the ground truth's shares.
+fn otlp_types(rlp: &Path, dir: &Path) {
+    let python = Command::new("python3")
+        .args([
+            "-c",
+            "import opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2",
+        ])
+        .output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "pip install opentelemetry-proto==1.45.2"
+        );
+        eprintln!("skipping the OTLP check: pip install opentelemetry-proto==1.45.2");
+        return;
+    }
+    let otlp = dir.join("alloc.otlp.pb");
+    let conv = rootline(&["convert", "-o"], &[&otlp, rlp]);
+    assert!(conv.status.success(), "{conv:?}");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../formats/tests/otlp_decode.py");
+    let decoded = Command::new("python3")
+        .arg(script)
+        .arg(&otlp)
+        .output()
+        .unwrap();
+    assert!(decoded.status.success(), "{decoded:?}");
+    let d: serde_json::Value = serde_json::from_slice(&decoded.stdout).unwrap();
+    let space = d["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "alloc_space/bytes")
+        .expect("an alloc_space profile");
+    let total = space["total"].as_i64().unwrap();
+    let by = &space["by_attribute"];
+    let share = |ty: &str| {
+        by[format!("rootline.allocated_type={ty}")]
+            .as_i64()
+            .unwrap_or(0) as f64
+            / total as f64
+    };
+    let (bytes, ints) = (share("System.Byte[]"), share("System.Int32[]"));
+    eprintln!("OTLP: {bytes:.4} System.Byte[], {ints:.4} System.Int32[]");
+    assert!((bytes - 0.75).abs() <= 0.10, "{by}");
+    assert!((ints - 0.25).abs() <= 0.10, "{by}");
 }
 
 fn launched(runtime: &Runtime) {
