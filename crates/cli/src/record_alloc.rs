@@ -131,7 +131,7 @@ impl DotnetAlloc {
             } else {
                 String::new()
             };
-            match append_ticks(&collected.profile, profile, pid, offset) {
+            match append_ticks(&collected.profile, profile, pid, offset, 0..u64::MAX) {
                 Ok(a) => summary.notes.push(format!(
                     "allocations: process {pid}: {} GC allocation ticks for {:.1} MB allocated \
                      ({} cut at EventPipe's {}-frame limit{repaired}; {} events dropped by the \

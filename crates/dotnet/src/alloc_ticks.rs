@@ -14,10 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use rootline_profile::{Frame, FrameId, Function, Profile, SampleType, StackId, StringId};
+use rootline_profile::{
+    Frame, FrameId, FrameKind, Function, Profile, SampleType, StackId, StringId, TruncateReason,
+};
 
 use crate::collect::{CollectOptions, CollectSummary, collect_session};
-use crate::convert::{ConvertStats, read_profile_with_stats};
+use crate::convert::{ConvertStats, EVENTPIPE_DEPTH_CAP, read_profile_with_stats};
 use crate::discover::find_socket;
 use crate::error::NetTraceError;
 use crate::events::RUNTIME;
@@ -168,12 +170,17 @@ pub struct Appended {
 /// `into` as samples of the threads of process `pid`, each with its stack copied whole (frames,
 /// names, tiers, the `[alloc: TYPE]` leaf), its bytes and count in `into`'s `alloc-bytes` and
 /// `alloc-count` columns and 0 in the others. `clock_offset_ns` is subtracted from the trace's
-/// times (wall-clock nanoseconds) to bring them to `into`'s clock.
+/// times (wall-clock nanoseconds) to bring them to `into`'s clock; only ticks whose time then
+/// falls in `window` are appended (sessions that overlap split their ticks there). A stack that
+/// EventPipe cut at its depth cap, still [`EVENTPIPE_DEPTH_CAP`] frames deep with no
+/// truncation frame at its root, gets a `[truncated: depth cap 100]` root: it does not reach the
+/// thread's managed root.
 pub fn append_ticks(
     trace: &Profile,
     into: &mut Profile,
     pid: u32,
     clock_offset_ns: i64,
+    window: std::ops::Range<u64>,
 ) -> Result<Appended, AllocTicksError> {
     let column = |p: &Profile, t: &SampleType| p.sample_types().iter().position(|s| s == t);
     let (Some(to_bytes), Some(to_count)) = (
@@ -198,13 +205,16 @@ pub fn append_ticks(
         if count == 0 {
             continue;
         }
+        let time = i128::from(samples.times[i]) - i128::from(clock_offset_ns);
+        let time = time.clamp(0, i128::from(u64::MAX)) as u64;
+        if !window.contains(&time) {
+            continue;
+        }
         let stack = copier.stack(trace, into, samples.stacks[i]);
         let tid = trace.thread(samples.threads[i]).tid;
         let thread = into.intern_thread(pid, tid);
         values[to_bytes] = bytes;
         values[to_count] = count;
-        let time = i128::from(samples.times[i]) - i128::from(clock_offset_ns);
-        let time = time.clamp(0, i128::from(u64::MAX)) as u64;
         // The thread and stack come from `into` and `values` has one entry per column.
         let _ = into.push_sample(time, thread, stack, &values);
         appended.ticks += 1;
@@ -233,6 +243,18 @@ impl Copier {
             next = from.stack(s).parent;
         }
         let mut parent = next.map(|s| self.stacks[&s]);
+        if next.is_none()
+            && let Some(&root) = path.last()
+        {
+            // The whole stack is new: is it cut at EventPipe's cap (its frames, the allocation
+            // frame aside)?
+            let depth = from.stack_frames(id).count().saturating_sub(1);
+            let root_frame = from.frame(from.stack(root).frame);
+            if depth == EVENTPIPE_DEPTH_CAP as usize && root_frame.kind != FrameKind::Truncated {
+                let cut = into.intern_truncated(TruncateReason::DepthCap(EVENTPIPE_DEPTH_CAP));
+                parent = Some(into.intern_stack(None, cut));
+            }
+        }
         for &s in path.iter().rev() {
             let frame = self.frame(from, into, from.stack(s).frame);
             let copied = into.intern_stack(parent, frame);
@@ -299,7 +321,7 @@ mod tests {
             SampleType::alloc_count(),
         ]);
         into.intern_named_frame("other", FrameKind::Native);
-        let got = append_ticks(&trace, &mut into, 7, 500).unwrap();
+        let got = append_ticks(&trace, &mut into, 7, 500, 0..u64::MAX).unwrap();
         assert_eq!(
             got,
             Appended {
@@ -320,10 +342,34 @@ mod tests {
         assert_eq!(names, ["[alloc: System.Byte[]]", "App!Big()", "App!Main()"]);
         let thread = into.thread(samples.threads[0]);
         assert_eq!((thread.pid, thread.tid), (7, 70));
+        // A window keeps only the ticks inside it.
+        let got = append_ticks(&trace, &mut into, 7, 500, 1_000..3_000).unwrap();
+        assert_eq!(got.ticks, 1);
+        assert_eq!(into.samples().times[2], 2_500);
+
+        // A stack at EventPipe's cap gets a truncation root; one below it does not.
+        let mut deep = trace.clone();
+        let frames: Vec<FrameId> = (0..EVENTPIPE_DEPTH_CAP)
+            .map(|n| deep.intern_named_frame(&format!("App!F{n}()"), FrameKind::Managed))
+            .chain([leaf])
+            .collect();
+        let cut = deep.intern_stack_root_first(frames.iter().copied()).unwrap();
+        let whole = deep.intern_stack_root_first(frames[1..].iter().copied()).unwrap();
+        deep.push_sample(4_000, t, cut, &[0, 0, 1, 1]).unwrap();
+        deep.push_sample(4_000, t, whole, &[0, 0, 1, 1]).unwrap();
+        let mut into = Profile::new(vec![SampleType::alloc_bytes(), SampleType::alloc_count()]);
+        append_ticks(&deep, &mut into, 7, 0, 4_000..4_001).unwrap();
+        let roots: Vec<&str> = into
+            .samples()
+            .stacks
+            .iter()
+            .map(|&s| into.frame_name(into.stack_frames(s).last().unwrap()))
+            .collect();
+        assert_eq!(roots, ["[truncated: depth cap 100]", "App!F1()"]);
 
         let mut no_columns = Profile::new(vec![SampleType::samples()]);
         assert!(matches!(
-            append_ticks(&trace, &mut no_columns, 7, 0),
+            append_ticks(&trace, &mut no_columns, 7, 0, 0..u64::MAX),
             Err(AllocTicksError::NoColumns)
         ));
     }

@@ -27,7 +27,7 @@ pub use crate::perf_event::monotonic_ns;
 pub use off_cpu::OffCpuStats;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, MAX_USER_CALLCHAIN, RecordError, RecordOptions,
-    Recording, Retention, Target,
+    Recording, Retention, SampleInjector, Target,
 };
 pub use outer_cache::OuterCacheStats;
 pub use pipeline::Pipeline;
@@ -316,6 +316,7 @@ pub fn record(
     let (batches, batch_rx) = std::sync::mpsc::channel::<raw::Batch>();
     // Symbolization and profile building run on their own thread so the reader never stalls.
     let retention = sink.as_ref().map_or(Retention::KeepAll, |s| s.retention());
+    let injector = opts.injector.clone();
     let builder = {
         let mut sink = sink.take();
         std::thread::Builder::new()
@@ -328,6 +329,9 @@ pub fn record(
                     stats = batch.stats.clone();
                     let start_over = batch.start_over;
                     builder.apply(batch);
+                    if let Some(i) = &injector {
+                        i.inject(&mut builder.profile);
+                    }
                     finish_metadata(&mut builder.profile, &stats);
                     if let Some(s) = sink.as_mut()
                         && sink_error.is_none()
@@ -343,6 +347,15 @@ pub fn record(
                         if let Some(s) = sink.as_mut() {
                             s.started_over();
                         }
+                    }
+                }
+                if let Some(i) = &injector {
+                    i.finish(&mut builder.profile);
+                    if let Some(s) = sink.as_mut()
+                        && sink_error.is_none()
+                        && let Err(e) = s.write_chunk(&builder.profile)
+                    {
+                        sink_error = Some(e);
                     }
                 }
                 (builder.profile, stats, sink_error)

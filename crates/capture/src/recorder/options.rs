@@ -80,6 +80,18 @@ pub struct RecordOptions {
     /// Set to the launched command's pid once it runs ([`Target::Command`]), for a caller that
     /// attaches to it by other means while recording.
     pub launched_pid: Option<std::sync::Arc<std::sync::atomic::AtomicU32>>,
+    /// Adds samples from another source (e.g. .NET allocation ticks) to the profile before each
+    /// flush, and once more when recording ends.
+    pub injector: Option<std::sync::Arc<dyn SampleInjector>>,
+}
+
+/// Adds samples from another source to a recording's profile (into its
+/// [`RecordOptions::extra_columns`]), on the thread that builds the profile.
+pub trait SampleInjector: Send + Sync + std::fmt::Debug {
+    /// Called before each flush: append what arrived since the last call.
+    fn inject(&self, profile: &mut Profile);
+    /// Called once after the last flush: end the other source and append what it still holds.
+    fn finish(&self, profile: &mut Profile);
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -111,6 +123,7 @@ impl RecordOptions {
             off_cpu_min_ns: None,
             extra_columns: Vec::new(),
             launched_pid: None,
+            injector: None,
         }
     }
 }
