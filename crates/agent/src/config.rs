@@ -411,6 +411,13 @@ impl AgentConfig {
                 "export_interval must be at least 10ms".into(),
             ));
         }
+        if self.dotnet.session_length < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid(
+                "dotnet.session_length must be at least 1s (each session ends with the runtime's \
+                 rundown of its methods)"
+                    .into(),
+            ));
+        }
         if self.export_timeout.is_zero() {
             return Err(ConfigError::Invalid("export_timeout must not be 0".into()));
         }
