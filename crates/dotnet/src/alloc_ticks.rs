@@ -353,8 +353,12 @@ mod tests {
             .map(|n| deep.intern_named_frame(&format!("App!F{n}()"), FrameKind::Managed))
             .chain([leaf])
             .collect();
-        let cut = deep.intern_stack_root_first(frames.iter().copied()).unwrap();
-        let whole = deep.intern_stack_root_first(frames[1..].iter().copied()).unwrap();
+        let cut = deep
+            .intern_stack_root_first(frames.iter().copied())
+            .unwrap();
+        let whole = deep
+            .intern_stack_root_first(frames[1..].iter().copied())
+            .unwrap();
         deep.push_sample(4_000, t, cut, &[0, 0, 1, 1]).unwrap();
         deep.push_sample(4_000, t, whole, &[0, 0, 1, 1]).unwrap();
         let mut into = Profile::new(vec![SampleType::alloc_bytes(), SampleType::alloc_count()]);
