@@ -14,7 +14,7 @@ use rootline_profile::{
     Frame, FrameId, Function, Mapping, Profile, SampleType, StackId, TruncateReason,
 };
 
-use crate::buffer::{Record, SampleBuffer};
+use crate::buffer::{Record, SampleBuffer, SampleRecord};
 use crate::cache::StackKey;
 use crate::process::ProcessInfo;
 use crate::stacks::{FrameDesc, StackRef, StackView};
@@ -96,15 +96,7 @@ impl Resolver {
                     if stack.is_none() {
                         self.unresolved += 1;
                     }
-                    batch.add(
-                        &sample.process,
-                        sample.tid,
-                        sample.time_ns,
-                        sample.weight_ns,
-                        sample.alloc_bytes,
-                        sample.key,
-                        stack,
-                    );
+                    batch.add(sample, stack);
                 }
             }
         }
@@ -137,16 +129,8 @@ impl BatchBuilder {
         }
     }
 
-    fn add(
-        &mut self,
-        process: &Arc<ProcessInfo>,
-        tid: u32,
-        time_ns: u64,
-        weight_ns: u64,
-        alloc_bytes: u64,
-        key: StackKey,
-        stack: Option<&StackRef>,
-    ) {
+    fn add(&mut self, sample: &SampleRecord, stack: Option<&StackRef>) {
+        let process = &sample.process;
         let pid = process.pid;
         let rate = self.sample_rate_hz;
         let alloc = self.alloc;
@@ -155,7 +139,7 @@ impl BatchBuilder {
             order.push(pid);
             (Arc::clone(process), Builder::new(process, rate, alloc))
         });
-        builder.add(pid, tid, time_ns, weight_ns, alloc_bytes, key, stack);
+        builder.add(pid, sample, stack);
     }
 
     /// Finishes the batch covering `start_ns..end_ns`.
@@ -211,16 +195,14 @@ impl Builder {
         }
     }
 
-    fn add(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        time_ns: u64,
-        weight_ns: u64,
-        alloc_bytes: u64,
-        key: StackKey,
-        stack: Option<&StackRef>,
-    ) {
+    fn add(&mut self, pid: u32, sample: &SampleRecord, stack: Option<&StackRef>) {
+        let (tid, time_ns, weight_ns, alloc_bytes, key) = (
+            sample.tid,
+            sample.time_ns,
+            sample.weight_ns,
+            sample.alloc_bytes,
+            sample.key,
+        );
         let stack_id = match self.stack_ids.get(&key) {
             Some(&id) => id,
             None => {
