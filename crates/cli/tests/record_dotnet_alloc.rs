@@ -265,3 +265,48 @@ fn launched(runtime: &Runtime) {
     assert!(said.contains("the command exited with status 0"), "{said}");
     check(runtime, "launched", &read(&out));
 }
+
+#[test]
+fn record_alloc_says_when_a_target_is_not_dotnet() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("native.rlp");
+    // -p: refused before recording, saying why.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let run = rootline(
+        &["record", "--alloc", "-p", &pid, "--duration", "1", "-o"],
+        &[&out],
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{said}");
+    assert!(said.contains("is not a .NET process"), "{said}");
+    // A launched command that starts no runtime is recorded, with a note and no allocation.
+    let run = rootline(&["record", "--alloc", "-o"], &[&out])
+        .status
+        .success();
+    assert!(!run, "a command is required");
+    let run = Command::new(env!("CARGO_BIN_EXE_rootline"))
+        .args(["record", "--alloc", "-o"])
+        .arg(&out)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{said}");
+    assert!(said.contains("started no .NET runtime"), "{said}");
+    let profile = read(&out);
+    let bytes = profile
+        .sample_types()
+        .iter()
+        .position(|t| *t == SampleType::alloc_bytes())
+        .unwrap();
+    assert_eq!(profile.totals()[bytes], 0);
+    assert!(!profile.samples().is_empty());
+}
