@@ -24,6 +24,9 @@ use rootline_profile::Profile;
 const SCAN_EVERY: Duration = Duration::from_millis(500);
 /// The runtime's buffer for each session, in MB.
 const BUFFER_MB: u32 = 64;
+/// How long a runtime gets to send a stopped session's rundown (the agent must stop within its
+/// `shutdown_timeout`).
+const RUNDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A finished session waiting to be appended.
 struct Ready {
@@ -203,7 +206,7 @@ fn run(shared: &Shared, session_length: Duration) {
             }
             // The next session first, then the old one ends: they split the ticks at `now`.
             let now = monotonic_ns();
-            match AllocTicks::start(pid, BUFFER_MB) {
+            match AllocTicks::start(pid, BUFFER_MB, RUNDOWN_TIMEOUT) {
                 Ok(ticks) => {
                     let old = sessions.insert(
                         pid,

@@ -22,8 +22,12 @@ use rootline_repair::RepairOptions;
 
 /// The runtime's buffer for each session, in MB.
 const BUFFER_MB: u32 = 256;
-/// How often a launched command is looked at for its diagnostics socket.
+/// How often a launched command is looked at for its diagnostics socket: often at first (the
+/// ticks before the session starts are not seen), then less.
 const SOCKET_POLL: Duration = Duration::from_millis(2);
+const SOCKET_POLL_LATER: Duration = Duration::from_millis(50);
+/// How long the runtime gets to send its rundown once a session is stopped.
+const RUNDOWN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Allocation-tick sessions running alongside a recording.
 pub struct DotnetAlloc {
@@ -49,7 +53,7 @@ impl DotnetAlloc {
         match &opts.target {
             Target::Pids(pids) => {
                 for &pid in pids {
-                    match AllocTicks::start(pid, BUFFER_MB) {
+                    match AllocTicks::start(pid, BUFFER_MB, RUNDOWN_TIMEOUT) {
                         Ok(s) => sessions.push(s),
                         Err(AllocTicksError::Ipc(rootline_dotnet::ipc::IpcError::NoSocket {
                             ..
@@ -158,6 +162,7 @@ impl DotnetAlloc {
 /// Waits until the launched command's pid is known and its runtime has a diagnostics socket,
 /// then starts a session; gives up when the process ends or `done` is set.
 fn wait_for_runtime(pid: &AtomicU32, done: &AtomicBool) -> Option<AllocTicks> {
+    let started = std::time::Instant::now();
     loop {
         if done.load(Ordering::Acquire) {
             return None;
@@ -170,7 +175,7 @@ fn wait_for_runtime(pid: &AtomicU32, done: &AtomicBool) -> Option<AllocTicks> {
             if find_socket(p).is_ok() {
                 // The socket can be there a moment before the server listens: try a few times.
                 for _ in 0..50 {
-                    if let Ok(s) = AllocTicks::start(p, BUFFER_MB) {
+                    if let Ok(s) = AllocTicks::start(p, BUFFER_MB, RUNDOWN_TIMEOUT) {
                         return Some(s);
                     }
                     if done.load(Ordering::Acquire) {
@@ -181,6 +186,10 @@ fn wait_for_runtime(pid: &AtomicU32, done: &AtomicBool) -> Option<AllocTicks> {
                 return None;
             }
         }
-        std::thread::sleep(SOCKET_POLL);
+        std::thread::sleep(if started.elapsed() < Duration::from_secs(5) {
+            SOCKET_POLL
+        } else {
+            SOCKET_POLL_LATER
+        });
     }
 }

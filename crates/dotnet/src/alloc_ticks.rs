@@ -88,8 +88,13 @@ impl AllocTicks {
     }
 
     /// Starts collecting from process `pid` (a runtime buffer of `buffer_mb` MB); fails at once
-    /// when the process has no diagnostics socket (it is not .NET, or is gone).
-    pub fn start(pid: u32, buffer_mb: u32) -> Result<AllocTicks, AllocTicksError> {
+    /// when the process has no diagnostics socket (it is not .NET, or is gone) or the runtime
+    /// refuses the session. [`AllocTicks::finish`] waits up to `rundown_timeout` for the rundown.
+    pub fn start(
+        pid: u32,
+        buffer_mb: u32,
+        rundown_timeout: std::time::Duration,
+    ) -> Result<AllocTicks, AllocTicksError> {
         let client = DiagnosticsClient::new(find_socket(pid)?);
         let path = std::env::temp_dir().join(format!(
             "rootline-alloc-{}-{pid}-{}.nettrace",
@@ -116,6 +121,7 @@ impl AllocTicks {
                 request_rundown: true,
                 providers: AllocTicks::providers(),
             },
+            rundown_timeout,
             ..CollectOptions::default()
         };
         // Started here, so that the caller knows the runtime took the session.
