@@ -135,7 +135,14 @@ impl DotnetAlloc {
             } else {
                 String::new()
             };
-            match append_ticks(&collected.profile, profile, pid, offset, 0..u64::MAX) {
+            // The ticks of the recording's span: the session opens a little before perf and
+            // ends a little after.
+            let md = &profile.metadata;
+            let window = match md.end_time_ns {
+                0 => md.start_time_ns..u64::MAX,
+                end => md.start_time_ns..end.max(md.start_time_ns).saturating_add(1),
+            };
+            match append_ticks(&collected.profile, profile, pid, offset, window) {
                 Ok(a) => summary.notes.push(format!(
                     "allocations: process {pid}: {} GC allocation ticks for {:.1} MB allocated \
                      ({} cut at EventPipe's {}-frame limit{repaired}; {} events dropped by the \
