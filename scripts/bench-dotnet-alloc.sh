@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What `rootline dotnet collect --alloc` costs an allocating .NET program: crates/dotnet/tests/data/
-# Alloc.cs allocates 4 KB arrays as fast as it can; its allocation rate is measured over a window of
-# SECS seconds alone, under `dotnet collect` (CPU samples) and under `dotnet collect --alloc`,
-# ROUNDS times each.
+# What `rootline dotnet collect --alloc` and `rootline record --alloc` cost an allocating .NET
+# program: crates/dotnet/tests/data/Alloc.cs allocates 4 KB arrays as fast as it can; its allocation
+# rate is measured over a window of SECS seconds alone, under `dotnet collect` (CPU samples), under
+# `dotnet collect --alloc`, under `record -p` (perf) and under `record --alloc -p` (perf and
+# allocation ticks), ROUNDS times each (MODES picks some of none, cpu, alloc, record, record-alloc).
 # Usage: scripts/bench-dotnet-alloc.sh DOTNET [ROOTLINE]   (DOTNET: a `dotnet` host; ROOTLINE
 # defaults to target/release/rootline; SECS=4, ROUNDS=3)
 set -euo pipefail
@@ -31,14 +32,24 @@ measure() {
     app=$!
     sleep 2
     local collector=
-    if [ "$1" != none ]; then
+    case "$1" in
+    cpu | alloc)
         local flag=
         [ "$1" = alloc ] && flag=--alloc
         "$rootline" dotnet collect -p "$app" $flag --duration $((secs + 3)) \
             -o "$work/trace.nettrace" 2>/dev/null &
         collector=$!
         sleep 1
-    fi
+        ;;
+    record | record-alloc)
+        local flag=
+        [ "$1" = record-alloc ] && flag=--alloc
+        "$rootline" record -p "$app" $flag --duration $((secs + 3)) \
+            -o "$work/rec.rlp" 2>/dev/null &
+        collector=$!
+        sleep 1
+        ;;
+    esac
     local b0 b1
     b0=$(grep -c beat "$work/out.txt" || true)
     sleep "$secs"
@@ -52,7 +63,7 @@ measure() {
 }
 
 echo ".NET $version, $secs s windows, M allocations/s (4 KB each)"
-for mode in none cpu alloc; do
+for mode in ${MODES:-none cpu alloc record record-alloc}; do
     line="$mode:"
     for _ in $(seq "$rounds"); do line="$line $(measure $mode)"; done
     echo "$line"

@@ -14,7 +14,7 @@ use rootline_profile::{
     Frame, FrameId, Function, Mapping, Profile, SampleType, StackId, TruncateReason,
 };
 
-use crate::buffer::{Record, SampleBuffer};
+use crate::buffer::{Record, SampleBuffer, SampleRecord};
 use crate::cache::StackKey;
 use crate::process::ProcessInfo;
 use crate::stacks::{FrameDesc, StackRef, StackView};
@@ -24,7 +24,8 @@ use crate::stacks::{FrameDesc, StackRef, StackView};
 pub struct ProcessProfile {
     /// The process.
     pub process: Arc<ProcessInfo>,
-    /// Its samples: value columns `samples/count` and `cpu/nanoseconds`.
+    /// Its samples: value columns `samples/count` and `cpu/nanoseconds`, and with .NET allocation
+    /// ticks on `alloc-bytes/bytes` and `alloc-count/count` (ticks).
     pub profile: Profile,
     /// Number of samples in `profile`.
     pub samples: u64,
@@ -95,14 +96,7 @@ impl Resolver {
                     if stack.is_none() {
                         self.unresolved += 1;
                     }
-                    batch.add(
-                        &sample.process,
-                        sample.tid,
-                        sample.time_ns,
-                        sample.weight_ns,
-                        sample.key,
-                        stack,
-                    );
+                    batch.add(sample, stack);
                 }
             }
         }
@@ -120,34 +114,32 @@ pub struct BatchBuilder {
     order: Vec<u32>,
     processes: HashMap<u32, (Arc<ProcessInfo>, Builder)>,
     sample_rate_hz: Option<u32>,
+    /// Whether profiles carry the allocation columns.
+    alloc: bool,
 }
 
 impl BatchBuilder {
-    /// An empty builder; `sample_rate_hz` goes into each profile's metadata.
-    pub fn new(sample_rate_hz: Option<u32>) -> BatchBuilder {
+    /// An empty builder; `sample_rate_hz` goes into each profile's metadata; with `alloc`, each
+    /// profile has the allocation columns `alloc-bytes` and `alloc-count` too.
+    pub fn new(sample_rate_hz: Option<u32>, alloc: bool) -> BatchBuilder {
         BatchBuilder {
             sample_rate_hz,
+            alloc,
             ..BatchBuilder::default()
         }
     }
 
-    fn add(
-        &mut self,
-        process: &Arc<ProcessInfo>,
-        tid: u32,
-        time_ns: u64,
-        weight_ns: u64,
-        key: StackKey,
-        stack: Option<&StackRef>,
-    ) {
+    fn add(&mut self, sample: &SampleRecord, stack: Option<&StackRef>) {
+        let process = &sample.process;
         let pid = process.pid;
         let rate = self.sample_rate_hz;
+        let alloc = self.alloc;
         let order = &mut self.order;
         let (_, builder) = self.processes.entry(pid).or_insert_with(|| {
             order.push(pid);
-            (Arc::clone(process), Builder::new(process, rate))
+            (Arc::clone(process), Builder::new(process, rate, alloc))
         });
-        builder.add(pid, tid, time_ns, weight_ns, key, stack);
+        builder.add(pid, sample, stack);
     }
 
     /// Finishes the batch covering `start_ns..end_ns`.
@@ -175,8 +167,13 @@ impl BatchBuilder {
 }
 
 impl Builder {
-    fn new(process: &ProcessInfo, sample_rate_hz: Option<u32>) -> Builder {
-        let mut profile = Profile::new(vec![SampleType::samples(), SampleType::cpu_nanoseconds()]);
+    fn new(process: &ProcessInfo, sample_rate_hz: Option<u32>, alloc: bool) -> Builder {
+        let mut types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
+        if alloc {
+            types.push(SampleType::alloc_bytes());
+            types.push(SampleType::alloc_count());
+        }
+        let mut profile = Profile::new(types);
         profile.metadata.producer = "rootline agent".to_string();
         profile.metadata.command_line = process.command_line.clone();
         profile.metadata.sample_rate_hz = sample_rate_hz;
@@ -198,15 +195,14 @@ impl Builder {
         }
     }
 
-    fn add(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        time_ns: u64,
-        weight_ns: u64,
-        key: StackKey,
-        stack: Option<&StackRef>,
-    ) {
+    fn add(&mut self, pid: u32, sample: &SampleRecord, stack: Option<&StackRef>) {
+        let (tid, time_ns, weight_ns, alloc_bytes, key) = (
+            sample.tid,
+            sample.time_ns,
+            sample.weight_ns,
+            sample.alloc_bytes,
+            sample.key,
+        );
         let stack_id = match self.stack_ids.get(&key) {
             Some(&id) => id,
             None => {
@@ -217,10 +213,15 @@ impl Builder {
         };
         let thread = self.profile.intern_thread(pid, tid);
         let weight = i64::try_from(weight_ns).unwrap_or(i64::MAX);
-        // Cannot fail: the thread and stack were interned just above, and there are two values.
-        let _ = self
-            .profile
-            .push_sample(time_ns, thread, stack_id, &[1, weight]);
+        let bytes = i64::try_from(alloc_bytes).unwrap_or(i64::MAX);
+        let values: &[i64] = match (self.profile.sample_types().len(), alloc_bytes) {
+            (2, _) => &[1, weight],
+            (_, 0) => &[1, weight, 0, 0],
+            _ => &[0, 0, bytes, 1],
+        };
+        // Cannot fail: the thread and stack were interned just above, and there is a value per
+        // column.
+        let _ = self.profile.push_sample(time_ns, thread, stack_id, values);
         self.samples += 1;
     }
 

@@ -25,6 +25,8 @@ pub struct SampleRecord {
     pub time_ns: u64,
     /// CPU time the sample stands for, nanoseconds.
     pub weight_ns: u64,
+    /// Bytes allocated, for an allocation sample; 0 for a CPU sample.
+    pub alloc_bytes: u64,
 }
 
 /// An entry of the sample stream.

@@ -42,6 +42,7 @@ struct OwnedSample {
     tid: u32,
     time_ns: u64,
     weight_ns: u64,
+    alloc_bytes: u64,
     stack: StackId,
 }
 
@@ -59,6 +60,7 @@ impl Flush {
                 tid: s.tid,
                 time_ns: s.time_ns,
                 weight_ns: s.weight_ns,
+                alloc_bytes: s.alloc_bytes,
                 stack: s.stack,
                 stacks: &self.stacks,
             });
@@ -86,6 +88,8 @@ pub struct CaptureSource {
     reported_lost: u64,
     /// Where the recorder counts its modules.
     modules: rootline_image::ModuleBudget,
+    /// .NET allocation ticks, when `dotnet.allocation_ticks` is on.
+    dotnet: Option<Arc<crate::dotnet_ticks::DotnetTicks>>,
 }
 
 impl CaptureSource {
@@ -104,6 +108,19 @@ impl CaptureSource {
         options.dwarf_budget = Some(config.modules.dwarf_budget);
         // The agent does not profile itself: its samples are not even unwound.
         options.skip_own_process = true;
+        let dotnet = if config.dotnet.allocation_ticks {
+            let ticks = crate::dotnet_ticks::DotnetTicks::start(config.dotnet.session_length)
+                .map_err(|e| SourceError::Failed(e.to_string()))?;
+            let ticks = Arc::new(ticks);
+            options.extra_columns = vec![
+                rootline_profile::SampleType::alloc_bytes(),
+                rootline_profile::SampleType::alloc_count(),
+            ];
+            options.injector = Some(Arc::clone(&ticks) as Arc<dyn recorder::SampleInjector>);
+            Some(ticks)
+        } else {
+            None
+        };
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_BATCHES);
         let shared = Arc::new(Shared::default());
         let thread = {
@@ -119,6 +136,7 @@ impl CaptureSource {
             thread: Some(thread),
             reported_lost: 0,
             modules,
+            dotnet,
         })
     }
 }
@@ -137,6 +155,14 @@ impl Drop for CaptureSource {
 impl SampleSource for CaptureSource {
     fn modules(&self) -> Option<rootline_image::ModuleBudget> {
         Some(self.modules.clone())
+    }
+
+    fn set_targets(&mut self, pids: Option<&[u32]>) -> Result<(), SourceError> {
+        // The whole host is sampled either way; allocation ticks are collected from targets only.
+        if let Some(d) = &self.dotnet {
+            d.set_targets(pids);
+        }
+        Ok(())
     }
 
     fn poll(
@@ -322,6 +348,10 @@ impl ChunkSink for Forward {
             .sample_types()
             .iter()
             .position(|t| t.unit == "nanoseconds");
+        let alloc = profile
+            .sample_types()
+            .iter()
+            .position(|t| *t == rootline_profile::SampleType::alloc_bytes());
         let mut batch = Vec::with_capacity(samples.len());
         let me = std::process::id();
         // The recording drops each flush's samples once handed over: all of them are new.
@@ -336,6 +366,7 @@ impl ChunkSink for Forward {
                 tid: thread.tid,
                 time_ns: time,
                 weight_ns: cpu.map_or(0, |c| samples.values[c][i].max(0) as u64),
+                alloc_bytes: alloc.map_or(0, |c| samples.values[c][i].max(0) as u64),
                 stack: samples.stacks[i],
             });
         }

@@ -147,6 +147,7 @@ impl Capture {
                 tid: sample.tid,
                 time_ns: sample.time_ns,
                 weight_ns: sample.weight_ns,
+                alloc_bytes: sample.alloc_bytes,
             })
         };
         match self.cache.lookup(sample.stacks, sample.stack, depth) {

@@ -109,6 +109,33 @@ pub struct AgentConfig {
     pub modules: ModulesConfig,
     /// Where profiles go; several at once are fine.
     pub exporters: ExportersConfig,
+    /// .NET processes.
+    pub dotnet: DotnetConfig,
+}
+
+/// What the agent collects from the .NET processes among its targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DotnetConfig {
+    /// Collect GC allocation ticks (about one per 100 KB a thread allocates, with its managed
+    /// stack and type) from every .NET process among the targets, over an EventPipe session on
+    /// its diagnostics socket; exported as the columns `alloc-bytes` and `alloc-count` beside the
+    /// CPU samples. Default off.
+    pub allocation_ticks: bool,
+    /// How long each EventPipe session runs before the next one takes over; each ends with the
+    /// runtime's rundown of its methods, which names them, so ticks reach the buffers once per
+    /// session. Default 10 s.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub session_length: Duration,
+}
+
+impl Default for DotnetConfig {
+    fn default() -> DotnetConfig {
+        DotnetConfig {
+            allocation_ticks: false,
+            session_length: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Stack cache settings.
@@ -247,6 +274,7 @@ impl Default for AgentConfig {
             buffers: BufferConfig::default(),
             modules: ModulesConfig::default(),
             exporters: ExportersConfig::default(),
+            dotnet: DotnetConfig::default(),
         }
     }
 }
@@ -381,6 +409,13 @@ impl AgentConfig {
         if self.export_interval < Duration::from_millis(10) {
             return Err(ConfigError::Invalid(
                 "export_interval must be at least 10ms".into(),
+            ));
+        }
+        if self.dotnet.session_length < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid(
+                "dotnet.session_length must be at least 1s (each session ends with the runtime's \
+                 rundown of its methods)"
+                    .into(),
             ));
         }
         if self.export_timeout.is_zero() {

@@ -30,6 +30,7 @@ mod cache;
 pub mod capture_source;
 mod capture_thread;
 pub mod config;
+mod dotnet_ticks;
 pub mod export;
 mod handoff;
 pub mod logging;

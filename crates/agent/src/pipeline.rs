@@ -106,6 +106,7 @@ impl Agent {
             resolver: Resolver::new(),
             interval: config.export_interval,
             sample_rate_hz: config.frequency_hz,
+            alloc: config.dotnet.allocation_ticks,
             sequence: 0,
             last_status: Stats::default(),
             module_budget: config.modules.byte_budget,
@@ -195,6 +196,8 @@ struct ExportLoop {
     resolver: Resolver,
     interval: Duration,
     sample_rate_hz: u32,
+    /// Profiles carry the allocation columns (`dotnet.allocation_ticks`).
+    alloc: bool,
     sequence: u64,
     last_status: Stats,
     /// `modules.byte_budget`, named in the warning when stacks end at it.
@@ -279,7 +282,7 @@ impl ExportLoop {
     fn export_buffer(&mut self, mut buffer: SampleBuffer, start: u64, end: u64) -> SampleBuffer {
         let counters = &self.shared.counters;
         counters.handed.fetch_add(buffer.samples(), Relaxed);
-        let mut builder = BatchBuilder::new(Some(self.sample_rate_hz));
+        let mut builder = BatchBuilder::new(Some(self.sample_rate_hz), self.alloc);
         self.resolver.drain_into(&buffer, &mut builder);
         counters
             .unresolved

@@ -21,6 +21,9 @@ pub struct RawSample<'a> {
     pub time_ns: u64,
     /// CPU time this sample stands for, nanoseconds (the sampling period).
     pub weight_ns: u64,
+    /// Bytes allocated, for an allocation sample (a .NET GC allocation tick, whose stack ends in
+    /// `[alloc: TYPE]`); 0 for a CPU sample.
+    pub alloc_bytes: u64,
     /// The stack: the node of its leaf frame in `stacks`.
     pub stack: StackId,
     /// The interned stacks `stack` belongs to (the source's, shared with the agent).

@@ -138,6 +138,7 @@ impl SampleSource for SyntheticSource {
                 tid: pid,
                 time_ns: now_ns,
                 weight_ns: 10_101_010,
+                alloc_bytes: 0,
                 stack: self.stacks[stack],
                 stacks: &self.table,
             });

@@ -38,6 +38,7 @@ impl SampleSource for LiveChildren {
                 tid: pid,
                 time_ns: rootline_agent::now_ns(),
                 weight_ns: 10_000_000,
+                alloc_bytes: 0,
                 stack: self.stack,
                 stacks: &self.table,
             });

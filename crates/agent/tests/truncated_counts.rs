@@ -45,6 +45,7 @@ impl SampleSource for Cut {
                     tid: std::process::id(),
                     time_ns: 1_700_000_000_000_000_000 + i as u64,
                     weight_ns: 10_000_000,
+                    alloc_bytes: 0,
                     stack: self.table.intern(frames),
                     stacks: &self.table,
                 });

@@ -51,7 +51,7 @@ pub fn run(args: Args) -> Result<()> {
     let svg = args.out_dir.join("demo.svg");
     let json = args.out_dir.join("demo.json");
     eprintln!("rootline: recording the built-in workload for {seconds} s …");
-    let recording = record::record_to(&opts, &stop, &svg, Format::Svg)?;
+    let recording = record::record_to(&opts, &stop, &svg, Format::Svg, None)?;
     input::write_profile(&recording.profile, &json, Format::Chromium)?;
     record::summarize(&recording, &svg, Format::Svg);
     eprintln!(

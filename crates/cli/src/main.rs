@@ -11,6 +11,8 @@ mod exit;
 mod input;
 #[cfg(target_os = "linux")]
 mod record;
+#[cfg(target_os = "linux")]
+mod record_alloc;
 mod repair;
 mod report;
 mod view;

@@ -8,8 +8,8 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -20,7 +20,7 @@ use rootline_profile::Profile;
 use rootline_profile::rlp::RlpWriter;
 
 use crate::exit::Exit;
-use crate::{input, report, view};
+use crate::{input, record_alloc, report, view};
 
 /// Arguments of `rootline record`.
 #[derive(Debug, clap::Args)]
@@ -79,6 +79,14 @@ pub struct Args {
     /// CAP_BPF+CAP_PERFMON, Linux 5.17+) and says why not otherwise; `on` fails without it.
     #[arg(long, value_enum, default_value_t = KernelWalkArg::Auto, value_name = "WHEN")]
     pub kernel_walk: KernelWalkArg,
+    /// Also record where memory is allocated. For .NET processes (-p, or a command that starts
+    /// a .NET runtime): the runtime's GC allocation ticks over EventPipe, about one per 100 KB a
+    /// thread allocates, each with the managed stack EventPipe walked for it (from the thread's
+    /// managed root) ending in [alloc: TYPE], weighed by the bytes since the previous tick. Adds
+    /// the value columns alloc-bytes and alloc-count (ticks); CPU samples stay perf's. Pick one
+    /// with `report/convert --value alloc-bytes`.
+    #[arg(long, conflicts_with = "all_cpus")]
+    pub alloc: bool,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -111,15 +119,24 @@ impl From<KernelWalkArg> for rootline_capture::recorder::KernelWalkMode {
     }
 }
 
-/// Writes `.rlp` chunks as the recording goes.
-struct RlpSink(RlpWriter<BufWriter<File>>);
+/// Writes `.rlp` chunks as the recording goes; shared so that samples added after the
+/// recording (allocation ticks) go into a last chunk.
+struct RlpSink(Arc<Mutex<RlpWriter<BufWriter<File>>>>);
 
 impl ChunkSink for RlpSink {
     fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()> {
         // The writer flushes each chunk, so a killed recorder leaves every chunk written so far.
-        self.0.write_chunk(profile).map_err(std::io::Error::other)
+        let mut writer = self
+            .0
+            .lock()
+            .map_err(|_| std::io::Error::other("the profile writer failed earlier"))?;
+        writer.write_chunk(profile).map_err(std::io::Error::other)
     }
 }
+
+/// What runs once recording ends, before the profile is finished: adds samples from other
+/// sources.
+pub type AfterRecording<'a> = Option<Box<dyn FnOnce(&mut Profile) + 'a>>;
 
 /// Runs `rootline record`.
 pub fn run(args: Args) -> Result<()> {
@@ -150,13 +167,26 @@ pub fn run(args: Args) -> Result<()> {
         }
         opts.duration = Some(Duration::from_secs_f64(secs));
     }
+    let alloc = if args.alloc {
+        Some(record_alloc::DotnetAlloc::start(&mut opts)?)
+    } else {
+        None
+    };
+    let mut alloc_notes = Vec::new();
+    let after: AfterRecording = alloc.map(|a| {
+        let notes = &mut alloc_notes;
+        Box::new(move |profile: &mut Profile| *notes = a.finish(profile).notes) as Box<_>
+    });
     let stop = stop_on_signals()?;
     let perf_maps = if args.no_perfmap {
         Vec::new()
     } else {
         enable_dotnet_perf_maps(&args.pid)
     };
-    let recording = record_to(&opts, &stop, &args.output, format);
+    let recording = record_to(&opts, &stop, &args.output, format, after);
+    for note in &alloc_notes {
+        eprintln!("rootline: {note}");
+    }
     for guard in perf_maps {
         let pid = guard.pid();
         if let Err(e) = guard.finish() {
@@ -223,12 +253,16 @@ pub fn record_to(
     stop: &AtomicBool,
     output: &Path,
     format: Format,
+    after: AfterRecording,
 ) -> Result<Recording> {
+    let mut rlp = None;
     let sink: Option<Box<dyn ChunkSink>> = if format == Format::Rlp {
         let file =
             File::create(output).with_context(|| format!("can't create {}", output.display()))?;
         let writer = RlpWriter::new(BufWriter::new(file))
             .with_context(|| format!("writing {}", output.display()))?;
+        let writer = Arc::new(Mutex::new(writer));
+        rlp = Some(Arc::clone(&writer));
         Some(Box::new(RlpSink(writer)))
     } else {
         None
@@ -245,6 +279,17 @@ pub fn record_to(
         };
         anyhow::Error::new(Exit { code, message })
     })?;
+    let mut recording = recording;
+    if let Some(after) = after {
+        after(&mut recording.profile);
+        if let Some(writer) = &rlp {
+            writer
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the profile writer failed earlier"))?
+                .write_chunk(&recording.profile)
+                .with_context(|| format!("writing {}", output.display()))?;
+        }
+    }
     if format != Format::Rlp {
         input::write_profile(&recording.profile, output, format)?;
     }

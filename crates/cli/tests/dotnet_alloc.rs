@@ -275,8 +275,9 @@ fn allocations(runtime: &Runtime) {
     assert!(by_view[&("wall".into(), "nanoseconds".into())] > 0);
     assert_eq!(by_view.len(), 3, "{by_view:?}");
 
-    // Chromium JSON is a timeline of thread samples: allocation ticks, which take no time, are not
-    // on it, and they do not stretch or cut the samples' slices.
+    // Chromium JSON is a timeline of thread samples: allocation ticks, which take no time, are
+    // no slices (they do not stretch or cut the samples' slices) but instant events on their
+    // thread, with the type and bytes as args and the stack in `sf`.
     let json = dir.path().join("alloc.json");
     let conv = rootline(&[
         "convert",
@@ -285,7 +286,28 @@ fn allocations(runtime: &Runtime) {
         json.to_str().unwrap(),
     ]);
     assert!(conv.status.success(), "{conv:?}");
-    assert!(!std::fs::read_to_string(&json).unwrap().contains("[alloc: "));
+    let events: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let frames = &events["stackFrames"];
+    let mut instant_bytes: BTreeMap<String, i64> = BTreeMap::new();
+    let mut instants = 0;
+    for e in events["traceEvents"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap_or_default();
+        if e["ph"] != "i" {
+            assert!(!name.starts_with("[alloc: "), "{e}");
+            continue;
+        }
+        instants += 1;
+        assert_eq!(e["s"], "t");
+        let ty = e["args"]["allocated_type"].as_str().unwrap();
+        assert_eq!(name, format!("[alloc: {ty}]"));
+        let sf = &frames[e["sf"].as_u64().unwrap().to_string()];
+        assert_eq!(sf["name"], name);
+        *instant_bytes.entry(ty.to_string()).or_default() += e["args"]["bytes"].as_i64().unwrap();
+    }
+    assert_eq!(instants, stats.allocation_ticks);
+    assert_eq!(instant_bytes.values().sum::<i64>(), total);
+    let byte_share = instant_bytes["System.Byte[]"] as f64 / total as f64;
+    assert!((byte_share - 0.75).abs() <= 0.075, "{instant_bytes:?}");
     let back = rootline(&["report", json.to_str().unwrap()]);
     assert!(back.status.success(), "{back:?}");
     let said = String::from_utf8_lossy(&back.stderr);

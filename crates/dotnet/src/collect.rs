@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::discover::find_socket;
-use crate::ipc::{DiagnosticsClient, IpcError, SessionConfig};
+use crate::ipc::{DiagnosticsClient, IpcError, Session, SessionConfig};
 
 /// How long to collect and what.
 #[derive(Debug, Clone)]
@@ -73,6 +73,18 @@ pub fn collect(
 ) -> Result<CollectSummary, IpcError> {
     let client = DiagnosticsClient::new(find_socket(pid)?);
     let session = client.start_session(&options.session)?;
+    collect_session(&client, session, options, out, stop)
+}
+
+/// Like [`collect`], for a session already started with `client` (so a caller learns at once
+/// whether the runtime took it); `options.session` is not used.
+pub fn collect_session(
+    client: &DiagnosticsClient,
+    session: Session,
+    options: &CollectOptions,
+    out: &mut (dyn Write + Send),
+    stop: &AtomicBool,
+) -> Result<CollectSummary, IpcError> {
     let mut stream = session.stream;
     stream
         .set_read_timeout(Some(Duration::from_millis(100)))

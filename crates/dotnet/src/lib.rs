@@ -18,6 +18,8 @@
 #![forbid(unsafe_code)]
 
 #[cfg(unix)]
+pub mod alloc_ticks;
+#[cfg(unix)]
 pub mod collect;
 pub mod convert;
 #[cfg(unix)]

@@ -21,6 +21,9 @@
 //!   else its name. The code tier of a location's physical frame (`QuickJitted`,
 //!   `OptimizedTier1OSR`, `ReadyToRun`, …) is the location attribute `rootline.code_tier`: the
 //!   semantic conventions have no attribute for it, so it carries rootline's prefix.
+//! - An allocation sample (its stack's leaf is `[alloc: TYPE]`) carries TYPE as the sample
+//!   attribute `rootline.allocated_type` (pprof's `allocated_type` label), so a back end can break
+//!   the allocation profiles down by type without parsing frame names.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -59,6 +62,9 @@ pub fn write(profile: &Profile, mut writer: impl Write) -> Result<(), FormatErro
     writer.flush()?;
     Ok(())
 }
+
+/// The sample attribute holding the type an allocation sample allocated.
+pub const ALLOCATED_TYPE_ATTRIBUTE: &str = "rootline.allocated_type";
 
 /// The location attribute holding the code tier of the location's physical frame.
 pub const CODE_TIER_ATTRIBUTE: &str = "rootline.code_tier";
@@ -346,7 +352,13 @@ pub fn to_request(profile: &Profile) -> ExportProfilesServiceRequest {
             let s = *stack_index
                 .entry(stack)
                 .or_insert_with(|| dict.stack(profile, stack));
-            groups.push((s, dict.thread_attributes(profile, thread), Vec::new()));
+            let mut attributes = dict.thread_attributes(profile, thread);
+            let leaf = profile.frame_name(profile.stack(stack).frame);
+            if let Some(ty) = rootline_profile::pseudo::alloc_type_of(leaf) {
+                attributes
+                    .push(dict.attribute(ALLOCATED_TYPE_ATTRIBUTE, AttrValue::Str(ty.to_owned())));
+            }
+            groups.push((s, attributes, Vec::new()));
             groups.len() - 1
         });
         groups[g].2.push(n);

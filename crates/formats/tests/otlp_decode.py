@@ -1,7 +1,7 @@
 """Decodes an OTLP profiles ExportProfilesServiceRequest with the PyPI opentelemetry-proto package
 and prints, as JSON, its dictionary tables and, per profile, the sample type, the number of
-samples and events, the value total and the total per stack (frame names root first, joined by ';',
-inlined functions expanded). Also round-trips the bytes through ProfilesData, which shares the
+samples and events, the value total, the total per stack (frame names root first, joined by ';',
+inlined functions expanded) and the total per string sample attribute (`key=value`). Also round-trips the bytes through ProfilesData, which shares the
 field layout of the request."""
 
 import json
@@ -42,6 +42,7 @@ for rp in request.resource_profiles:
     for sp in rp.scope_profiles:
         for p in sp.profiles:
             stacks = {}
+            by_attribute = {}
             events = 0
             total = 0
             for s in p.samples:
@@ -50,6 +51,12 @@ for rp in request.resource_profiles:
                 key = stack_names(s.stack_index)
                 value = sum(s.values) if s.values else len(s.timestamps_unix_nano)
                 stacks[key] = stacks.get(key, 0) + value
+                for ai in s.attribute_indices:
+                    a = d.attribute_table[ai]
+                    v = any_value(a.value)
+                    if isinstance(v, str):
+                        name = strings[a.key_strindex] + "=" + v
+                        by_attribute[name] = by_attribute.get(name, 0) + value
                 events += max(len(s.values), len(s.timestamps_unix_nano))
                 total += value
             profiles.append({
@@ -58,6 +65,7 @@ for rp in request.resource_profiles:
                 "events": events,
                 "total": total,
                 "stacks": stacks,
+                "by_attribute": by_attribute,
                 "profile_id": p.profile_id.hex(),
             })
 

@@ -123,3 +123,24 @@ fn units() {
     assert_eq!(parse_bytes("12"), Some(12));
     assert_eq!(parse_bytes("3 parsecs"), None);
 }
+
+#[test]
+fn dotnet_allocation_ticks_are_off_by_default_and_their_sessions_checked() {
+    let c = AgentConfig::from_toml("", Path::new("x.toml")).unwrap();
+    assert!(!c.dotnet.allocation_ticks);
+    let on = AgentConfig::from_toml(
+        "[dotnet]\nallocation_ticks = true\nsession_length = \"5s\"\n",
+        Path::new("x.toml"),
+    )
+    .unwrap();
+    assert!(on.dotnet.allocation_ticks);
+    assert_eq!(on.dotnet.session_length, Duration::from_secs(5));
+    on.validate().unwrap();
+    let short = AgentConfig::from_toml(
+        "[dotnet]\nsession_length = \"500ms\"\n",
+        Path::new("x.toml"),
+    )
+    .and_then(|c| c.validate().map(|()| c))
+    .unwrap_err();
+    assert!(short.to_string().contains("session_length"), "{short}");
+}

@@ -21,13 +21,20 @@ pub(crate) struct Builder {
     frame_map: Vec<Vec<FrameId>>,
     node_map: Vec<StackId>,
     threads: HashMap<(u32, u32), ThreadId>,
+    /// The recorder's own value columns; any after them belong to other sources and stay 0.
+    own_columns: usize,
+    /// A sample's values, reused.
+    values: Vec<i64>,
 }
 
 impl Builder {
     /// A builder adding to `profile`, with the symbolizer's budgets (see
-    /// [`Symbolizer::with_budgets`]).
-    pub fn new(profile: Profile, budgets: SymbolizerBudgets) -> Builder {
+    /// [`Symbolizer::with_budgets`]); the first `own_columns` value columns are the recorder's.
+    pub fn new(profile: Profile, budgets: SymbolizerBudgets, own_columns: usize) -> Builder {
+        let columns = profile.sample_types().len();
         Builder {
+            own_columns,
+            values: vec![0; columns],
             profile,
             symbolizer: Symbolizer::with_budgets(budgets.clone()),
             budgets,
@@ -75,18 +82,21 @@ impl Builder {
             }
         }
         // Columns: samples, cpu, and with off-CPU recording off_cpu and wall (their sum).
-        let with_off_cpu = self.profile.sample_types().len() == 4;
+        let with_off_cpu = self.own_columns == 4;
         for p in batch.samples {
             let thread = self.thread(p.pid, p.tid);
             let stack = self.node_map[p.node as usize];
             let n = p.nanos;
-            let values: &[i64] = match (with_off_cpu, p.off_cpu.is_some()) {
+            let own: &[i64] = match (with_off_cpu, p.off_cpu.is_some()) {
                 (false, _) => &[1, n],
                 (true, false) => &[1, n, 0, n],
                 (true, true) => &[0, 0, n, n],
             };
+            self.values[..own.len()].copy_from_slice(own);
             // Ids come from this profile and the value count matches its sample types.
-            let _ = self.profile.push_sample(p.time, thread, stack, values);
+            let _ = self
+                .profile
+                .push_sample(p.time, thread, stack, &self.values);
         }
     }
 

@@ -27,7 +27,7 @@ pub use crate::perf_event::monotonic_ns;
 pub use off_cpu::OffCpuStats;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, KernelWalkMode, MAX_USER_CALLCHAIN, RecordError,
-    RecordOptions, Recording, Retention, Target,
+    RecordOptions, Recording, Retention, SampleInjector, Target,
 };
 pub use outer_cache::OuterCacheStats;
 pub use pipeline::Pipeline;
@@ -279,6 +279,9 @@ pub fn record(
                 send_signal(c.id(), libc::SIGKILL);
                 return Err(e);
             }
+            if let Some(pid) = &opts.launched_pid {
+                pid.store(c.id(), Ordering::Release);
+            }
             send_signal(c.id(), libc::SIGCONT);
             child = Some(c);
         }
@@ -326,6 +329,8 @@ pub fn record(
         sample_types.push(SampleType::off_cpu_nanoseconds());
         sample_types.push(SampleType::wall_nanoseconds());
     }
+    let own_columns = sample_types.len();
+    sample_types.extend(opts.extra_columns.iter().cloned());
     let mut profile = Profile::new(sample_types);
     profile.metadata.producer = "rootline record".into();
     profile.metadata.start_time_ns = start_ns;
@@ -388,18 +393,22 @@ pub fn record(
     let (batches, batch_rx) = std::sync::mpsc::channel::<raw::Batch>();
     // Symbolization and profile building run on their own thread so the reader never stalls.
     let retention = sink.as_ref().map_or(Retention::KeepAll, |s| s.retention());
+    let injector = opts.injector.clone();
     let builder = {
         let mut sink = sink.take();
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile, symbolizer_budgets);
+                let mut builder = builder::Builder::new(profile, symbolizer_budgets, own_columns);
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {
                     stats = batch.stats.clone();
                     let start_over = batch.start_over;
                     builder.apply(batch);
+                    if let Some(i) = &injector {
+                        i.inject(&mut builder.profile);
+                    }
                     finish_metadata(&mut builder.profile, &stats);
                     if let Some(s) = sink.as_mut()
                         && sink_error.is_none()
@@ -415,6 +424,15 @@ pub fn record(
                         if let Some(s) = sink.as_mut() {
                             s.started_over();
                         }
+                    }
+                }
+                if let Some(i) = &injector {
+                    i.finish(&mut builder.profile);
+                    if let Some(s) = sink.as_mut()
+                        && sink_error.is_none()
+                        && let Err(e) = s.write_chunk(&builder.profile)
+                    {
+                        sink_error = Some(e);
                     }
                 }
                 (builder.profile, stats, sink_error)

@@ -73,9 +73,28 @@ pub struct RecordOptions {
     /// columns `off_cpu` and `wall` = cpu + off_cpu). Intervals shorter than the given
     /// nanoseconds are counted and summed per thread but not unwound. None: off.
     pub off_cpu_min_ns: Option<u64>,
+    /// Value columns appended after the recorder's own, for samples the caller adds to the
+    /// recording from another source (e.g. .NET allocation ticks): the recorder's samples carry 0
+    /// there.
+    pub extra_columns: Vec<rootline_profile::SampleType>,
+    /// Set to the launched command's pid once it runs ([`Target::Command`]), for a caller that
+    /// attaches to it by other means while recording.
+    pub launched_pid: Option<std::sync::Arc<std::sync::atomic::AtomicU32>>,
+    /// Adds samples from another source (e.g. .NET allocation ticks) to the profile before each
+    /// flush, and once more when recording ends.
+    pub injector: Option<std::sync::Arc<dyn SampleInjector>>,
     /// Whether the user stack is also walked in the kernel at each sample
     /// ([`crate::kernel_walk`]).
     pub kernel_walk: KernelWalkMode,
+}
+
+/// Adds samples from another source to a recording's profile (into its
+/// [`RecordOptions::extra_columns`]), on the thread that builds the profile.
+pub trait SampleInjector: Send + Sync + std::fmt::Debug {
+    /// Called before each flush: append what arrived since the last call.
+    fn inject(&self, profile: &mut Profile);
+    /// Called once after the last flush: end the other source and append what it still holds.
+    fn finish(&self, profile: &mut Profile);
 }
 
 /// Whether to walk user stacks in the kernel at sample time.
@@ -118,6 +137,9 @@ impl RecordOptions {
             launch_env: Vec::new(),
             off_cpu_min_ns: None,
             kernel_walk: KernelWalkMode::Auto,
+            extra_columns: Vec::new(),
+            launched_pid: None,
+            injector: None,
         }
     }
 }

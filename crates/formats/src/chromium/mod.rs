@@ -36,7 +36,10 @@
 //! end, each lasting its time value (or 1 ms when the profile has no time column). A `B` event of a
 //! function with a code tier or a runtime's own name carries them as `args`
 //! (`{"tier": "OptimizedTier1", "system_name": "int32 [Calls] Calls::Spin(int32)[OptimizedTier1]"}`),
-//! which trace viewers show beside the slice.
+//! which trace viewers show beside the slice. An allocation sample (a value in `alloc-bytes`, no
+//! time) is no slice but a thread-scoped instant event (`"ph": "i", "s": "t"`, category
+//! `allocation`) named by its `[alloc: TYPE]` leaf, with its stack in `sf` and
+//! `"args": {"allocated_type": TYPE, "bytes": N}`; the reader skips them.
 //!
 //! Limits: strings are at most 1 MiB, nesting at most 128 levels, and the JSON must be valid (a
 //! dotnet-trace export whose names hold unescaped `"` or `\`, which TraceEvent does not escape, is

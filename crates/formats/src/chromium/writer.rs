@@ -147,6 +147,30 @@ impl EventWriter<'_> {
         out.push(b'}');
     }
 
+    /// An allocation sample as a thread-scoped instant event at its time, named by its leaf
+    /// (`[alloc: TYPE]`), its stack in `sf`, with `args` `{"allocated_type": TYPE, "bytes": N}`.
+    fn allocation(&mut self, node: StackId, ts: i64, pid: u32, tid: u32, ty: &str, bytes: i64) {
+        self.used[node.index()] = true;
+        self.separator();
+        let mut itoa = itoa::Buffer::new();
+        let out = &mut self.out;
+        out.extend_from_slice(b"{\"name\":");
+        push_json_string(out, self.profile.frame_name(self.profile.stack(node).frame));
+        out.extend_from_slice(b",\"cat\":\"allocation\",\"ph\":\"i\",\"s\":\"t\",\"ts\":");
+        push_micros(out, ts);
+        out.extend_from_slice(b",\"pid\":");
+        out.extend_from_slice(itoa.format(pid).as_bytes());
+        out.extend_from_slice(b",\"tid\":");
+        out.extend_from_slice(itoa.format(tid).as_bytes());
+        out.extend_from_slice(b",\"sf\":");
+        out.extend_from_slice(itoa.format(node.0).as_bytes());
+        out.extend_from_slice(b",\"args\":{\"allocated_type\":");
+        push_json_string(out, ty);
+        out.extend_from_slice(b",\"bytes\":");
+        out.extend_from_slice(itoa.format(bytes).as_bytes());
+        out.extend_from_slice(b"}}");
+    }
+
     fn metadata(&mut self, what: &str, pid: u32, tid: u32, name: &str) {
         self.separator();
         let mut itoa = itoa::Buffer::new();
@@ -200,11 +224,20 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
         .filter(|&hz| hz > 0)
         .map_or(DEFAULT_SAMPLE_NS, |hz| 1_000_000_000 / i64::from(hz));
 
+    let alloc_bytes = profile
+        .sample_types()
+        .iter()
+        .position(|t| *t == rootline_profile::SampleType::alloc_bytes())
+        .map(|c| &samples.values[c]);
     // Samples per thread, in time order. With a time column, a sample that weighs no time there
-    // (a .NET allocation tick among thread samples) is not on the timeline at all.
+    // (an allocation among thread samples) is not a slice: allocations are instant events.
     let mut per_thread: Vec<Vec<u32>> = vec![Vec::new(); profile.threads().len()];
+    let mut allocations: Vec<u32> = Vec::new();
     for (i, t) in samples.threads.iter().enumerate() {
         if column.is_some_and(|c| c[i] <= 0) {
+            if alloc_bytes.is_some_and(|b| b[i] > 0) {
+                allocations.push(i as u32);
+            }
             continue;
         }
         per_thread[t.index()].push(i as u32);
@@ -316,6 +349,27 @@ pub fn write(profile: &Profile, writer: impl Write) -> Result<(), FormatError> {
             if ew.out.len() > 1 << 16 {
                 ew.flush_to(&mut w)?;
             }
+        }
+    }
+    allocations.sort_by_key(|&i| samples.times[i as usize]);
+    for i in allocations {
+        let i = i as usize;
+        let stack = samples.stacks[i];
+        let leaf = profile.frame_name(profile.stack(stack).frame);
+        let ty = rootline_profile::pseudo::alloc_type_of(leaf)
+            .unwrap_or(rootline_profile::pseudo::ALLOC_UNKNOWN_TYPE);
+        let thread = profile.thread(samples.threads[i]);
+        let bytes = alloc_bytes.map_or(0, |b| b[i]);
+        ew.allocation(
+            stack,
+            samples.times[i] as i64,
+            thread.pid,
+            thread.tid,
+            ty,
+            bytes,
+        );
+        if ew.out.len() > 1 << 16 {
+            ew.flush_to(&mut w)?;
         }
     }
     ew.flush_to(&mut w)?;
