@@ -191,6 +191,10 @@ impl KernelWalk {
     /// mappings with CFI get their binary's rows (compiled and placed the first time), others
     /// (JIT code, binaries without CFI) a frame-pointer rule.
     pub fn sync(&mut self, pid: u32, space: &AddressSpace) {
+        if self.rows.take_compiled() {
+            // Rows arrived: every process mapping those binaries is sent again.
+            self.synced.clear();
+        }
         let mut h = foldhash::fast::FixedState::with_seed(0).build_hasher();
         for r in space.regions() {
             (r.start, r.end, r.bias).hash(&mut h);

@@ -1,6 +1,7 @@
 //! The rows table the BPF program searches: one array map, memory-mapped into this process and
 //! written in place, shared by every binary (each gets a contiguous range, freed when the last
-//! process using it goes).
+//! process using it goes). A binary's rows are compiled on a thread of their own (a compiler's
+//! largest library has millions), and placed once they are ready.
 
 use std::sync::{Arc, Weak};
 
@@ -23,7 +24,7 @@ pub(super) struct Placed {
 
 struct Entry {
     sections: Weak<UnwindSections>,
-    /// None: compiled, but there was no room (or no rows).
+    /// None: being compiled, or compiled without room (or rows).
     placed: Option<Placed>,
     /// The rows' memory, counted in the module budget while placed.
     _charge: Option<TableCharge>,
@@ -42,6 +43,38 @@ pub(super) struct RowTable {
     /// Where the rows are counted, and the most the counted tables may hold.
     budget: ModuleBudget,
     limit: Option<usize>,
+    /// Binaries sent to the compiling thread, and what it sends back.
+    compiling: foldhash::HashSet<usize>,
+    requests: std::sync::mpsc::Sender<(usize, Arc<UnwindSections>)>,
+    compiled: std::sync::mpsc::Receiver<Compiled>,
+}
+
+/// A binary's rows, compiled.
+struct Compiled {
+    key: usize,
+    sections: Weak<UnwindSections>,
+    rows: Vec<rootline_unwind::kernel_rows::KernelRow>,
+}
+
+/// Compiles the rows of the binaries `requests` names, one after the other.
+fn compile_rows(
+    requests: std::sync::mpsc::Receiver<(usize, Arc<UnwindSections>)>,
+    compiled: std::sync::mpsc::Sender<Compiled>,
+) {
+    for (key, sections) in requests {
+        let rows = kernel_rows(&sections);
+        let sections = Arc::downgrade(&sections);
+        if compiled
+            .send(Compiled {
+                key,
+                sections,
+                rows,
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
 }
 
 /// The rows map's memory, mapped into this process.
@@ -101,7 +134,16 @@ impl RowTable {
     /// when they would take the tables it counts past `limit`.
     pub fn new(map: MappedRows, budget: ModuleBudget, limit: Option<usize>) -> RowTable {
         let len = u32::try_from(map.len).unwrap_or(u32::MAX);
+        let (requests, to_compile) = std::sync::mpsc::channel();
+        let (done, compiled) = std::sync::mpsc::channel();
+        // Without the thread, no rows are ever placed: the walk ends in those binaries.
+        let _ = std::thread::Builder::new()
+            .name("rootline-rows".into())
+            .spawn(move || compile_rows(to_compile, done));
         RowTable {
+            compiling: Default::default(),
+            requests,
+            compiled,
             map,
             free: vec![(0, len)],
             binaries: HashMap::default(),
@@ -112,7 +154,8 @@ impl RowTable {
         }
     }
 
-    /// The rows of `sections`, compiled and placed the first time; None when they did not fit.
+    /// Where the rows of `sections` are; None while they are being compiled (the first call
+    /// sends them to be) or when they did not fit.
     pub fn place(&mut self, sections: &Arc<UnwindSections>) -> Option<Placed> {
         let key = Arc::as_ptr(sections) as usize;
         if let Some(e) = self.binaries.get(&key)
@@ -120,10 +163,35 @@ impl RowTable {
         {
             return e.placed;
         }
-        let rows = kernel_rows(sections);
+        if self.compiling.insert(key) {
+            let _ = self.requests.send((key, Arc::clone(sections)));
+        }
+        None
+    }
+
+    /// Places the rows compiled since the last call; true when any were placed (the mappings
+    /// that wait for them should be sent again).
+    pub fn take_compiled(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(c) = self.compiled.try_recv() {
+            self.compiling.remove(&c.key);
+            if c.sections.strong_count() > 0 {
+                self.install(c.key, c.sections, &c.rows);
+                any = true;
+            }
+        }
+        any
+    }
+
+    fn install(
+        &mut self,
+        key: usize,
+        sections: Weak<UnwindSections>,
+        rows: &[rootline_unwind::kernel_rows::KernelRow],
+    ) {
         let bytes = rows.len() * std::mem::size_of::<Row>();
         let fits = self.limit.is_none_or(|l| self.budget.fits(bytes, l));
-        let placed = if fits { self.store(&rows) } else { None };
+        let placed = if fits { self.store(rows) } else { None };
         let charge = placed.map(|_| self.budget.charge(bytes));
         if placed.is_none() && !rows.is_empty() {
             self.refused += 1;
@@ -131,7 +199,7 @@ impl RowTable {
         if let Some(old) = self.binaries.insert(
             key,
             Entry {
-                sections: Arc::downgrade(sections),
+                sections,
                 placed,
                 _charge: charge,
             },
@@ -139,7 +207,6 @@ impl RowTable {
         {
             self.release(p);
         }
-        placed
     }
 
     /// Frees the rows of binaries no process holds any more.

@@ -165,6 +165,9 @@ fn open_thread(
     Ok(())
 }
 
+/// Longest pause between rounds while the in-kernel walk runs.
+const KERNEL_WALK_ROUND: Duration = Duration::from_millis(10);
+
 /// Loads the in-kernel stack walk as `opts` asks; with [`KernelWalkMode::Auto`], a failure is
 /// one line in `notes` and the recording goes on without it.
 fn load_kernel_walk(
@@ -515,7 +518,12 @@ pub fn record(
                     }
                     // Sleep until a ring passes its wake-up watermark (half the ring: a large
                     // batch, with the other half as slack), the next flush, or the end.
-                    let timeout = interval.saturating_sub(last_flush.elapsed());
+                    let mut timeout = interval.saturating_sub(last_flush.elapsed());
+                    if pipeline.walks_in_kernel() {
+                        // The walk knows a process's new mappings only from the next round:
+                        // keep rounds short so few samples of a new binary go without.
+                        timeout = timeout.min(KERNEL_WALK_ROUND);
+                    }
                     if poller.wait(timeout).is_err() {
                         std::thread::sleep(timeout.min(Duration::from_millis(20)));
                     }

@@ -105,6 +105,11 @@ impl Pipeline {
         self.stats.kernel_walk = Some(Default::default());
     }
 
+    /// Whether the in-kernel walk runs.
+    pub fn walks_in_kernel(&self) -> bool {
+        self.kernel_walk.is_some()
+    }
+
     /// Reads the walks written so far: call after reading the perf rings' heads, before
     /// handling their samples.
     pub fn drain_kernel_walk(&mut self) {
