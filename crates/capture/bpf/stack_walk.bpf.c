@@ -35,7 +35,7 @@ struct pt_regs___kernel {
 
 // How a row finds its frame's CFA (canonical frame address); the return address is at CFA-8.
 enum row_kind {
-	ROW_NONE = 0, // no rule: the walk ends (no unwind info)
+	ROW_NONE = 0, // no rule: frame pointers are followed
 	ROW_RSP = 1, // CFA = rsp + cfa
 	ROW_RBP = 2, // CFA = rbp + cfa
 	ROW_PLT = 3, // CFA = rsp + 8, + 8 more when (ip & 15) >= arg (a lazy-binding PLT entry)
@@ -316,7 +316,7 @@ __attribute__((noinline)) int find_row(struct walk *w, __u64 lookup)
 		return 1;
 	}
 	if (m->kind != ROW_RSP || m->row_count == 0)
-		return 0;
+		goto frame_pointers;
 	__u64 rel = lookup - m->bias - m->base;
 	if (rel > 0xffffffffULL)
 		return 0;
@@ -325,11 +325,13 @@ __attribute__((noinline)) int find_row(struct walk *w, __u64 lookup)
 	bpf_loop(33, row_step, &s, 0);
 	__u32 lo = s.lo;
 	if (lo == 0)
-		return 0;
+		goto frame_pointers;
 	__u32 idx = m->row_start + lo - 1;
 	struct row *r = bpf_map_lookup_elem(&rows, &idx);
 	if (!r)
 		return 0;
+	if (r->kind == ROW_NONE)
+		goto frame_pointers;
 	w->row = *r;
 	w->row_from = m->bias + m->base + r->pc;
 	w->row_to = m->end;
@@ -339,6 +341,17 @@ __attribute__((noinline)) int find_row(struct walk *w, __u64 lookup)
 		if (next)
 			w->row_to = m->bias + m->base + next->pc;
 	}
+	w->have_row = 1;
+	return 1;
+frame_pointers:
+	// Code without rules (no CFI, or its binary's rows not placed yet): follow the frame
+	// pointers. The words this reads are what memory held; user space uses only those its own
+	// analysis asks for, so a wrong guess here costs nothing but the reads.
+	w->row.kind = ROW_FP;
+	w->row.cfa = 16;
+	w->row.rbp = -16;
+	w->row_from = lookup;
+	w->row_to = lookup + 1;
 	w->have_row = 1;
 	return 1;
 }
