@@ -7,8 +7,9 @@
 // space unwinds the sample with its own exact analysis and reads those words instead of live
 // memory: the frames they give were read at the sample's instant and need no liveness proof.
 //
-// The walk has no depth bound: `bpf_loop` runs one frame per iteration, up to the helper's
-// limit (2^23 frames), and frames go out in chunks. Why a walk ended travels in its last chunk.
+// `bpf_loop` runs one frame per iteration, up to `config.max_frames` (user space sets it so the
+// sampling interrupt stays short; frames past it are read the usual way, with a proof), and
+// words go out in chunks. Why a walk ended travels in its last chunk.
 //
 // Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches):
 //   clang -O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c stack_walk.bpf.c -o stack_walk.bpf.o &&
@@ -74,7 +75,7 @@ struct proc {
 
 struct config {
 	__u32 copy_bytes; // the user stack bytes each sample copies
-	__u32 pad;
+	__u32 max_frames; // frames walked per sample at most (the interrupt's time is bounded)
 };
 
 // Why a walk ended.
@@ -102,6 +103,8 @@ struct chunk_header {
 	__u8 stop; // with `last`: enum stop
 	__u32 frames; // with `last`: frames walked
 	__u32 pad;
+	__u64 end_ip; // with `last`: the address the walk stopped at
+	__u64 end_sp; // with `last`: the stack pointer there
 };
 
 struct chunk {
@@ -188,6 +191,8 @@ static __always_inline int flush(struct walk *w, struct chunk *c, __u8 last)
 	c->h.last = last;
 	c->h.stop = w->stop;
 	c->h.frames = w->frames;
+	c->h.end_ip = w->ip;
+	c->h.end_sp = w->sp;
 	__u64 size = sizeof(struct chunk_header) + (__u64)w->words * 16;
 	if (size > sizeof(struct chunk))
 		size = sizeof(struct chunk);
@@ -267,6 +272,33 @@ static long row_step(__u32 i, void *ctx)
 		s->lo = mid + 1;
 	else
 		s->hi = mid;
+	return 0;
+}
+
+// Most words of a frame-pointer frame's body sent besides its return address and saved rbp.
+#define BODY_WORDS 256
+
+// Sends the words of a frame-pointer frame's body, `from` to `to` (at most BODY_WORDS, the
+// highest ones): code without CFI is unwound in user space from its instructions, which may read
+// any slot of its frame (a .NET On-Stack-Replacement frame's return-address slot, for one).
+__attribute__((noinline)) int emit_body(struct walk *w, __u64 from, __u64 to)
+{
+	if (!w)
+		return -1;
+	if (from < w->copy_end)
+		from = w->copy_end;
+	if (to > from + BODY_WORDS * 8)
+		from = to - BODY_WORDS * 8;
+	for (int k = 0; k < BODY_WORDS; k++) {
+		__u64 addr = from + (__u64)k * 8;
+		if (addr + 8 > to)
+			break;
+		__u64 v = 0;
+		if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0)
+			return 0;
+		if (emit(w, addr, v) != 0)
+			return -1;
+	}
 	return 0;
 }
 
@@ -405,6 +437,10 @@ __attribute__((noinline)) int step_frame(struct walk *w)
 		w->stop = STOP_LOST;
 		return 1;
 	}
+	if (w->row.kind == ROW_FP && cfa >= 16 && emit_body(w, w->sp, cfa - 16) != 0) {
+		w->stop = STOP_LOST;
+		return 1;
+	}
 	if (w->row.rbp != 0) {
 		__u64 slot = cfa + (__s64)w->row.rbp;
 		__u64 bp = 0;
@@ -462,7 +498,10 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	c->h.ip = w.ip;
 	c->h.sp = w.sp;
 	c->h.bp = w.bp;
-	long n = bpf_loop(1 << 23, step, &w, 0);
+	__u32 max_frames = cfg->max_frames;
+	if (max_frames == 0 || max_frames > (1 << 23))
+		max_frames = 1 << 23;
+	long n = bpf_loop(max_frames, step, &w, 0);
 	if (w.stop == 0)
 		w.stop = STOP_LIMIT;
 	s->walks++;

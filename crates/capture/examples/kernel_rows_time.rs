@@ -6,7 +6,9 @@ use rootline_image::{CodeModule, ModuleBudget};
 use rootline_unwind::Binary;
 
 fn main() {
-    let path = std::env::args().nth(1).expect("usage: kernel_rows_time FILE");
+    let path = std::env::args()
+        .nth(1)
+        .expect("usage: kernel_rows_time FILE");
     let start = Instant::now();
     let file = std::fs::File::open(&path).expect("opens the file");
     let module = CodeModule::open(&path, file, &ModuleBudget::new(), None).expect("parses");

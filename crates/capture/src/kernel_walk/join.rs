@@ -25,7 +25,7 @@ pub enum WalkStop {
     Unreadable,
     /// A frame's CFA was not above its stack pointer.
     NotOutward,
-    /// The walk used every iteration `bpf_loop` allows (2^23 frames).
+    /// The walk reached its most frames per sample.
     Limit,
     /// The ring buffer was full: chunks were lost.
     Lost,
@@ -57,7 +57,7 @@ impl WalkStop {
             WalkStop::Unsupported => "unsupported-rule",
             WalkStop::Unreadable => "unreadable",
             WalkStop::NotOutward => "not-outward",
-            WalkStop::Limit => "loop-limit",
+            WalkStop::Limit => "frame-limit",
             WalkStop::Lost => "ring-full",
             WalkStop::Other(_) => "other",
         }
@@ -77,6 +77,8 @@ pub struct KernelStack {
     pub frames: u32,
     /// Why the walk ended.
     pub stop: WalkStop,
+    /// The address the walk stopped at, and the stack pointer there.
+    pub end: (u64, u64),
 }
 
 impl KernelStack {
@@ -212,6 +214,7 @@ impl Join {
             words: collected,
             frames: h.frames,
             stop: WalkStop::from_code(h.stop),
+            end: (h.end_ip, h.end_sp),
         }));
     }
 

@@ -76,7 +76,7 @@ impl Default for Proc {
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Config {
     pub copy_bytes: u32,
-    pub pad: u32,
+    pub max_frames: u32,
 }
 
 /// `struct stats` (one per CPU).
@@ -103,10 +103,12 @@ pub(super) struct ChunkHeader {
     pub last: bool,
     pub stop: u8,
     pub frames: u32,
+    pub end_ip: u64,
+    pub end_sp: u64,
 }
 
 /// Bytes of `struct chunk_header`.
-pub(super) const CHUNK_HEADER_BYTES: usize = 56;
+pub(super) const CHUNK_HEADER_BYTES: usize = 72;
 
 impl ChunkHeader {
     /// Reads a chunk's header; None when `b` is too short.
@@ -125,6 +127,8 @@ impl ChunkHeader {
             last: *b.get(46)? != 0,
             stop: *b.get(47)?,
             frames: u32_at(48)?,
+            end_ip: u64_at(56)?,
+            end_sp: u64_at(64)?,
         })
     }
 }
