@@ -7,8 +7,8 @@
 //!
 //! Attached by PID, built with frame pointers and without (CFI only): of the samples in the
 //! leaf, at least 99% must run from the thread's root through exactly 1,001 `recurse` frames,
-//! none may be wrong (every other one ends in an explicit `[truncated: …]`), and no frame may be
-//! marked as read live.
+//! none may be wrong (every other one ends in an explicit `[truncated: …]`), and frames read
+//! live appear only in samples whose walk stopped early.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -164,7 +164,10 @@ fn run(name: &str, flags: &[&str]) {
         "{name}: each thread has at least a quarter of the whole stacks: {:?}",
         v.complete
     );
-    assert_eq!(v.live_marked, 0, "{name}: no frame was read live");
+    assert!(
+        v.live_marked <= kw.fell_back,
+        "{name}: only a sample unwound the usual way (its walk stopped early) reads frames live"
+    );
 }
 
 #[test]
