@@ -72,6 +72,19 @@ pub struct Args {
     /// their time summed per thread as [off-cpu: short, not unwound], without unwinding them.
     #[arg(long, default_value_t = 100, value_name = "US", requires = "off_cpu")]
     pub off_cpu_min_us: u64,
+    /// Also record where memory is allocated (malloc, calloc, realloc, posix_memalign,
+    /// aligned_alloc, memalign, valloc, pvalloc; C++ operator new through malloc), sampled by
+    /// bytes, each sample with its stack and a leaf frame naming the function ([alloc: malloc]).
+    /// Adds the value columns alloc-bytes and alloc-count, estimates of all allocations:
+    /// `rootline report --value alloc-bytes`. A launched command gets a sampler library in
+    /// LD_PRELOAD (only sampled calls trap); with -p every call of the target's libc functions
+    /// traps a uprobe. Command or -p only.
+    #[arg(long, conflicts_with = "all_cpus")]
+    pub alloc: bool,
+    /// With --alloc: mean bytes allocated between two samples (a Poisson process, as tcmalloc
+    /// and Go sample; default 512 KiB).
+    #[arg(long, default_value_t = rootline_capture::recorder::DEFAULT_ALLOC_RATE, value_name = "BYTES", requires = "alloc")]
+    pub alloc_rate: u64,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -110,6 +123,12 @@ pub fn run(args: Args) -> Result<()> {
     opts.ask_jvms = !args.no_perfmap;
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
+    }
+    if args.alloc {
+        if args.alloc_rate == 0 {
+            bail!("--alloc-rate must be at least 1 byte");
+        }
+        opts.alloc_rate = Some(args.alloc_rate);
     }
     if !args.no_perfmap {
         opts.launch_env = dotnet_perf_map_env();
@@ -251,6 +270,18 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             ms(off.below_min_ns),
             off.unmatched,
             off.open_at_end
+        );
+    }
+    let alloc = &stats.alloc;
+    if alloc.sampled + alloc.unsampled_calls + alloc.unreadable > 0 {
+        let _ = writeln!(
+            err,
+            "rootline: allocations: {} sampled, standing for {:.1} MiB; {} calls trapped between \
+             sample points, {} unreadable samples dropped",
+            alloc.sampled,
+            alloc.estimated_bytes as f64 / (1024.0 * 1024.0),
+            alloc.unsampled_calls,
+            alloc.unreadable
         );
     }
     if let Some(status) = recording.exit_status {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use rootline_profile::{
-    FrameId, FrameKind, Function, Mapping, MappingId, Profile, StackId, ThreadId,
+    FrameId, FrameKind, Function, Mapping, MappingId, Profile, SampleType, StackId, ThreadId,
 };
 
 use super::raw::{Batch, NO_NODE, RawFrame, RawKind, RawMapping};
@@ -74,19 +74,41 @@ impl Builder {
                 self.profile.set_process_name(pid, &name);
             }
         }
-        // Columns: samples, cpu, and with off-CPU recording off_cpu and wall (their sum).
-        let with_off_cpu = self.profile.sample_types().len() == 4;
+        // Columns: samples, cpu; with off-CPU recording off_cpu and wall (their sum); with
+        // allocation recording alloc-bytes and alloc-count.
+        let types = self.profile.sample_types().to_vec();
+        let column = |t: SampleType| types.iter().position(|x| *x == t);
+        let off_cpu = column(SampleType::off_cpu_nanoseconds());
+        let wall = column(SampleType::wall_nanoseconds());
+        let alloc_bytes = column(SampleType::alloc_bytes());
+        let alloc_count = column(SampleType::alloc_count());
+        let mut values = vec![0i64; types.len()];
         for p in batch.samples {
             let thread = self.thread(p.pid, p.tid);
             let stack = self.node_map[p.node as usize];
-            let n = p.nanos;
-            let values: &[i64] = match (with_off_cpu, p.off_cpu.is_some()) {
-                (false, _) => &[1, n],
-                (true, false) => &[1, n, 0, n],
-                (true, true) => &[0, 0, n, n],
+            values.iter_mut().for_each(|v| *v = 0);
+            let mut set = |column: Option<usize>, v: i64| {
+                if let Some(c) = column {
+                    values[c] = v;
+                }
             };
+            match (p.off_cpu.is_some(), p.alloc) {
+                (true, _) => {
+                    set(off_cpu, p.nanos);
+                    set(wall, p.nanos);
+                }
+                (false, Some(a)) => {
+                    set(alloc_bytes, a.bytes);
+                    set(alloc_count, a.count);
+                }
+                (false, None) => {
+                    set(Some(0), 1);
+                    set(Some(1), p.nanos);
+                    set(wall, p.nanos);
+                }
+            }
             // Ids come from this profile and the value count matches its sample types.
-            let _ = self.profile.push_sample(p.time, thread, stack, values);
+            let _ = self.profile.push_sample(p.time, thread, stack, &values);
         }
     }
 
@@ -205,6 +227,10 @@ impl Builder {
                             .intern_named_frame("[kernel: exec]", FrameKind::Kernel),
                     ]
                 }
+                RawKind::Alloc(kind) => vec![
+                    self.profile
+                        .intern_named_frame(&kind.frame_name(), FrameKind::Pseudo),
+                ],
                 RawKind::OffCpu(reason) => vec![
                     self.profile
                         .intern_named_frame(reason.frame_name(), FrameKind::Pseudo),

@@ -1,6 +1,7 @@
 //! A recording session: open the events for the target, drain the rings on a reader thread
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
+mod alloc;
 mod budget;
 mod builder;
 mod deferral;
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 use rootline_profile::{Profile, SampleType};
 
 pub use crate::perf_event::monotonic_ns;
+pub use alloc::{AllocStats, DEFAULT_ALLOC_RATE, unbiased_bytes};
 pub use off_cpu::OffCpuStats;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, MAX_USER_CALLCHAIN, RecordError, RecordOptions,
@@ -195,16 +197,21 @@ pub fn record(
     let mut child = None;
     let start_ns = monotonic_ns();
     let mut attach_notes = Vec::new();
+    // Allocation uprobe events, in rings of their own; appended to `events` once open.
+    let mut alloc_events = Vec::new();
+    let mut alloc = alloc::Attach::new(opts)?;
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
-            let c = launch::launch(argv, &opts.launch_env)?;
+            let c = launch::launch(argv, &alloc.launch_env(&opts.launch_env))?;
             let opened = open_thread(c.id(), true, &cfg, &cpus, &mut events, false).and_then(
                 |()| match opts.off_cpu_min_ns {
                     Some(_) => open_thread(c.id(), true, &cfg, &cpus, &mut switch_events, true),
                     None => Ok(()),
                 },
             );
+            let opened =
+                opened.and_then(|()| alloc.open_command(c.id(), &cfg, &cpus, &mut alloc_events));
             match opened {
                 Ok(()) => {}
                 Err(e) => {
@@ -224,16 +231,17 @@ pub fn record(
             for &pid in pids {
                 let switches = opts.off_cpu_min_ns.map(|_| &mut switch_events);
                 attach(pid, &cfg, &cpus, &mut events, switches)?;
+                alloc.open_pid(pid, &cfg, &cpus, &mut alloc_events)?;
             }
-            for e in events.iter().chain(&switch_events) {
+            for e in events.iter().chain(&switch_events).chain(&alloc_events) {
                 e.enable()
                     .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
             }
         }
         Target::System => {
-            if opts.off_cpu_min_ns.is_some() {
+            if opts.off_cpu_min_ns.is_some() || opts.alloc_rate.is_some() {
                 return Err(RecordError::Open(OpenError::Other(std::io::Error::other(
-                    "off-CPU recording follows given threads (a command or -p), not the whole host",
+                    "off-CPU and allocation recording follow given threads (a command or -p), not the whole host",
                 ))));
             }
             cfg.ring_pages = ring_pages(&cfg, 1);
@@ -248,10 +256,15 @@ pub fn record(
     }
     let event_kind = events[0].kind();
     events.append(&mut switch_events);
+    events.append(&mut alloc_events);
     let mut sample_types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
     if opts.off_cpu_min_ns.is_some() {
         sample_types.push(SampleType::off_cpu_nanoseconds());
         sample_types.push(SampleType::wall_nanoseconds());
+    }
+    if opts.alloc_rate.is_some() {
+        sample_types.push(SampleType::alloc_bytes());
+        sample_types.push(SampleType::alloc_count());
     }
     let mut profile = Profile::new(sample_types);
     profile.metadata.producer = "rootline record".into();
@@ -289,6 +302,8 @@ pub fn record(
     if let Some(min_ns) = opts.off_cpu_min_ns {
         extra.insert("off_cpu.min_ns".into(), min_ns.to_string());
     }
+    alloc.describe(extra);
+    let alloc_source = alloc.take_source();
     let off_cpu_min_ns = opts.off_cpu_min_ns;
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
@@ -375,6 +390,9 @@ pub fn record(
                 pipeline.set_user_callchain(user_callchain);
                 if let Some(min_ns) = off_cpu_min_ns {
                     pipeline.set_off_cpu(min_ns);
+                }
+                if let Some((source, rate)) = alloc_source {
+                    pipeline.set_alloc(source, rate);
                 }
                 if let Retention::HandOver { max_entries } = retention {
                     pipeline.set_table_limit(max_entries);
@@ -540,7 +558,7 @@ impl Drain {
             pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));
         }
         for (e, &head) in events.iter_mut().zip(&self.heads) {
-            let switches = e.is_switches();
+            let (switches, alloc) = (e.is_switches(), e.is_alloc());
             let Some(ring) = e.ring() else {
                 continue;
             };
@@ -549,6 +567,8 @@ impl Drain {
                 if let Record::Sample(s) = parse_record(data, kernel) {
                     if switches {
                         pipeline.switch_record(data, &s);
+                    } else if alloc {
+                        pipeline.alloc_record(data, &s);
                     } else {
                         pipeline.sample_record(data, &s);
                     }
@@ -603,6 +623,7 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
         m.extra
             .insert("callchain.capped".into(), cc.capped.to_string());
     }
+    alloc::describe_stats(&stats.alloc, &mut m.extra);
     let off = &stats.off_cpu;
     if off.switches > 0 {
         for (key, n) in [

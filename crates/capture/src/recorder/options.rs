@@ -73,6 +73,11 @@ pub struct RecordOptions {
     /// columns `off_cpu` and `wall` = cpu + off_cpu). Intervals shorter than the given
     /// nanoseconds are counted and summed per thread but not unwound. None: off.
     pub off_cpu_min_ns: Option<u64>,
+    /// Also record where memory is allocated (malloc, calloc, realloc and the aligned
+    /// variants), sampled by bytes at a mean of this many bytes between samples (value columns
+    /// `alloc-bytes` and `alloc-count`, estimates of every allocation). A command or `-p`
+    /// target only. None: off.
+    pub alloc_rate: Option<u64>,
 }
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
@@ -102,6 +107,7 @@ impl RecordOptions {
             ask_jvms: true,
             launch_env: Vec::new(),
             off_cpu_min_ns: None,
+            alloc_rate: None,
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::process::Processes;
 use rootline_image::ModuleBudget;
 use std::time::Instant;
 
+use super::alloc::{AllocSampler, AllocSource, AllocWeight};
 use super::budget::TableLimit;
 use super::deferral::{Deferrals, Deferred};
 use super::lifetime::Lifetimes;
@@ -63,6 +64,10 @@ pub struct Pipeline {
     off_weight: Option<OffWeight>,
     /// Off-CPU samples ready to unwind (reused between passes).
     ready: Vec<Ready>,
+    /// Allocation sampling, when allocations are recorded.
+    alloc: Option<AllocSampler>,
+    /// The weight of the allocation sample being handled.
+    alloc_weight: Option<AllocWeight>,
 }
 
 impl Pipeline {
@@ -88,6 +93,29 @@ impl Pipeline {
             off_cpu: None,
             off_weight: None,
             ready: Vec::new(),
+            alloc: None,
+            alloc_weight: None,
+        }
+    }
+
+    /// Records allocation samples from `source` ([`Pipeline::alloc_record`]), sampled at a mean
+    /// of `rate` bytes.
+    pub(crate) fn set_alloc(&mut self, source: AllocSource, rate: u64) {
+        self.alloc = Some(AllocSampler::new(source, rate));
+    }
+
+    /// An allocation uprobe's sample parsed from `raw`: weighed, and unwound when sampled.
+    pub(crate) fn alloc_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+        if Some(s.pid) == self.skip_pid {
+            return;
+        }
+        let Some(sampler) = self.alloc.as_mut() else {
+            return;
+        };
+        if let Some(w) = sampler.weigh(s, &self.processes) {
+            self.alloc_weight = Some(w);
+            self.handle(s, Some(raw), s.pid);
+            self.alloc_weight = None;
         }
     }
 
@@ -170,8 +198,10 @@ impl Pipeline {
             }
             if let Record::Sample(s) = parse_record(&d.raw, self.callchain) {
                 self.off_weight = d.off_cpu;
+                self.alloc_weight = d.alloc;
                 self.handle(&s, Some(&d.raw), d.space);
                 self.off_weight = None;
+                self.alloc_weight = None;
             }
         }
         self.deferrals.release_retired(&mut self.processes);
@@ -270,6 +300,9 @@ impl Pipeline {
                 if let Some(off) = self.off_cpu.as_mut() {
                     off.exited(tid, time);
                 }
+                if let Some(alloc) = self.alloc.as_mut() {
+                    alloc.exited(tid);
+                }
                 self.proof.forget((pid, tid));
                 self.lifetimes.exited(pid, tid);
             }
@@ -330,7 +363,7 @@ impl Pipeline {
             }
             _ => None,
         };
-        if self.off_weight.is_none() {
+        if self.off_weight.is_none() && self.alloc_weight.is_none() {
             self.stats.samples += 1;
         }
         if self.lifetimes.sampled(s.pid, s.tid) {
@@ -350,12 +383,16 @@ impl Pipeline {
         for &ip in s.kernel_ips.iter().rev() {
             node = self.node(node, RawKind::Kernel, ip);
         }
-        let nanos = match self.off_weight {
-            Some(w) => {
+        let nanos = match (self.off_weight, self.alloc_weight) {
+            (Some(w), _) => {
                 node = self.node(node, RawKind::OffCpu(w.reason), 0);
                 w.nanos
             }
-            None => self.period_nanos.unwrap_or(s.period as i64),
+            (None, Some(a)) => {
+                node = self.node(node, RawKind::Alloc(a.kind), 0);
+                0
+            }
+            (None, None) => self.period_nanos.unwrap_or(s.period as i64),
         };
         self.pending.push(Pending {
             time: s.time,
@@ -364,6 +401,7 @@ impl Pipeline {
             node,
             nanos,
             off_cpu: self.off_weight,
+            alloc: self.alloc_weight,
         });
     }
 
@@ -411,8 +449,12 @@ impl Pipeline {
                     node,
                     nanos,
                     off_cpu: Some(weight),
+                    alloc: None,
                 });
             }
+        }
+        if let Some(alloc) = self.alloc.as_ref() {
+            self.stats.alloc = alloc.stats;
         }
         let pending = self.pending.len();
         let new = self.tables.take_new();

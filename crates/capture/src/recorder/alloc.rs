@@ -1,0 +1,618 @@
+//! Native allocation recording (`record --alloc`): where the allocation samples come from, what
+//! each one weighs, and which frames of its stack are the sampler's own.
+//!
+//! Allocations are sampled by bytes, a Poisson process as in tcmalloc and Go: each thread draws
+//! the distance to its next sample point from an exponential distribution whose mean is the rate,
+//! and the allocation that crosses it is sampled, standing for `size / (1 - exp(-size / rate))`
+//! bytes (the unbiased estimate) and that many bytes over its size allocations.
+//!
+//! - A launched command gets the sampler library (`shim/alloc_shim.c`, built by `build.rs`) in
+//!   `LD_PRELOAD`: it counts down in a thread-local and calls `rootline_alloc_sampled(size,
+//!   weight, kind)` only for sampled calls; a uprobe on that function takes the sample. The
+//!   library's own frames are dropped from the stack: its leaf is the caller of `malloc`.
+//! - A running process (`-p`) gets uprobes on its libc's allocation functions; every call traps,
+//!   and the countdown runs here, per thread, on the size read from the sampled registers. The
+//!   probed function's own entry frame is dropped.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use foldhash::{HashMap as FastMap, HashMapExt};
+use object::{Object, ObjectSegment, ObjectSymbol};
+use rootline_profile::pseudo::{NATIVE_ALLOC_FUNCTIONS, alloc_frame_name};
+
+use crate::perf_event::{EventConfig, EventTarget, OpenError, PerfEvent, Sample, UprobeSite};
+use crate::process::Processes;
+use crate::unwind::Registers;
+use crate::unwind::regs::{RDI, RDX, RSI};
+
+use super::options::{RecordError, RecordOptions, Target};
+
+/// Default mean bytes between allocation samples (as Go's `MemProfileRate` and tcmalloc).
+pub const DEFAULT_ALLOC_RATE: u64 = 512 * 1024;
+
+/// Bytes kept at the alignment the ELF reader needs for its headers.
+#[repr(C, align(8))]
+struct Aligned<T: ?Sized>(T);
+
+/// The sampler library for launched commands.
+static SHIM_FILE: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(
+    env!("OUT_DIR"),
+    "/librootline_alloc.so"
+)));
+const SHIM: &[u8] = &SHIM_FILE.0;
+/// Its file name, by which its frames are recognised in a stack.
+const SHIM_NAME: &str = "librootline_alloc.so";
+/// The function the library calls for each sampled allocation.
+const MARKER: &str = "rootline_alloc_sampled";
+
+/// The C function a sampled allocation entered: an index into [`NATIVE_ALLOC_FUNCTIONS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct AllocKind(u8);
+
+impl AllocKind {
+    /// From the sampler library's kind number (1 = malloc … 8 = pvalloc).
+    fn from_shim(kind: u64) -> Option<AllocKind> {
+        (1..=NATIVE_ALLOC_FUNCTIONS.len() as u64)
+            .contains(&kind)
+            .then(|| AllocKind((kind - 1) as u8))
+    }
+
+    /// The function's name.
+    fn function(self) -> &'static str {
+        NATIVE_ALLOC_FUNCTIONS[usize::from(self.0)]
+    }
+
+    /// The leaf pseudo frame of its samples, `[alloc: malloc]`.
+    pub fn frame_name(self) -> String {
+        alloc_frame_name(Some(self.function()))
+    }
+
+    /// Bytes asked for, from the registers at the function's entry (SysV arguments).
+    fn size(self, regs: &Registers) -> Option<u64> {
+        let arg = |r| regs.get(r);
+        match self.function() {
+            "calloc" => arg(RDI)?.checked_mul(arg(RSI)?),
+            "realloc" | "aligned_alloc" | "memalign" => arg(RSI),
+            "posix_memalign" => arg(RDX),
+            _ => arg(RDI),
+        }
+    }
+}
+
+/// What an allocation sample weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AllocWeight {
+    /// Estimated bytes allocated that this sample stands for.
+    pub bytes: i64,
+    /// Estimated allocations it stands for.
+    pub count: i64,
+    /// The function called.
+    pub kind: AllocKind,
+}
+
+impl AllocWeight {
+    fn new(size: u64, bytes: f64, kind: AllocKind) -> AllocWeight {
+        let count = if size == 0 { 1.0 } else { bytes / size as f64 };
+        AllocWeight {
+            bytes: bytes.round() as i64,
+            count: count.round().max(1.0) as i64,
+            kind,
+        }
+    }
+}
+
+/// Bytes an allocation of `size` sampled at a mean of `rate` bytes stands for, unbiased:
+/// `size / (1 - exp(-size / rate))`.
+pub fn unbiased_bytes(size: u64, rate: f64) -> f64 {
+    let s = size as f64;
+    if rate <= 0.0 || s == 0.0 {
+        return s;
+    }
+    s / -(-s / rate).exp_m1()
+}
+
+/// Counts of allocation recording.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    /// Allocations sampled (each with its stack).
+    pub sampled: u64,
+    /// Estimated bytes the samples stand for.
+    pub estimated_bytes: u64,
+    /// Calls that trapped but fell between sample points (`-p` without the kernel filter).
+    pub unsampled_calls: u64,
+    /// Samples whose function or size could not be read: dropped.
+    pub unreadable: u64,
+}
+
+/// Where allocation samples come from.
+pub(crate) enum AllocSource {
+    /// The sampler library: the sample is already decided and weighed.
+    Shim,
+    /// Uprobes on libc functions: `(file offset, kind)` of each, and the kind of each probed
+    /// address in the processes given; the countdown runs here.
+    Libc {
+        sites: Vec<(u64, AllocKind)>,
+        addresses: FastMap<u64, AllocKind>,
+    },
+}
+
+/// A thread's Poisson countdown (xorshift64* generator).
+struct Countdown {
+    left: i64,
+    rng: u64,
+}
+
+impl Countdown {
+    fn new(tid: u32, rate: f64) -> Countdown {
+        let seed = (u64::from(tid) << 32) ^ crate::perf_event::monotonic_ns() ^ 0x9e37_79b9;
+        let mut c = Countdown {
+            left: 0,
+            rng: seed | 1,
+        };
+        c.left = c.draw(rate);
+        c
+    }
+
+    fn draw(&mut self, rate: f64) -> i64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let x = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let u = ((x >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        (-u.ln() * rate).clamp(1.0, 9e18) as i64
+    }
+
+    /// Counts `size` bytes; true when they cross the sample point (then a new one is drawn).
+    fn crosses(&mut self, size: u64, rate: f64) -> bool {
+        let size = i64::try_from(size).unwrap_or(i64::MAX);
+        if size < self.left {
+            self.left -= size;
+            return false;
+        }
+        self.left = self.draw(rate);
+        true
+    }
+}
+
+/// Turns allocation samples into weights. See the module documentation.
+pub(crate) struct AllocSampler {
+    source: AllocSource,
+    rate: f64,
+    countdowns: FastMap<u32, Countdown>,
+    pub stats: AllocStats,
+}
+
+impl AllocSampler {
+    /// A sampler for samples from `source`, at a mean of `rate` bytes between samples.
+    pub fn new(source: AllocSource, rate: u64) -> AllocSampler {
+        AllocSampler {
+            source,
+            rate: rate.max(1) as f64,
+            countdowns: FastMap::new(),
+            stats: AllocStats::default(),
+        }
+    }
+
+    /// The weight of the allocation sample `s` (None: not sampled, or unreadable), and how many
+    /// leaf frames of its stack belong to the sampler rather than the program (for the library,
+    /// counted while unwinding: see [`AllocSampler::is_own_frame`]).
+    pub fn weigh(&mut self, s: &Sample<'_>, processes: &Processes) -> Option<AllocWeight> {
+        let Some(regs) = s.user_regs else {
+            self.stats.unreadable += 1;
+            return None;
+        };
+        let weight = match &self.source {
+            AllocSource::Shim => {
+                let kind = regs.get(RDX).and_then(AllocKind::from_shim);
+                match (kind, regs.get(RDI), regs.get(RSI)) {
+                    (Some(kind), Some(size), Some(bytes)) => {
+                        Some(AllocWeight::new(size, bytes as f64, kind))
+                    }
+                    _ => None,
+                }
+            }
+            AllocSource::Libc { sites, addresses } => {
+                let ip = regs.ip();
+                // A process given with -p by its address; a child it started since by the
+                // file offset in its mappings.
+                let kind = addresses.get(&ip).copied().or_else(|| {
+                    let (region, _) = processes.binary_at(s.pid, ip)?;
+                    let offset = ip - region.start + region.file_offset;
+                    sites.iter().find(|&&(o, _)| o == offset).map(|&(_, k)| k)
+                });
+                match kind.and_then(|k| Some((k, k.size(&regs)?))) {
+                    Some((kind, size)) => {
+                        let rate = self.rate;
+                        let countdown = self
+                            .countdowns
+                            .entry(s.tid)
+                            .or_insert_with(|| Countdown::new(s.tid, rate));
+                        if size == 0 || !countdown.crosses(size, rate) {
+                            self.stats.unsampled_calls += 1;
+                            return None;
+                        }
+                        Some(AllocWeight::new(size, unbiased_bytes(size, rate), kind))
+                    }
+                    None => None,
+                }
+            }
+        };
+        match weight {
+            Some(w) => {
+                self.stats.sampled += 1;
+                self.stats.estimated_bytes += w.bytes.max(0) as u64;
+            }
+            None => self.stats.unreadable += 1,
+        }
+        weight
+    }
+
+    /// Whether the leaf-most frames of an allocation stack that are the sampler's own (before
+    /// the program's caller) include the frame at `index` (0 = leaf) whose binary is `path`:
+    /// every frame in the sampler library, or the probed libc function's entry.
+    pub fn is_own_frame(&self, index: usize, path: Option<&str>) -> bool {
+        match self.source {
+            AllocSource::Shim => path.is_some_and(|p| p.rsplit('/').next() == Some(SHIM_NAME)),
+            AllocSource::Libc { .. } => index == 0,
+        }
+    }
+
+    /// Forgets an exited thread's countdown.
+    pub fn exited(&mut self, tid: u32) {
+        self.countdowns.remove(&tid);
+    }
+}
+
+/// The file offset of the defined symbol `name` in the ELF `data`.
+fn symbol_file_offset(data: &[u8], name: &str) -> Option<u64> {
+    let file = object::File::parse(data).ok()?;
+    let address = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .find(|s| s.name() == Ok(name) && !s.is_undefined())?
+        .address();
+    file.segments().find_map(|seg| {
+        let (offset, size) = seg.file_range();
+        (address >= seg.address() && address < seg.address() + size)
+            .then(|| address - seg.address() + offset)
+    })
+}
+
+/// The sampler library written out for a launched command (removed when dropped).
+pub(crate) struct Shim {
+    _dir: tempfile::TempDir,
+    /// Its path, for `LD_PRELOAD`.
+    pub path: PathBuf,
+    /// The uprobe site of its sampled-allocation function.
+    pub site: UprobeSite,
+}
+
+impl Shim {
+    /// Writes the library into a private temporary directory.
+    pub fn write() -> io::Result<Shim> {
+        use std::os::unix::fs::PermissionsExt;
+        let offset = symbol_file_offset(SHIM, MARKER)
+            .ok_or_else(|| io::Error::other(format!("{MARKER} is missing from {SHIM_NAME}")))?;
+        let dir = tempfile::Builder::new()
+            .prefix("rootline-alloc-")
+            .tempdir()?;
+        let path = dir.path().join(SHIM_NAME);
+        std::fs::write(&path, SHIM)?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        Ok(Shim {
+            _dir: dir,
+            site: UprobeSite {
+                path: path.clone(),
+                offset,
+            },
+            path,
+        })
+    }
+
+    /// The `LD_PRELOAD` value that loads the library before any already asked for.
+    pub fn preload(&self) -> std::ffi::OsString {
+        let mut value = self.path.clone().into_os_string();
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+            value.push(":");
+            value.push(old);
+        }
+        value
+    }
+}
+
+/// A probed libc function: its file offset, what it is, and its address in the process.
+type LibcFunction = (u64, AllocKind, u64);
+
+/// The allocation functions of the libc process `pid` runs: their uprobe sites (through
+/// `/proc/PID/root`, so a process in another mount namespace is probed in its own file) and
+/// `(file offset, kind, address in the process)` triples to tell their samples apart.
+pub(crate) fn libc_sites(pid: u32) -> io::Result<(Vec<UprobeSite>, Vec<LibcFunction>)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            let name = p.rsplit('/').next().unwrap_or(p);
+            name.starts_with("libc.so") || (name.starts_with("libc-") && name.ends_with(".so"))
+        })
+        .ok_or_else(|| io::Error::other(format!("process {pid} has no libc mapped")))?;
+    let path = Path::new(&format!("/proc/{pid}/root")).join(libc.trim_start_matches('/'));
+    let data = std::fs::read(&path)?;
+    let mut sites = Vec::new();
+    let mut kinds = Vec::new();
+    for (i, name) in NATIVE_ALLOC_FUNCTIONS.iter().enumerate() {
+        let Some(offset) = symbol_file_offset(&data, name) else {
+            continue;
+        };
+        // Aliases share an address: one probe each.
+        if kinds.iter().any(|&(o, _, _)| o == offset) {
+            continue;
+        }
+        let Some(address) = address_of(&maps, libc, offset) else {
+            continue;
+        };
+        kinds.push((offset, AllocKind(i as u8), address));
+        sites.push(UprobeSite {
+            path: path.clone(),
+            offset,
+        });
+    }
+    if sites.is_empty() {
+        return Err(io::Error::other(format!(
+            "{libc} of process {pid} exports no allocation function"
+        )));
+    }
+    Ok((sites, kinds))
+}
+
+/// The address at which file offset `offset` of `path` is mapped, per the `maps` text.
+fn address_of(maps: &str, path: &str, offset: u64) -> Option<u64> {
+    maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let range = fields.next()?;
+        let perms = fields.next()?;
+        let pgoff = u64::from_str_radix(fields.next()?, 16).ok()?;
+        if fields.nth(2)? != path || !perms.contains('x') {
+            return None;
+        }
+        let (start, end) = range.split_once('-')?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        (offset >= pgoff && offset - pgoff < end - start).then(|| start + offset - pgoff)
+    })
+}
+
+/// Opens, for thread `tid` (inheriting), one uprobe event per site and CPU; the events of CPU
+/// `cpus[i]` write into the ring of `events[i]`, created by the first site when `events` is empty.
+pub(crate) fn open_alloc_events(
+    tid: u32,
+    enable_on_exec: bool,
+    cfg: &EventConfig,
+    cpus: &[u32],
+    events: &mut Vec<PerfEvent>,
+    sites: &[UprobeSite],
+) -> Result<(), OpenError> {
+    // Allocations come in bursts (a program filling a table): rings four times the CPU
+    // sampling's, so a burst waits for the reader instead of being lost.
+    let cfg = &EventConfig {
+        ring_pages: (cfg.ring_pages * 4).clamp(64, 8192),
+        ..*cfg
+    };
+    let pmu = crate::perf_event::uprobe_pmu_type().map_err(|e| {
+        OpenError::Other(io::Error::other(format!(
+            "this kernel has no uprobe PMU (/sys/bus/event_source/devices/uprobe): {e}"
+        )))
+    })?;
+    let mut opened: Vec<PerfEvent> = Vec::with_capacity(cpus.len() * sites.len());
+    for site in sites {
+        for (i, &cpu) in cpus.iter().enumerate() {
+            let target = EventTarget::Thread {
+                tid,
+                cpu,
+                inherit: true,
+                enable_on_exec,
+            };
+            let output = events.get(i).or(opened.get(i));
+            let e = PerfEvent::open_uprobe(target, cfg, output, pmu, site)?;
+            opened.push(e);
+        }
+    }
+    events.extend(opened);
+    Ok(())
+}
+
+/// Attaching allocation recording to a recording's target: the sampler library for a launched
+/// command, uprobes on libc for `-p`; inert when allocations are not recorded.
+pub(crate) struct Attach {
+    rate: Option<u64>,
+    /// Kept (and its file) until the recording ends.
+    shim: Option<Shim>,
+    source: Option<AllocSource>,
+}
+
+impl Attach {
+    /// Writes the sampler library out when `opts` launch a command with allocations recorded.
+    pub fn new(opts: &RecordOptions) -> Result<Attach, RecordError> {
+        let shim = match (&opts.target, opts.alloc_rate) {
+            (Target::Command(_), Some(_)) => Some(Shim::write().map_err(|e| {
+                RecordError::Open(OpenError::Other(io::Error::other(format!(
+                    "cannot write the allocation sampler library to the temporary directory: {e}"
+                ))))
+            })?),
+            _ => None,
+        };
+        Ok(Attach {
+            rate: opts.alloc_rate.map(|r| r.max(1)),
+            shim,
+            source: None,
+        })
+    }
+
+    /// The environment of a launched command: `base`, plus the sampler library and its rate.
+    pub fn launch_env(&self, base: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+        let mut env = base.to_vec();
+        if let (Some(shim), Some(rate)) = (&self.shim, self.rate) {
+            env.push(("LD_PRELOAD".into(), shim.preload()));
+            env.push(("ROOTLINE_ALLOC_RATE".into(), rate.to_string().into()));
+        }
+        env
+    }
+
+    /// Opens the sampler library's uprobe for the launched command `pid` (enabled at its exec).
+    pub fn open_command(
+        &mut self,
+        pid: u32,
+        cfg: &EventConfig,
+        cpus: &[u32],
+        events: &mut Vec<PerfEvent>,
+    ) -> Result<(), OpenError> {
+        let Some(shim) = &self.shim else {
+            return Ok(());
+        };
+        open_alloc_events(
+            pid,
+            true,
+            cfg,
+            cpus,
+            events,
+            std::slice::from_ref(&shim.site),
+        )?;
+        self.source = Some(AllocSource::Shim);
+        Ok(())
+    }
+
+    /// Opens uprobes on the allocation functions of the libc of process `pid`, for each of its
+    /// threads (and the threads they create).
+    pub fn open_pid(
+        &mut self,
+        pid: u32,
+        cfg: &EventConfig,
+        cpus: &[u32],
+        events: &mut Vec<PerfEvent>,
+    ) -> Result<(), RecordError> {
+        if self.rate.is_none() {
+            return Ok(());
+        }
+        let (sites, kinds) = libc_sites(pid).map_err(|e| {
+            RecordError::Open(OpenError::Other(io::Error::other(format!(
+                "allocations of process {pid} cannot be probed: {e}"
+            ))))
+        })?;
+        let tids = crate::process::thread_ids(pid).map_err(|_| RecordError::TargetGone(pid))?;
+        for tid in tids {
+            match open_alloc_events(tid, false, cfg, cpus, events, &sites) {
+                Ok(()) | Err(OpenError::NoSuchThread(_)) => {}
+                Err(OpenError::Permission { paranoid }) => {
+                    return Err(RecordError::Permission(OpenError::Permission { paranoid }));
+                }
+                Err(e) => return Err(RecordError::Open(e)),
+            }
+        }
+        if !matches!(self.source, Some(AllocSource::Libc { .. })) {
+            self.source = Some(AllocSource::Libc {
+                sites: Vec::new(),
+                addresses: FastMap::new(),
+            });
+        }
+        if let Some(AllocSource::Libc { sites, addresses }) = &mut self.source {
+            for (offset, kind, address) in kinds {
+                if !sites.contains(&(offset, kind)) {
+                    sites.push((offset, kind));
+                }
+                addresses.insert(address, kind);
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes the rate and how samples are taken in the profile's metadata.
+    pub fn describe(&self, extra: &mut std::collections::BTreeMap<String, String>) {
+        let Some(rate) = self.rate else {
+            return;
+        };
+        extra.insert("alloc.rate_bytes".into(), rate.to_string());
+        let how = match self.source {
+            Some(AllocSource::Shim) => "preload",
+            Some(AllocSource::Libc { .. }) => "uprobe-every-call",
+            None => "none",
+        };
+        extra.insert("alloc.attach".into(), how.into());
+    }
+
+    /// Where the pipeline's allocation samples come from, and the rate.
+    pub fn take_source(&mut self) -> Option<(AllocSource, u64)> {
+        Some((self.source.take()?, self.rate?))
+    }
+}
+
+/// Adds the allocation counts to the profile's metadata.
+pub(crate) fn describe_stats(
+    stats: &AllocStats,
+    extra: &mut std::collections::BTreeMap<String, String>,
+) {
+    if stats.sampled + stats.unsampled_calls + stats.unreadable == 0 {
+        return;
+    }
+    for (key, n) in [
+        ("alloc.sampled", stats.sampled),
+        ("alloc.estimated_bytes", stats.estimated_bytes),
+        ("alloc.unsampled_calls", stats.unsampled_calls),
+        ("alloc.unreadable", stats.unreadable),
+    ] {
+        extra.insert(key.into(), n.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_weight_is_unbiased_for_small_and_large_sizes() {
+        let rate = 512.0 * 1024.0;
+        // Small: about one sample per `rate` bytes.
+        assert!((unbiased_bytes(16, rate) - rate).abs() / rate < 1e-3);
+        // Far above the rate: every one is sampled and weighs its size.
+        let big = 64 * 1024 * 1024;
+        assert!((unbiased_bytes(big, rate) - big as f64).abs() < 1.0);
+        assert_eq!(unbiased_bytes(100, 0.0), 100.0);
+    }
+
+    #[test]
+    fn a_countdown_samples_bytes_at_the_mean_rate() {
+        let rate = 4096.0;
+        let mut c = Countdown::new(7, rate);
+        let (mut sampled, mut estimate) = (0u64, 0.0);
+        let total = 64u64 * 1_000_000;
+        for _ in 0..total / 64 {
+            if c.crosses(64, rate) {
+                sampled += 1;
+                estimate += unbiased_bytes(64, rate);
+            }
+        }
+        let expected = total as f64 / rate;
+        assert!(
+            (sampled as f64 - expected).abs() / expected < 0.05,
+            "{sampled}"
+        );
+        assert!(
+            (estimate - total as f64).abs() / (total as f64) < 0.05,
+            "{estimate}"
+        );
+    }
+
+    #[test]
+    fn the_library_s_marker_is_found_in_its_file() {
+        let offset = symbol_file_offset(SHIM, MARKER).unwrap();
+        assert!(offset > 0 && (offset as usize) < SHIM.len());
+        assert_eq!(
+            AllocKind::from_shim(1).unwrap().frame_name(),
+            "[alloc: malloc]"
+        );
+        assert_eq!(AllocKind::from_shim(9), None);
+        assert_eq!(AllocKind::from_shim(0), None);
+    }
+}
