@@ -2,7 +2,7 @@
 //! `path_a` asks for three quarters of its bytes and `path_b` a quarter, through malloc, calloc,
 //! realloc and `new`, sizes from 16 B to 1 MiB, and prints the bytes each path asked for. The
 //! estimated bytes under each path are within 10% of the truth, for a launched command (sampler
-//! library) and for `-p` (uprobes on libc); every allocation stack is whole from `_start` to the
+//! library) and for `-p` (uprobes on libc filtered by the BPF sampler); every allocation stack is whole from `_start` to the
 //! program's call and ends in `[alloc: FUNCTION]`, with no frame of the sampler itself; the
 //! allocation columns reach folded, speedscope and pprof (`alloc_space`/`alloc_objects`, read by
 //! `go tool pprof`) with the same totals.
@@ -348,13 +348,19 @@ fn a_running_process_recorded_with_p_is_attributed_the_same_way() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     let profile = read(&out);
+    // The BPF sampler decided in the kernel: no call reached user space in vain.
     assert_eq!(
         profile
             .metadata
             .extra
             .get("alloc.attach")
             .map(String::as_str),
-        Some("uprobe-every-call")
+        Some("uprobe-bpf"),
+        "{stderr}"
+    );
+    assert_eq!(
+        profile.metadata.extra.get("alloc.unsampled_calls"),
+        Some(&"0".to_string())
     );
     let got = check(&profile);
     assert_within_10_percent(&got, truth(&done.stdout), "-p");

@@ -27,6 +27,7 @@ use crate::process::Processes;
 use crate::unwind::Registers;
 use crate::unwind::regs::{RDI, RDX, RSI};
 
+use super::alloc_bpf::KernelSampler;
 use super::options::{RecordError, RecordOptions, Target};
 
 /// Default mean bytes between allocation samples (as Go's `MemProfileRate` and tcmalloc).
@@ -60,7 +61,7 @@ impl AllocKind {
     }
 
     /// The function's name.
-    fn function(self) -> &'static str {
+    pub fn function(self) -> &'static str {
         NATIVE_ALLOC_FUNCTIONS[usize::from(self.0)]
     }
 
@@ -135,6 +136,8 @@ pub(crate) enum AllocSource {
     Libc {
         sites: Vec<(u64, AllocKind)>,
         addresses: FastMap<u64, AllocKind>,
+        /// The BPF program already decided: every sample that arrives is sampled.
+        kernel_decides: bool,
     },
 }
 
@@ -213,7 +216,11 @@ impl AllocSampler {
                     _ => None,
                 }
             }
-            AllocSource::Libc { sites, addresses } => {
+            AllocSource::Libc {
+                sites,
+                addresses,
+                kernel_decides,
+            } => {
                 let ip = regs.ip();
                 // A process given with -p by its address; a child it started since by the
                 // file offset in its mappings.
@@ -223,6 +230,11 @@ impl AllocSampler {
                     sites.iter().find(|&&(o, _)| o == offset).map(|&(_, k)| k)
                 });
                 match kind.and_then(|k| Some((k, k.size(&regs)?))) {
+                    Some((kind, size)) if *kernel_decides => Some(AllocWeight::new(
+                        size,
+                        unbiased_bytes(size, self.rate),
+                        kind,
+                    )),
                     Some((kind, size)) => {
                         let rate = self.rate;
                         let countdown = self
@@ -431,6 +443,12 @@ pub(crate) struct Attach {
     /// Kept (and its file) until the recording ends.
     shim: Option<Shim>,
     source: Option<AllocSource>,
+    /// The BPF sampler for `-p` (None before the first process, or when it could not load).
+    kernel: Option<KernelSampler>,
+    /// Whether loading the BPF sampler was tried.
+    kernel_tried: bool,
+    /// What the user should know about how allocations are sampled, one line each.
+    pub notes: Vec<String>,
 }
 
 impl Attach {
@@ -448,6 +466,9 @@ impl Attach {
             rate: opts.alloc_rate.map(|r| r.max(1)),
             shim,
             source: None,
+            kernel: None,
+            kernel_tried: false,
+            notes: Vec::new(),
         })
     }
 
@@ -493,8 +514,17 @@ impl Attach {
         cpus: &[u32],
         events: &mut Vec<PerfEvent>,
     ) -> Result<(), RecordError> {
-        if self.rate.is_none() {
+        let Some(rate) = self.rate else {
             return Ok(());
+        };
+        if !self.kernel_tried {
+            self.kernel_tried = true;
+            match KernelSampler::load(rate) {
+                Ok(k) => self.kernel = Some(k),
+                Err(e) => self.notes.push(format!(
+                    "allocations are sampled in user space, every call trapping ({e})"
+                )),
+            }
         }
         let (sites, kinds) = libc_sites(pid).map_err(|e| {
             RecordError::Open(OpenError::Other(io::Error::other(format!(
@@ -503,8 +533,10 @@ impl Attach {
         })?;
         let tids = crate::process::thread_ids(pid).map_err(|_| RecordError::TargetGone(pid))?;
         for tid in tids {
+            let first = events.len();
             match open_alloc_events(tid, false, cfg, cpus, events, &sites) {
-                Ok(()) | Err(OpenError::NoSuchThread(_)) => {}
+                Ok(()) => self.attach_kernel(tid, cpus, &events[first..], &kinds),
+                Err(OpenError::NoSuchThread(_)) => {}
                 Err(OpenError::Permission { paranoid }) => {
                     return Err(RecordError::Permission(OpenError::Permission { paranoid }));
                 }
@@ -515,9 +547,13 @@ impl Attach {
             self.source = Some(AllocSource::Libc {
                 sites: Vec::new(),
                 addresses: FastMap::new(),
+                kernel_decides: false,
             });
         }
-        if let Some(AllocSource::Libc { sites, addresses }) = &mut self.source {
+        if let Some(AllocSource::Libc {
+            sites, addresses, ..
+        }) = &mut self.source
+        {
             for (offset, kind, address) in kinds {
                 if !sites.contains(&(offset, kind)) {
                     sites.push((offset, kind));
@@ -528,6 +564,32 @@ impl Attach {
         Ok(())
     }
 
+    /// Attaches the BPF sampler to `opened`, thread `tid`'s events (site-major, one per CPU of
+    /// `cpus`, sites as in `kinds`); on failure, detaches it everywhere and says so.
+    fn attach_kernel(
+        &mut self,
+        tid: u32,
+        cpus: &[u32],
+        opened: &[PerfEvent],
+        kinds: &[LibcFunction],
+    ) {
+        let Some(kernel) = self.kernel.as_mut() else {
+            return;
+        };
+        for (j, event) in opened.iter().enumerate() {
+            let (site, cpu) = (j / cpus.len(), cpus[j % cpus.len()]);
+            let cookie = u64::from(cpu) << 32 | u64::from(tid);
+            if let Err(e) = kernel.attach(event, kinds[site].1, cookie) {
+                self.kernel = None;
+                self.notes.push(format!(
+                    "allocations are sampled in user space, every call trapping (the BPF \
+                     sampler could not attach to a uprobe: {e})"
+                ));
+                return;
+            }
+        }
+    }
+
     /// Notes the rate and how samples are taken in the profile's metadata.
     pub fn describe(&self, extra: &mut std::collections::BTreeMap<String, String>) {
         let Some(rate) = self.rate else {
@@ -536,6 +598,7 @@ impl Attach {
         extra.insert("alloc.rate_bytes".into(), rate.to_string());
         let how = match self.source {
             Some(AllocSource::Shim) => "preload",
+            Some(AllocSource::Libc { .. }) if self.kernel.is_some() => "uprobe-bpf",
             Some(AllocSource::Libc { .. }) => "uprobe-every-call",
             None => "none",
         };
@@ -544,7 +607,11 @@ impl Attach {
 
     /// Where the pipeline's allocation samples come from, and the rate.
     pub fn take_source(&mut self) -> Option<(AllocSource, u64)> {
-        Some((self.source.take()?, self.rate?))
+        let mut source = self.source.take()?;
+        if let AllocSource::Libc { kernel_decides, .. } = &mut source {
+            *kernel_decides = self.kernel.is_some();
+        }
+        Some((source, self.rate?))
     }
 }
 

@@ -2,6 +2,7 @@
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
 mod alloc;
+mod alloc_bpf;
 mod budget;
 mod builder;
 mod deferral;
@@ -233,6 +234,7 @@ pub fn record(
                 attach(pid, &cfg, &cpus, &mut events, switches)?;
                 alloc.open_pid(pid, &cfg, &cpus, &mut alloc_events)?;
             }
+            attach_notes.append(&mut alloc.notes);
             for e in events.iter().chain(&switch_events).chain(&alloc_events) {
                 e.enable()
                     .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
