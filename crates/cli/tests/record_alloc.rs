@@ -1,6 +1,7 @@
 //! `rootline record --alloc` against ground truth: a C++ program (tests/c/alloc.cc) whose
 //! `path_a` asks for three quarters of its bytes and `path_b` a quarter, through malloc, calloc,
-//! realloc and `new`, sizes from 16 B to 1 MiB, and prints the bytes each path asked for. The
+//! realloc and `new`, sizes from 16 B to 1 MiB, `path_b` on a second thread, and prints the bytes
+//! each path asked for. The
 //! estimated bytes under each path are within 10% of the truth, for a launched command (sampler
 //! library) and for `-p` (uprobes on libc filtered by the BPF sampler); every allocation stack is whole from `_start` to the
 //! program's call and ends in `[alloc: FUNCTION]`, with no frame of the sampler itself; the
@@ -27,7 +28,14 @@ fn build(dir: &Path) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/alloc.cc");
     let binary = dir.join("allocs");
     let out = Command::new("g++")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-inline",
+            "-pthread",
+            "-o",
+        ])
         .arg(&binary)
         .arg(&source)
         .output()
@@ -123,16 +131,27 @@ fn check(profile: &Profile) -> Attributed {
             profile.frame(*frames.last().unwrap()).kind,
             FrameKind::Pseudo
         );
-        assert_eq!(names[0], "_start", "{names:?}");
-        let Some(main) = names.iter().position(|&n| n == "main") else {
-            continue; // start-up allocations of the C++ runtime
+        // The main thread's stacks run from _start, the second thread's from clone3 through
+        // start_thread.
+        let entry = if names[0] == "_start" {
+            let Some(main) = names.iter().position(|&n| n == "main") else {
+                continue; // start-up allocations of the C++ runtime
+            };
+            main
+        } else {
+            assert!(names[0].ends_with("clone3"), "{names:?}");
+            assert_eq!(names[1], "start_thread", "{names:?}");
+            assert_eq!(names[2], "second(void*)", "{names:?}");
+            2
         };
-        let path = names[main + 1];
+        let path = names[entry + 1];
+        let expected = if entry == 2 { "path_b(" } else { "path_a(" };
+        assert!(path.starts_with(expected), "{names:?}");
         let allocate = names
             .iter()
             .position(|n| n.starts_with("allocate("))
             .unwrap_or_else(|| panic!("{names:?}"));
-        assert_eq!(allocate, main + 2, "{names:?}");
+        assert_eq!(allocate, entry + 2, "{names:?}");
         // The program's call is the leaf's caller, or `new` is between them.
         let between = &names[allocate + 1..names.len() - 1];
         if !between.is_empty() {

@@ -397,11 +397,15 @@ fn address_of(maps: &str, path: &str, offset: u64) -> Option<u64> {
     })
 }
 
-/// Opens, for thread `tid` (inheriting), one uprobe event per site and CPU; the events of CPU
-/// `cpus[i]` write into the ring of `events[i]`, created by the first site when `events` is empty.
+/// Opens one uprobe event per site and CPU, for thread `tid` or (None) for every task on the
+/// CPU; the events of CPU `cpus[i]` write into the ring of `events[i]`, created by the first site
+/// when `events` is empty.
+///
+/// The events never inherit: the kernel creates an inherited uprobe event by reading its file's
+/// path again from the opener's pointer, in the new thread's address space, and the thread's
+/// creation fails with `EFAULT`.
 pub(crate) fn open_alloc_events(
-    tid: u32,
-    enable_on_exec: bool,
+    tid: Option<u32>,
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
@@ -421,11 +425,14 @@ pub(crate) fn open_alloc_events(
     let mut opened: Vec<PerfEvent> = Vec::with_capacity(cpus.len() * sites.len());
     for site in sites {
         for (i, &cpu) in cpus.iter().enumerate() {
-            let target = EventTarget::Thread {
-                tid,
-                cpu,
-                inherit: true,
-                enable_on_exec,
+            let target = match tid {
+                Some(tid) => EventTarget::Thread {
+                    tid,
+                    cpu,
+                    inherit: false,
+                    enable_on_exec: false,
+                },
+                None => EventTarget::Cpu(cpu),
             };
             let output = events.get(i).or(opened.get(i));
             let e = PerfEvent::open_uprobe(target, cfg, output, pmu, site)?;
@@ -493,20 +500,34 @@ impl Attach {
         let Some(shim) = &self.shim else {
             return Ok(());
         };
-        open_alloc_events(
-            pid,
-            true,
-            cfg,
-            cpus,
-            events,
-            std::slice::from_ref(&shim.site),
-        )?;
+        let site = std::slice::from_ref(&shim.site);
+        // The library is a private file only the command and its descendants map: probed on
+        // every CPU, its samples come from all their threads, however they start. Without the
+        // right to watch whole CPUs, the command's first thread only.
+        let first = events.len();
+        match open_alloc_events(None, cfg, cpus, events, site) {
+            Ok(()) => {}
+            Err(OpenError::Permission { .. }) => {
+                events.truncate(first);
+                open_alloc_events(Some(pid), cfg, cpus, events, site)?;
+                self.notes.push(
+                    "allocations are sampled on the command's first thread only (watching every \
+                     CPU for the sampler library needs kernel.perf_event_paranoid <= 0 or \
+                     CAP_PERFMON)"
+                        .into(),
+                );
+            }
+            Err(e) => return Err(e),
+        }
+        for e in &events[first..] {
+            e.enable().map_err(OpenError::Other)?;
+        }
         self.source = Some(AllocSource::Shim);
         Ok(())
     }
 
     /// Opens uprobes on the allocation functions of the libc of process `pid`, for each of its
-    /// threads (and the threads they create).
+    /// threads (threads it starts later are not followed: see [`open_alloc_events`]).
     pub fn open_pid(
         &mut self,
         pid: u32,
@@ -534,7 +555,7 @@ impl Attach {
         let tids = crate::process::thread_ids(pid).map_err(|_| RecordError::TargetGone(pid))?;
         for tid in tids {
             let first = events.len();
-            match open_alloc_events(tid, false, cfg, cpus, events, &sites) {
+            match open_alloc_events(Some(tid), cfg, cpus, events, &sites) {
                 Ok(()) => self.attach_kernel(tid, cpus, &events[first..], &kinds),
                 Err(OpenError::NoSuchThread(_)) => {}
                 Err(OpenError::Permission { paranoid }) => {

@@ -234,7 +234,7 @@ pub fn record(
                 attach(pid, &cfg, &cpus, &mut events, switches)?;
                 alloc.open_pid(pid, &cfg, &cpus, &mut alloc_events)?;
             }
-            attach_notes.append(&mut alloc.notes);
+
             for e in events.iter().chain(&switch_events).chain(&alloc_events) {
                 e.enable()
                     .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
@@ -259,6 +259,7 @@ pub fn record(
     let event_kind = events[0].kind();
     events.append(&mut switch_events);
     events.append(&mut alloc_events);
+    attach_notes.append(&mut alloc.notes);
     let mut sample_types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
     if opts.off_cpu_min_ns.is_some() {
         sample_types.push(SampleType::off_cpu_nanoseconds());

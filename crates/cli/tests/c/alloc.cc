@@ -1,5 +1,6 @@
 // Ground truth for `rootline record --alloc`: `path_a` allocates three quarters of the bytes and
 // `path_b` one quarter, through malloc, calloc, realloc and C++ new, sizes from 16 B to 1 MiB.
+// `path_b` runs on a second thread, started first, taking turns with the main thread.
 // Prints the bytes each path asked for. With the argument `wait` it first waits for a line on
 // stdin (so a recorder can attach with -p). ROUNDS sets the number of path_a allocations.
 #include <cstdio>
@@ -7,6 +8,8 @@
 #include <cstring>
 #include <ctime>
 #include <new>
+#include <pthread.h>
+#include <semaphore.h>
 
 #ifndef ROUNDS
 #define ROUNDS 20000
@@ -99,8 +102,28 @@ __attribute__((noinline)) static void path_b()
     }
 }
 
+static sem_t turn_b, turn_a;
+
+// The second thread: path_b each time the main thread hands over.
+static void *second(void *)
+{
+    for (unsigned round = 0; round < 10; round++) {
+        sem_wait(&turn_b);
+        path_b();
+        sem_post(&turn_a);
+    }
+    return nullptr;
+}
+
 int main(int argc, char **argv)
 {
+    sem_init(&turn_a, 0, 0);
+    sem_init(&turn_b, 0, 0);
+    pthread_t thread;
+    if (pthread_create(&thread, nullptr, second, nullptr) != 0) {
+        perror("pthread_create");
+        return 1;
+    }
     if (argc > 1 && strcmp(argv[1], "wait") == 0) {
         char line[16];
         if (!fgets(line, sizeof line, stdin))
@@ -108,8 +131,10 @@ int main(int argc, char **argv)
     }
     for (unsigned round = 0; round < 10; round++) {
         path_a(ROUNDS / 10);
-        path_b();
+        sem_post(&turn_b);
+        sem_wait(&turn_a);
     }
+    pthread_join(thread, nullptr);
     printf("path_a %zu\npath_b %zu\n", bytes_a, bytes_b);
     return 0;
 }
