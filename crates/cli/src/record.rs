@@ -77,8 +77,10 @@ pub struct Args {
     /// bytes, each sample with its stack and a leaf frame naming the function ([alloc: malloc]).
     /// Adds the value columns alloc-bytes and alloc-count, estimates of all allocations:
     /// `rootline report --value alloc-bytes`. A launched command gets a sampler library in
-    /// LD_PRELOAD (only sampled calls trap); with -p every call of the target's libc functions
-    /// traps a uprobe. Command or -p only.
+    /// LD_PRELOAD that counts bytes in the program, so only sampled calls trap; with -p, uprobes on
+    /// the target's libc functions trap every call and a BPF program keeps the count in the
+    /// kernel, so only sampled calls are recorded (-p samples the threads present when recording
+    /// starts). Command or -p only.
     #[arg(long, conflicts_with = "all_cpus")]
     pub alloc: bool,
     /// With --alloc: mean bytes allocated between two samples (a Poisson process, as tcmalloc

@@ -2,6 +2,7 @@
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
 mod alloc;
+mod alloc_attach;
 mod alloc_bpf;
 mod budget;
 mod builder;
@@ -200,7 +201,7 @@ pub fn record(
     let mut attach_notes = Vec::new();
     // Allocation uprobe events, in rings of their own; appended to `events` once open.
     let mut alloc_events = Vec::new();
-    let mut alloc = alloc::Attach::new(opts)?;
+    let mut alloc = alloc_attach::Attach::new(opts)?;
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
