@@ -18,7 +18,6 @@ fn main() {
             "-fvisibility=hidden",
             "-fasynchronous-unwind-tables",
             "-Wall",
-            "-Werror",
             "-o",
         ])
         .arg(&lib)
