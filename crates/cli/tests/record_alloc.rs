@@ -317,6 +317,15 @@ fn a_launched_command_s_bytes_are_attributed_to_their_true_paths() {
         })
         .sum();
     assert_eq!(go_bytes, got.total);
+    // A native allocation's frame names the function called, not a type: no allocated_type.
+    let tags = Command::new("go")
+        .args(["tool", "pprof", "-sample_index=alloc_space", "-tags"])
+        .arg(&pprof)
+        .output()
+        .unwrap();
+    assert!(tags.status.success(), "{tags:?}");
+    let text = String::from_utf8_lossy(&tags.stdout);
+    assert!(!text.contains("allocated_type"), "{text}");
 }
 
 /// perf events the process `pid` holds open.
