@@ -79,8 +79,8 @@ pub struct Args {
     /// `rootline report --value alloc-bytes`. A launched command gets a sampler library in
     /// LD_PRELOAD that counts bytes in the program, so only sampled calls trap; with -p, uprobes on
     /// the target's libc functions trap every call and a BPF program keeps the count in the
-    /// kernel, so only sampled calls are recorded (-p samples the threads present when recording
-    /// starts). Command or -p only.
+    /// kernel, so only sampled calls are recorded (threads the process starts are probed once
+    /// found, within a tenth of a second). Command or -p only.
     #[arg(long, conflicts_with = "all_cpus")]
     pub alloc: bool,
     /// With --alloc: mean bytes allocated between two samples (a Poisson process, as tcmalloc

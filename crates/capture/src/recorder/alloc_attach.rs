@@ -210,6 +210,18 @@ pub(crate) struct Attach {
     kernel_tried: bool,
     /// What the user should know about how allocations are sampled, one line each.
     pub notes: Vec<String>,
+    /// The `-p` processes probed: their sites, functions and the threads with events.
+    probed: Vec<Probed>,
+    /// The event layout and CPUs of the `-p` events, for threads found later.
+    layout: Option<(EventConfig, Vec<u32>)>,
+}
+
+/// A `-p` process whose libc is probed.
+struct Probed {
+    pid: u32,
+    sites: Vec<UprobeSite>,
+    kinds: Vec<LibcFunction>,
+    tids: std::collections::HashSet<u32>,
 }
 
 impl Attach {
@@ -230,6 +242,8 @@ impl Attach {
             kernel: None,
             kernel_tried: false,
             notes: Vec::new(),
+            probed: Vec::new(),
+            layout: None,
         })
     }
 
@@ -307,10 +321,19 @@ impl Attach {
             ))))
         })?;
         let tids = crate::process::thread_ids(pid).map_err(|_| RecordError::TargetGone(pid))?;
+        let mut probed = Probed {
+            pid,
+            sites,
+            kinds: kinds.clone(),
+            tids: Default::default(),
+        };
         for tid in tids {
             let first = events.len();
-            match open_alloc_events(Some(tid), cfg, cpus, events, &sites) {
-                Ok(()) => self.attach_kernel(tid, cpus, &events[first..], &kinds),
+            match open_alloc_events(Some(tid), cfg, cpus, events, &probed.sites) {
+                Ok(()) => {
+                    self.attach_kernel(tid, cpus, &events[first..], &kinds);
+                    probed.tids.insert(tid);
+                }
                 Err(OpenError::NoSuchThread(_)) => {}
                 Err(OpenError::Permission { paranoid }) => {
                     return Err(RecordError::Permission(OpenError::Permission { paranoid }));
@@ -318,6 +341,8 @@ impl Attach {
                 Err(e) => return Err(RecordError::Open(e)),
             }
         }
+        self.probed.push(probed);
+        self.layout = Some((*cfg, cpus.to_vec()));
         if !matches!(self.source, Some(AllocSource::Libc { .. })) {
             self.source = Some(AllocSource::Libc {
                 sites: Vec::new(),
@@ -337,6 +362,43 @@ impl Attach {
             }
         }
         Ok(())
+    }
+
+    /// Opens (enabled) the uprobe events of the threads the `-p` processes started since the
+    /// last call. A thread is found a moment after it starts: allocations in that moment are
+    /// missed.
+    pub fn follow_new_threads(&mut self) -> Vec<PerfEvent> {
+        let mut opened = Vec::new();
+        let Some((cfg, cpus)) = self.layout.clone() else {
+            return opened;
+        };
+        let mut probed = std::mem::take(&mut self.probed);
+        for p in &mut probed {
+            let Ok(tids) = crate::process::thread_ids(p.pid) else {
+                continue;
+            };
+            for tid in tids {
+                if !p.tids.insert(tid) {
+                    continue;
+                }
+                let mut events = Vec::new();
+                if open_alloc_events(Some(tid), &cfg, &cpus, &mut events, &p.sites).is_err() {
+                    continue; // it exited already
+                }
+                self.attach_kernel(tid, &cpus, &events, &p.kinds);
+                for e in events {
+                    if e.enable().is_ok() {
+                        opened.push(e);
+                    }
+                }
+            }
+            // Forget the threads that exited.
+            if let Ok(live) = crate::process::thread_ids(p.pid) {
+                p.tids.retain(|t| live.contains(t));
+            }
+        }
+        self.probed = probed;
+        opened
     }
 
     /// Attaches the BPF sampler to `opened`, thread `tid`'s events (site-major, one per CPU of

@@ -371,6 +371,8 @@ pub fn record(
             .add(e.raw_fd())
             .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
     }
+    // Allocation events of `-p` threads started while recording, opened by the supervisor.
+    let (new_events, new_events_rx) = std::sync::mpsc::channel::<PerfEvent>();
     let reader = {
         let done = done.clone();
         let interval = opts.flush_interval;
@@ -404,6 +406,10 @@ pub fn record(
                 let mut drain = Drain::default();
                 let mut last_flush = Instant::now();
                 loop {
+                    for e in new_events_rx.try_iter() {
+                        let _ = poller.add(e.raw_fd());
+                        events.push(e);
+                    }
                     let finishing = done.load(Ordering::Acquire);
                     if finishing {
                         for e in &events {
@@ -469,6 +475,9 @@ pub fn record(
         };
         if stop.load(Ordering::Acquire) {
             break;
+        }
+        for e in alloc.follow_new_threads() {
+            let _ = new_events.send(e);
         }
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
