@@ -79,14 +79,23 @@ pub struct Args {
     /// CAP_BPF+CAP_PERFMON, Linux 5.17+) and says why not otherwise; `on` fails without it.
     #[arg(long, value_enum, default_value_t = KernelWalkArg::Auto, value_name = "WHEN")]
     pub kernel_walk: KernelWalkArg,
-    /// Also record where memory is allocated. For .NET processes (-p, or a command that starts
-    /// a .NET runtime): the runtime's GC allocation ticks over EventPipe, about one per 100 KB a
-    /// thread allocates, each with the managed stack EventPipe walked for it (from the thread's
-    /// managed root) ending in [alloc: TYPE], weighed by the bytes since the previous tick. Adds
-    /// the value columns alloc-bytes and alloc-count (ticks); CPU samples stay perf's. Pick one
-    /// with `report/convert --value alloc-bytes`.
+    /// Also record where memory is allocated, in the value columns alloc-bytes and alloc-count
+    /// (pick one with `report/convert --value alloc-bytes`), each sample's stack ending in
+    /// [alloc: …]. Native code: malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign,
+    /// valloc, pvalloc (C++ operator new through malloc), sampled by bytes (--alloc-rate), the
+    /// leaf naming the function ([alloc: malloc]); a launched command gets a sampler library in
+    /// LD_PRELOAD so only sampled calls trap; with -p, uprobes on the target's libc and a BPF
+    /// program keep the count in the kernel (threads the process starts are probed once found,
+    /// within a tenth of a second). .NET processes given with -p: the runtime's GC allocation
+    /// ticks over EventPipe instead (about one per 100 KB a thread allocates, each with the
+    /// managed stack EventPipe walked for it, ending in [alloc: TYPE]). A launched command that
+    /// starts a .NET runtime gets both: its ticks and its native allocations. Command or -p only.
     #[arg(long, conflicts_with = "all_cpus")]
     pub alloc: bool,
+    /// With --alloc: mean bytes of native allocations between two samples (a Poisson process, as
+    /// tcmalloc and Go sample; default 512 KiB). .NET ticks come at the runtime's own pace.
+    #[arg(long, default_value_t = rootline_capture::recorder::DEFAULT_ALLOC_RATE, value_name = "BYTES", requires = "alloc")]
+    pub alloc_rate: u64,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -168,7 +177,10 @@ pub fn run(args: Args) -> Result<()> {
         opts.duration = Some(Duration::from_secs_f64(secs));
     }
     let alloc = if args.alloc {
-        Some(record_alloc::DotnetAlloc::start(&mut opts)?)
+        if args.alloc_rate == 0 {
+            bail!("--alloc-rate must be at least 1 byte");
+        }
+        record_alloc::start(&mut opts, args.alloc_rate)?
     } else {
         None
     };
@@ -326,6 +338,18 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             ms(off.below_min_ns),
             off.unmatched,
             off.open_at_end
+        );
+    }
+    let alloc = &stats.alloc;
+    if alloc.sampled + alloc.unsampled_calls + alloc.unreadable > 0 {
+        let _ = writeln!(
+            err,
+            "rootline: allocations: {} sampled, standing for {:.1} MiB; {} calls trapped between \
+             sample points, {} unreadable samples dropped",
+            alloc.sampled,
+            alloc.estimated_bytes as f64 / (1024.0 * 1024.0),
+            alloc.unsampled_calls,
+            alloc.unreadable
         );
     }
     if let Some(status) = recording.exit_status {

@@ -11,7 +11,8 @@
 //! join), and the off-CPU frames at the leaf of a stack recorded as its thread left the CPU, which
 //! say why it left ([`OFF_CPU_BLOCKED`], [`OFF_CPU_PREEMPTED`], …), and the allocation frame at the
 //! leaf of an allocation sample's stack, which names the allocated type (`[alloc: System.Byte[]]`,
-//! see [`alloc_frame_name`]).
+//! see [`alloc_frame_name`]); a native allocation's frame names the C function called instead
+//! (`[alloc: malloc]`, one of [`NATIVE_ALLOC_FUNCTIONS`]).
 
 use crate::{FrameId, FrameKind, Profile};
 
@@ -44,6 +45,20 @@ pub const OFF_CPU_SHORT: &str = "[off-cpu: short, not unwound]";
 pub const ALLOC_PREFIX: &str = "[alloc: ";
 /// The type in an allocation frame whose producer did not say what type was allocated.
 pub const ALLOC_UNKNOWN_TYPE: &str = "unknown type";
+
+/// The C allocation functions native allocation samples name, as their leaf frames do
+/// (`[alloc: malloc]`): the entry point the program called (C++ `operator new` reaches `malloc`,
+/// and its frame stays in the stack above it).
+pub const NATIVE_ALLOC_FUNCTIONS: [&str; 8] = [
+    "malloc",
+    "calloc",
+    "realloc",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+];
 
 /// The leaf frame name of an allocation of `type_name` (`None`: not known): `[alloc: TYPE]`.
 pub fn alloc_frame_name(type_name: Option<&str>) -> String {

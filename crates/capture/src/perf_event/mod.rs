@@ -4,9 +4,11 @@
 
 mod record;
 mod switches;
+mod uprobe;
 mod wait;
 
 pub use record::{Record, Sample, is_sample, parse_record, side_band_time};
+pub use uprobe::{UprobeSite, uprobe_pmu_type};
 pub use wait::{Poller, Waker, Woken, pidfd};
 
 use std::io;
@@ -232,6 +234,8 @@ pub struct PerfEvent {
     kind: EventKind,
     /// A context-switch event ([`PerfEvent::open_switches`]): its samples are switch-outs.
     switches: bool,
+    /// An allocation uprobe event ([`PerfEvent::open_uprobe`]): its samples are allocations.
+    alloc: bool,
 }
 
 impl PerfEvent {
@@ -273,6 +277,7 @@ impl PerfEvent {
                             ring,
                             kind,
                             switches: false,
+                            alloc: false,
                         });
                     }
                     Err(e) => {

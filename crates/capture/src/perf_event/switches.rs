@@ -60,6 +60,7 @@ impl PerfEvent {
             ring,
             kind: EventKind::CpuClock,
             switches: true,
+            alloc: false,
         })
     }
 }

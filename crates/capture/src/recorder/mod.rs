@@ -1,6 +1,9 @@
 //! A recording session: open the events for the target, drain the rings on a reader thread
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
+mod alloc;
+mod alloc_attach;
+mod alloc_bpf;
 mod budget;
 mod builder;
 mod deferral;
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 use rootline_profile::{Profile, SampleType};
 
 pub use crate::perf_event::monotonic_ns;
+pub use alloc::{AllocStats, DEFAULT_ALLOC_RATE, unbiased_bytes};
 pub use off_cpu::OffCpuStats;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, KernelWalkMode, MAX_USER_CALLCHAIN, RecordError,
@@ -265,19 +269,25 @@ pub fn record(
     let mut child = None;
     let start_ns = monotonic_ns();
     let mut attach_notes = Vec::new();
+    // Allocation uprobe events, in rings of their own; appended to `events` once open.
+    let mut alloc_events = Vec::new();
+    let mut alloc = alloc_attach::Attach::new(opts)?;
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
-            let c = launch::launch(argv, &opts.launch_env)?;
+            let c = launch::launch(argv, &alloc.launch_env(&opts.launch_env))?;
             let opened = open_thread(c.id(), true, &cfg, &cpus, &mut events, false).and_then(
                 |()| match opts.off_cpu_min_ns {
                     Some(_) => open_thread(c.id(), true, &cfg, &cpus, &mut switch_events, true),
                     None => Ok(()),
                 },
             );
-            let opened = opened.map_err(classify).and_then(|()| {
-                attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)
-            });
+            let opened = opened
+                .and_then(|()| alloc.open_command(c.id(), &cfg, &cpus, &mut alloc_events))
+                .map_err(classify)
+                .and_then(|()| {
+                    attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)
+                });
             if let Err(e) = opened {
                 send_signal(c.id(), libc::SIGKILL);
                 return Err(e);
@@ -297,21 +307,24 @@ pub fn record(
             for &pid in pids {
                 let switches = opts.off_cpu_min_ns.map(|_| &mut switch_events);
                 attach(pid, &cfg, &cpus, &mut events, switches)?;
+                if !opts.alloc_skip_pids.contains(&pid) {
+                    alloc.open_pid(pid, &cfg, &cpus, &mut alloc_events)?;
+                }
             }
             attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)?;
             // With the in-kernel walk, the reader enables the events once it has sent the
             // targets' mappings to the walk, so that no early sample goes without one.
             if kernel_walk.is_none() {
-                for e in events.iter().chain(&switch_events) {
+                for e in events.iter().chain(&switch_events).chain(&alloc_events) {
                     e.enable()
                         .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
                 }
             }
         }
         Target::System => {
-            if opts.off_cpu_min_ns.is_some() {
+            if opts.off_cpu_min_ns.is_some() || opts.alloc_rate.is_some() {
                 return Err(RecordError::Open(OpenError::Other(std::io::Error::other(
-                    "off-CPU recording follows given threads (a command or -p), not the whole host",
+                    "off-CPU and allocation recording follow given threads (a command or -p), not the whole host",
                 ))));
             }
             cfg.ring_pages = ring_pages(&cfg, 1);
@@ -327,13 +340,23 @@ pub fn record(
     }
     let event_kind = events[0].kind();
     events.append(&mut switch_events);
+    events.append(&mut alloc_events);
+    attach_notes.append(&mut alloc.notes);
     let mut sample_types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
     if opts.off_cpu_min_ns.is_some() {
         sample_types.push(SampleType::off_cpu_nanoseconds());
         sample_types.push(SampleType::wall_nanoseconds());
     }
-    let own_columns = sample_types.len();
-    sample_types.extend(opts.extra_columns.iter().cloned());
+    if opts.alloc_rate.is_some() {
+        sample_types.push(SampleType::alloc_bytes());
+        sample_types.push(SampleType::alloc_count());
+    }
+    // Columns of other sources (e.g. .NET allocation ticks), where not already the recorder's.
+    for t in &opts.extra_columns {
+        if !sample_types.contains(t) {
+            sample_types.push(t.clone());
+        }
+    }
     let mut profile = Profile::new(sample_types);
     profile.metadata.producer = "rootline record".into();
     profile.metadata.start_time_ns = start_ns;
@@ -370,6 +393,8 @@ pub fn record(
     if let Some(min_ns) = opts.off_cpu_min_ns {
         extra.insert("off_cpu.min_ns".into(), min_ns.to_string());
     }
+    alloc.describe(extra);
+    let alloc_source = alloc.take_source();
     let off_cpu_min_ns = opts.off_cpu_min_ns;
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
@@ -402,7 +427,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile, symbolizer_budgets, own_columns);
+                let mut builder = builder::Builder::new(profile, symbolizer_budgets);
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {
@@ -456,6 +481,8 @@ pub fn record(
             .add(kw.ring_fd())
             .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
     }
+    // Allocation events of `-p` threads started while recording, opened by the supervisor.
+    let (new_events, new_events_rx) = std::sync::mpsc::channel::<PerfEvent>();
     let reader = {
         let done = done.clone();
         let interval = opts.flush_interval;
@@ -480,6 +507,9 @@ pub fn record(
                 if let Some(min_ns) = off_cpu_min_ns {
                     pipeline.set_off_cpu(min_ns);
                 }
+                if let Some((source, rate)) = alloc_source {
+                    pipeline.set_alloc(source, rate);
+                }
                 if let Retention::HandOver { max_entries } = retention {
                     pipeline.set_table_limit(max_entries);
                 }
@@ -497,6 +527,10 @@ pub fn record(
                 let mut drain = Drain::default();
                 let mut last_flush = Instant::now();
                 loop {
+                    for e in new_events_rx.try_iter() {
+                        let _ = poller.add(e.raw_fd());
+                        events.push(e);
+                    }
                     let finishing = done.load(Ordering::Acquire);
                     if finishing {
                         for e in &events {
@@ -567,6 +601,9 @@ pub fn record(
         };
         if stop.load(Ordering::Acquire) {
             break;
+        }
+        for e in alloc.follow_new_threads() {
+            let _ = new_events.send(e);
         }
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
@@ -663,7 +700,7 @@ impl Drain {
             pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));
         }
         for (e, &head) in events.iter_mut().zip(&self.heads) {
-            let switches = e.is_switches();
+            let (switches, alloc) = (e.is_switches(), e.is_alloc());
             let Some(ring) = e.ring() else {
                 continue;
             };
@@ -672,6 +709,8 @@ impl Drain {
                 if let Record::Sample(s) = parse_record(data, kernel) {
                     if switches {
                         pipeline.switch_record(data, &s);
+                    } else if alloc {
+                        pipeline.alloc_record(data, &s);
                     } else {
                         pipeline.sample_record(data, &s);
                     }
@@ -726,6 +765,7 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
         m.extra
             .insert("callchain.capped".into(), cc.capped.to_string());
     }
+    alloc::describe_stats(&stats.alloc, &mut m.extra);
     let off = &stats.off_cpu;
     if off.switches > 0 {
         for (key, n) in [

@@ -86,6 +86,15 @@ pub struct RecordOptions {
     /// Whether the user stack is also walked in the kernel at each sample
     /// ([`crate::kernel_walk`]).
     pub kernel_walk: KernelWalkMode,
+    /// Also record where memory is allocated (malloc, calloc, realloc and the aligned
+    /// variants), sampled by bytes at a mean of this many bytes between samples (value columns
+    /// `alloc-bytes` and `alloc-count`, estimates of every allocation). A command or `-p`
+    /// target only. None: off.
+    pub alloc_rate: Option<u64>,
+    /// Processes of a `-p` target whose allocations another source records (e.g. a .NET
+    /// process's GC allocation ticks): with [`RecordOptions::alloc_rate`], their libc is not
+    /// probed.
+    pub alloc_skip_pids: Vec<u32>,
 }
 
 /// Adds samples from another source to a recording's profile (into its
@@ -140,6 +149,8 @@ impl RecordOptions {
             extra_columns: Vec::new(),
             launched_pid: None,
             injector: None,
+            alloc_rate: None,
+            alloc_skip_pids: Vec::new(),
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::process::Processes;
 use rootline_image::ModuleBudget;
 use std::time::Instant;
 
+use super::alloc::{AllocSampler, AllocSource, AllocWeight};
 use super::budget::TableLimit;
 use super::deferral::{Deferrals, Deferred};
 use super::lifetime::Lifetimes;
@@ -68,6 +69,10 @@ pub struct Pipeline {
     kernel_walk: Option<KernelWalk>,
     /// Walks of samples set aside, by (tid, time).
     kept_walks: foldhash::HashMap<(u32, u64), std::sync::Arc<crate::kernel_walk::KernelStack>>,
+    /// Allocation sampling, when allocations are recorded.
+    alloc: Option<AllocSampler>,
+    /// The weight of the allocation sample being handled.
+    alloc_weight: Option<AllocWeight>,
 }
 
 impl Pipeline {
@@ -95,6 +100,8 @@ impl Pipeline {
             ready: Vec::new(),
             kernel_walk: None,
             kept_walks: Default::default(),
+            alloc: None,
+            alloc_weight: None,
         }
     }
 
@@ -139,6 +146,27 @@ impl Pipeline {
         }
         if let Some(s) = self.stats.kernel_walk.as_mut() {
             s.walk = kw.stats();
+        }
+    }
+
+    /// Records allocation samples from `source` ([`Pipeline::alloc_record`]), sampled at a mean
+    /// of `rate` bytes.
+    pub(crate) fn set_alloc(&mut self, source: AllocSource, rate: u64) {
+        self.alloc = Some(AllocSampler::new(source, rate));
+    }
+
+    /// An allocation uprobe's sample parsed from `raw`: weighed, and unwound when sampled.
+    pub(crate) fn alloc_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+        if Some(s.pid) == self.skip_pid {
+            return;
+        }
+        let Some(sampler) = self.alloc.as_mut() else {
+            return;
+        };
+        if let Some(w) = sampler.weigh(s, &self.processes) {
+            self.alloc_weight = Some(w);
+            self.handle(s, Some(raw), s.pid);
+            self.alloc_weight = None;
         }
     }
 
@@ -228,8 +256,10 @@ impl Pipeline {
             }
             if let Record::Sample(s) = parse_record(&d.raw, self.callchain) {
                 self.off_weight = d.off_cpu;
+                self.alloc_weight = d.alloc;
                 self.handle(&s, Some(&d.raw), d.space);
                 self.off_weight = None;
+                self.alloc_weight = None;
             }
         }
         self.deferrals.release_retired(&mut self.processes);
@@ -328,6 +358,9 @@ impl Pipeline {
                 if let Some(off) = self.off_cpu.as_mut() {
                     off.exited(tid, time);
                 }
+                if let Some(alloc) = self.alloc.as_mut() {
+                    alloc.exited(tid);
+                }
                 self.proof.forget((pid, tid));
                 self.lifetimes.exited(pid, tid);
             }
@@ -388,7 +421,7 @@ impl Pipeline {
             }
             _ => None,
         };
-        if self.off_weight.is_none() {
+        if self.off_weight.is_none() && self.alloc_weight.is_none() {
             self.stats.samples += 1;
         }
         if self.lifetimes.sampled(s.pid, s.tid) {
@@ -408,12 +441,16 @@ impl Pipeline {
         for &ip in s.kernel_ips.iter().rev() {
             node = self.node(node, RawKind::Kernel, ip);
         }
-        let nanos = match self.off_weight {
-            Some(w) => {
+        let nanos = match (self.off_weight, self.alloc_weight) {
+            (Some(w), _) => {
                 node = self.node(node, RawKind::OffCpu(w.reason), 0);
                 w.nanos
             }
-            None => self.period_nanos.unwrap_or(s.period as i64),
+            (None, Some(a)) => {
+                node = self.node(node, RawKind::Alloc(a.kind), 0);
+                0
+            }
+            (None, None) => self.period_nanos.unwrap_or(s.period as i64),
         };
         self.pending.push(Pending {
             time: s.time,
@@ -422,6 +459,7 @@ impl Pipeline {
             node,
             nanos,
             off_cpu: self.off_weight,
+            alloc: self.alloc_weight,
         });
     }
 
@@ -469,8 +507,12 @@ impl Pipeline {
                     node,
                     nanos,
                     off_cpu: Some(weight),
+                    alloc: None,
                 });
             }
+        }
+        if let Some(alloc) = self.alloc.as_ref() {
+            self.stats.alloc = alloc.stats;
         }
         let pending = self.pending.len();
         let new = self.tables.take_new();
