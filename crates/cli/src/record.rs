@@ -64,7 +64,9 @@ pub struct Args {
     pub no_perfmap: bool,
     /// Also record where threads wait (off-CPU / wall-clock profile): each time a thread leaves
     /// the CPU its stack is taken and weighed by how long it stayed off, with a leaf frame saying
-    /// why ([off-cpu: blocked] or [off-cpu: preempted]). Adds the value columns off_cpu and wall
+    /// why, as the kernel's sched_switch tracepoint tells it: [off-cpu: sleeping],
+    /// [off-cpu: uninterruptible], [off-cpu: stopped] or [off-cpu: preempted] ([off-cpu: blocked]
+    /// when tracefs is not there to tell the state). Adds the value columns off_cpu and wall
     /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. Command or -p only.
     #[arg(long, conflicts_with = "all_cpus")]
     pub off_cpu: bool,

@@ -36,8 +36,8 @@ pub use stats::{CallchainStats, Stats};
 use std::os::fd::AsRawFd;
 
 use crate::perf_event::{
-    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Poller, Record, Waker, is_sample,
-    parse_record, pidfd, side_band_time,
+    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Poller, Record, SchedSwitch, Waker,
+    is_sample, parse_record, pidfd, side_band_time, strip_raw,
 };
 use crate::process::thread_ids;
 use crate::symbolize::SymbolizerBudgets;
@@ -99,7 +99,7 @@ fn attach(
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
-    mut switches: Option<&mut Vec<PerfEvent>>,
+    mut switches: Option<(&mut Vec<PerfEvent>, Option<SchedSwitch>)>,
 ) -> Result<(), RecordError> {
     if !process_alive(pid) {
         return Err(RecordError::TargetGone(pid));
@@ -113,9 +113,9 @@ fn attach(
         }
         for tid in new {
             seen.insert(tid);
-            let opened = open_thread(tid, false, cfg, cpus, events, false).and_then(|()| {
-                match switches.as_deref_mut() {
-                    Some(s) => open_thread(tid, false, cfg, cpus, s, true),
+            let opened = open_thread(tid, false, cfg, cpus, events, None).and_then(|()| {
+                match switches.as_mut() {
+                    Some((s, tp)) => open_thread(tid, false, cfg, cpus, s, Some(*tp)),
                     None => Ok(()),
                 }
             });
@@ -135,14 +135,15 @@ fn attach(
 
 /// Opens one event per CPU for thread `tid` (inheriting), each writing into the ring of the first
 /// event opened on that CPU (`events[i]` for CPU `cpus[i]`), creating those rings first. With
-/// `switches`, the events are context-switch events ([`PerfEvent::open_switches`]).
+/// `switches`, the events are context-switch events ([`PerfEvent::open_switches`]), through the
+/// tracepoint when it is given.
 fn open_thread(
     tid: u32,
     enable_on_exec: bool,
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
-    switches: bool,
+    switches: Option<Option<SchedSwitch>>,
 ) -> Result<(), OpenError> {
     let mut opened = Vec::with_capacity(cpus.len());
     for (i, &cpu) in cpus.iter().enumerate() {
@@ -153,10 +154,9 @@ fn open_thread(
             enable_on_exec,
         };
         let output = events.get(i).or(opened.get(i));
-        let e = if switches {
-            PerfEvent::open_switches(target, cfg, output)?
-        } else {
-            PerfEvent::open(target, cfg, output)?
+        let e = match switches {
+            Some(tp) => PerfEvent::open_switches(target, cfg, tp, output)?,
+            None => PerfEvent::open(target, cfg, output)?,
         };
         opened.push(e);
     }
@@ -194,17 +194,20 @@ pub fn record(
     let mut switch_events = Vec::new();
     let mut child = None;
     let start_ns = monotonic_ns();
+    // Off-CPU: switch-outs sampled through sched:sched_switch when tracefs has it (the state a
+    // thread left in), else the context-switches software event.
+    let switches = opts.off_cpu_min_ns.map(|_| SchedSwitch::find());
     let mut attach_notes = Vec::new();
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
             let c = launch::launch(argv, &opts.launch_env)?;
-            let opened = open_thread(c.id(), true, &cfg, &cpus, &mut events, false).and_then(
-                |()| match opts.off_cpu_min_ns {
-                    Some(_) => open_thread(c.id(), true, &cfg, &cpus, &mut switch_events, true),
+            let opened = open_thread(c.id(), true, &cfg, &cpus, &mut events, None).and_then(|()| {
+                match switches {
+                    Some(_) => open_thread(c.id(), true, &cfg, &cpus, &mut switch_events, switches),
                     None => Ok(()),
-                },
-            );
+                }
+            });
             match opened {
                 Ok(()) => {}
                 Err(e) => {
@@ -222,8 +225,8 @@ pub fn record(
                 attach_notes = crate::jit::hotspot::ask_at_attach(pids);
             }
             for &pid in pids {
-                let switches = opts.off_cpu_min_ns.map(|_| &mut switch_events);
-                attach(pid, &cfg, &cpus, &mut events, switches)?;
+                let with = switches.map(|tp| (&mut switch_events, tp));
+                attach(pid, &cfg, &cpus, &mut events, with)?;
             }
             for e in events.iter().chain(&switch_events) {
                 e.enable()
@@ -247,6 +250,10 @@ pub fn record(
         }
     }
     let event_kind = events[0].kind();
+    let switch_event = switch_events.first().map(|e| match e.switches() {
+        Some(Some(_)) => "sched:sched_switch",
+        _ => "context-switches",
+    });
     events.append(&mut switch_events);
     let mut sample_types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
     if opts.off_cpu_min_ns.is_some() {
@@ -288,6 +295,9 @@ pub fn record(
     extra.insert("user_callchain".into(), cfg.user_callchain.to_string());
     if let Some(min_ns) = opts.off_cpu_min_ns {
         extra.insert("off_cpu.min_ns".into(), min_ns.to_string());
+    }
+    if let Some(name) = switch_event {
+        extra.insert("off_cpu.event".into(), name.into());
     }
     let off_cpu_min_ns = opts.off_cpu_min_ns;
     let live_stack_budget = opts.live_stack_budget;
@@ -540,17 +550,31 @@ impl Drain {
             pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));
         }
         for (e, &head) in events.iter_mut().zip(&self.heads) {
-            let switches = e.is_switches();
+            let switches = e.switches();
             let Some(ring) = e.ring() else {
                 continue;
             };
             let pos = ring.peek(head, |data| {
                 count += 1;
-                if let Record::Sample(s) = parse_record(data, kernel) {
-                    if switches {
-                        pipeline.switch_record(data, &s);
-                    } else {
-                        pipeline.sample_record(data, &s);
+                match switches {
+                    None => {
+                        if let Record::Sample(s) = parse_record(data, kernel) {
+                            pipeline.sample_record(data, &s);
+                        }
+                    }
+                    Some(None) => {
+                        if let Record::Sample(s) = parse_record(data, kernel) {
+                            pipeline.switch_record(data, &s, None);
+                        }
+                    }
+                    // The tracepoint's samples: the state it reports, then the sample without it.
+                    Some(Some(tp)) => {
+                        if is_sample(data)
+                            && let Some((sample, raw)) = strip_raw(data, kernel)
+                            && let Record::Sample(s) = parse_record(&sample, kernel)
+                        {
+                            pipeline.switch_record(&sample, &s, tp.state(raw));
+                        }
                     }
                 }
             });

@@ -15,6 +15,8 @@ use std::collections::VecDeque;
 
 use foldhash::{HashMap as FastMap, HashMapExt};
 
+use crate::perf_event::SwitchState;
+
 /// Most switch-out samples or switch records kept per thread while they wait for their pair
 /// (past it the oldest go, counted as unmatched: their partner record was lost).
 const MAX_QUEUED: usize = 64;
@@ -22,9 +24,15 @@ const MAX_QUEUED: usize = 64;
 /// Why a thread was off the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum OffReason {
-    /// It left while still runnable (its time slice ended or a more urgent task woke).
+    /// It left while still runnable (its time slice ended, a more urgent task woke, it yielded).
     Preempted,
-    /// It left of its own accord: it blocked on I/O, a lock, or slept.
+    /// It slept, interruptibly: a sleep, a pipe or socket, a futex (a lock), poll.
+    Sleeping,
+    /// It waited uninterruptibly (disk I/O, a page read in, `vfork`, a kernel lock).
+    Uninterruptible,
+    /// It was stopped by a signal or a tracer.
+    Stopped,
+    /// It left of its own accord, in a state not told (no tracepoint) or not one of the above.
     Blocked,
     /// The switch-out record that says why was lost.
     Unknown,
@@ -38,9 +46,26 @@ impl OffReason {
         use rootline_profile::pseudo;
         match self {
             OffReason::Preempted => pseudo::OFF_CPU_PREEMPTED,
+            OffReason::Sleeping => pseudo::OFF_CPU_SLEEPING,
+            OffReason::Uninterruptible => pseudo::OFF_CPU_UNINTERRUPTIBLE,
+            OffReason::Stopped => pseudo::OFF_CPU_STOPPED,
             OffReason::Blocked => pseudo::OFF_CPU_BLOCKED,
             OffReason::Unknown => pseudo::OFF_CPU_UNKNOWN,
             OffReason::Short => pseudo::OFF_CPU_SHORT,
+        }
+    }
+
+    /// The reason: from the state the kernel reported when there is one, else from the
+    /// switch-out record's preempted flag (None: the record was lost).
+    fn of(state: Option<SwitchState>, preempted: Option<bool>) -> OffReason {
+        match (state, preempted) {
+            (Some(SwitchState::Runnable), _) => OffReason::Preempted,
+            (Some(SwitchState::Sleeping), _) => OffReason::Sleeping,
+            (Some(SwitchState::Uninterruptible), _) => OffReason::Uninterruptible,
+            (Some(SwitchState::Stopped), _) => OffReason::Stopped,
+            (Some(SwitchState::Other), _) | (None, Some(false)) => OffReason::Blocked,
+            (None, Some(true)) => OffReason::Preempted,
+            (None, None) => OffReason::Unknown,
         }
     }
 }
@@ -85,8 +110,8 @@ struct ThreadSwitches {
     outs: VecDeque<(u64, bool)>,
     /// Switch-in times.
     ins: VecDeque<u64>,
-    /// Switch-out samples `(time, raw record)`.
-    samples: VecDeque<(u64, Vec<u8>)>,
+    /// Switch-out samples `(time, raw record, state it left in)`.
+    samples: VecDeque<(u64, Vec<u8>, Option<SwitchState>)>,
     /// When the thread exited, if it did.
     exited: Option<u64>,
     /// Intervals below the minimum since the last batch: count, nanoseconds, last time.
@@ -138,8 +163,16 @@ impl OffCpu {
         }
     }
 
-    /// A switch-out sample of thread `tid` taken at `time`, recorded as `raw`.
-    pub fn sample(&mut self, pid: u32, tid: u32, time: u64, raw: &[u8]) {
+    /// A switch-out sample of thread `tid` taken at `time`, recorded as `raw`, with the state the
+    /// thread left in when the kernel said.
+    pub fn sample(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        time: u64,
+        raw: &[u8],
+        state: Option<SwitchState>,
+    ) {
         self.stats.switches += 1;
         let t = self.thread(pid, tid);
         if time <= t.settled {
@@ -148,7 +181,7 @@ impl OffCpu {
         }
         // Samples of one thread come from several CPUs' rings: keep them in time order.
         let at = t.samples.partition_point(|s| s.0 <= time);
-        t.samples.insert(at, (time, raw.to_vec()));
+        t.samples.insert(at, (time, raw.to_vec(), state));
         if t.samples.len() > MAX_QUEUED {
             t.samples.pop_front();
             self.stats.unmatched += 1;
@@ -174,7 +207,7 @@ impl OffCpu {
         let stats = &mut self.stats;
         self.threads.retain(|_, t| {
             let forced = end.is_some() || t.exited.is_some();
-            while let Some(&(ts, _)) = t.samples.front() {
+            while let Some(&(ts, _, state)) = t.samples.front() {
                 let next = t.samples.get(1).map(|s| s.0);
                 while t.ins.front().is_some_and(|&i| i <= ts) {
                     t.ins.pop_front();
@@ -212,7 +245,7 @@ impl OffCpu {
                     },
                 };
                 t.settled = ts;
-                let Some((_, raw)) = t.samples.pop_front() else {
+                let Some((_, raw, _)) = t.samples.pop_front() else {
                     break;
                 };
                 let nanos = tin - ts;
@@ -226,11 +259,7 @@ impl OffCpu {
                 }
                 stats.unwound += 1;
                 stats.unwound_ns += nanos;
-                let reason = match preempt {
-                    Some(true) => OffReason::Preempted,
-                    Some(false) => OffReason::Blocked,
-                    None => OffReason::Unknown,
-                };
+                let reason = OffReason::of(state, preempt);
                 ready.push(Ready {
                     raw,
                     weight: OffWeight {
@@ -271,7 +300,7 @@ mod tests {
         off.switch(1, 2, 1_001, true, true);
         off.settle(None, &mut ready);
         assert!(ready.is_empty());
-        off.sample(1, 2, 1_000, b"raw");
+        off.sample(1, 2, 1_000, b"raw", None);
         off.settle(None, &mut ready);
         assert_eq!(ready.len(), 1);
         assert_eq!(
@@ -282,10 +311,10 @@ mod tests {
             }
         );
         // A short interval is counted, not unwound; an open one waits, then ends at the end.
-        off.sample(1, 2, 3_000, b"a");
+        off.sample(1, 2, 3_000, b"a", None);
         off.switch(1, 2, 3_001, true, false);
         off.switch(1, 2, 3_050, false, false);
-        off.sample(1, 2, 4_000, b"b");
+        off.sample(1, 2, 4_000, b"b", None);
         off.switch(1, 2, 4_001, true, false);
         off.settle(None, &mut ready);
         assert_eq!(ready.len(), 1);
@@ -302,9 +331,9 @@ mod tests {
         let mut off = OffCpu::new(0);
         let mut ready = Vec::new();
         // Two intervals; the first one's switch-in has not arrived, the second's has.
-        off.sample(1, 2, 1_000, b"a");
+        off.sample(1, 2, 1_000, b"a", None);
         off.switch(1, 2, 1_001, true, true);
-        off.sample(1, 2, 3_000, b"b");
+        off.sample(1, 2, 3_000, b"b", None);
         off.switch(1, 2, 3_001, true, false);
         off.switch(1, 2, 5_000, false, false);
         off.settle(None, &mut ready);
@@ -326,7 +355,7 @@ mod tests {
             ]
         );
         // A switch-out record still on its way holds the sample back until the end.
-        off.sample(1, 2, 6_000, b"c");
+        off.sample(1, 2, 6_000, b"c", None);
         off.switch(1, 2, 7_000, false, false);
         off.settle(None, &mut ready);
         assert_eq!(ready.len(), 2);
@@ -339,7 +368,7 @@ mod tests {
     fn an_exited_thread_s_last_sample_is_dropped_and_counted() {
         let mut off = OffCpu::new(0);
         let mut ready = Vec::new();
-        off.sample(1, 3, 100, b"x");
+        off.sample(1, 3, 100, b"x", None);
         off.exited(3, 150);
         off.settle(Some(1_000), &mut ready);
         assert!(ready.is_empty());

@@ -15,7 +15,7 @@
 //! symbolizes distinct frames and builds the profile on its own thread.
 
 use crate::jit::JitMaps;
-use crate::perf_event::{Record, Sample, parse_record};
+use crate::perf_event::{Record, Sample, SwitchState, parse_record};
 use crate::process::Processes;
 use rootline_image::ModuleBudget;
 use std::time::Instant;
@@ -97,12 +97,13 @@ impl Pipeline {
         self.off_cpu = Some(OffCpu::new(min_ns));
     }
 
-    /// A switch-out sample parsed from `raw`: kept until the switch-in that ends its interval.
-    pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+    /// A switch-out sample parsed from `raw`, with the state the thread left in when the kernel
+    /// said: kept until the switch-in that ends its interval.
+    pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>, state: Option<SwitchState>) {
         if Some(s.pid) != self.skip_pid
             && let Some(off) = self.off_cpu.as_mut()
         {
-            off.sample(s.pid, s.tid, s.time, raw);
+            off.sample(s.pid, s.tid, s.time, raw, state);
         }
     }
 
