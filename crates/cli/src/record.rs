@@ -74,6 +74,13 @@ pub struct Args {
     /// their time summed per thread as [off-cpu: short, not unwound], without unwinding them.
     #[arg(long, default_value_t = 100, value_name = "US", requires = "off_cpu")]
     pub off_cpu_min_us: u64,
+    /// With --off-cpu: most switch-outs per second whose stacks are taken, per thread on each
+    /// CPU (the kernel's stack copy is the cost of a switch). The time of the others is kept,
+    /// summed per thread as [off-cpu: over the rate cap, not unwound], and counted in the
+    /// summary. 0: every switch.
+    #[arg(long, default_value_t = recorder::DEFAULT_OFF_CPU_MAX_RATE, value_name = "N",
+          requires = "off_cpu")]
+    pub off_cpu_max_rate: u32,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -112,6 +119,7 @@ pub fn run(args: Args) -> Result<()> {
     opts.ask_jvms = !args.no_perfmap;
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
+        opts.off_cpu_max_rate = args.off_cpu_max_rate;
     }
     if !args.no_perfmap {
         opts.launch_env = dotnet_perf_map_env();
@@ -243,14 +251,18 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         let ms = |ns: u64| ns as f64 / 1e6;
         let _ = writeln!(
             err,
-            "rootline: off-CPU: {} switches; {} intervals unwound ({:.1} ms), {} below the \
-             minimum counted without stacks ({:.1} ms), {} dropped unmatched (thread exited or \
-             record lost), {} still off at the end",
+            "rootline: off-CPU: {} switches, {} sampled; {} intervals unwound ({:.1} ms), {} \
+             below the minimum counted without stacks ({:.1} ms), {} over the rate cap counted \
+             without stacks ({:.1} ms), {} dropped unmatched (thread exited or record lost), {} \
+             still off at the end",
             off.switches,
+            off.sampled,
             off.unwound,
             ms(off.unwound_ns),
             off.below_min,
             ms(off.below_min_ns),
+            off.unsampled,
+            ms(off.unsampled_ns),
             off.unmatched,
             off.open_at_end
         );

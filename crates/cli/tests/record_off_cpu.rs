@@ -127,7 +127,7 @@ fn check(profile: &Profile) -> MainThread {
             "whole stack: {names:?}"
         );
         let at = |name: &str| names.iter().position(|&n| n == name);
-        if leaf == pseudo::OFF_CPU_SHORT {
+        if leaf == pseudo::OFF_CPU_SHORT || leaf == pseudo::OFF_CPU_UNSAMPLED {
             assert_eq!(names.len(), 1, "{names:?}");
             continue;
         }
@@ -526,5 +526,69 @@ fn a_thread_waiting_on_a_busy_thread_s_mutex_splits_its_wall_clock_time_truly() 
     assert!(
         in_vfork > 0 && d * 10 >= in_vfork * 9,
         "off the CPU in vfork: {vfork_reasons:?}"
+    );
+}
+
+#[test]
+fn switches_over_the_rate_cap_keep_their_time_without_stacks_and_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/off_cpu_pingpong.c");
+    let binary = dir.path().join("pingpong");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-pthread", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .expect("cc runs (scripts/test.sh installs gcc)");
+    assert!(cc.status.success(), "{cc:?}");
+    let out = dir.path().join("cap.rlp");
+    let run = rootline()
+        .args([
+            "record",
+            "--off-cpu",
+            "--off-cpu-min-us",
+            "0",
+            "--off-cpu-max-rate",
+            "100",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("--")
+        .arg(&binary)
+        .output()
+        .expect("rootline runs");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let profile = read(&out);
+    let extra = &profile.metadata.extra;
+    let count = |key: &str| -> i64 { extra[key].parse().unwrap() };
+    // 40,000 hand-overs, each a switch-out of one thread: far more than 100 a second (some
+    // records may be lost while the first window fills the ring).
+    let switches = count("off_cpu.switches");
+    assert!(switches >= 10_000, "{extra:?}");
+    assert!(count("off_cpu.sampled") * 2 < switches, "{extra:?}");
+    assert!(count("off_cpu.unsampled") > 0, "{extra:?}");
+    assert_eq!(extra["off_cpu.max_rate"], "100");
+    assert!(
+        stderr.contains(" over the rate cap counted without stacks"),
+        "{stderr}"
+    );
+    // Every interval's time is there: with stacks, or under the cap's frame.
+    let off = column(&profile, "off_cpu");
+    let samples = profile.samples();
+    let (mut total, mut capped) = (0i64, 0i64);
+    let mut frames = Vec::new();
+    for i in 0..samples.len() {
+        let v = samples.values[off][i];
+        total += v;
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        if frames.len() == 1 && profile.frame_name(frames[0]) == pseudo::OFF_CPU_UNSAMPLED {
+            capped += v;
+        }
+    }
+    assert_eq!(capped, count("off_cpu.unsampled_ns"));
+    assert_eq!(
+        total,
+        count("off_cpu.unwound_ns") + count("off_cpu.below_min_ns") + capped
     );
 }

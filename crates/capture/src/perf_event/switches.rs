@@ -1,6 +1,7 @@
 //! The context-switch event of off-CPU recording: an event sampled at every switch-out of the
-//! watched threads (their user registers and stack as they leave the CPU), which also asks for
-//! `PERF_RECORD_SWITCH` side-band records, whose switch-ins end each off-CPU interval.
+//! watched threads (their user registers and stack as they leave the CPU), and beside it a dummy
+//! event for the `PERF_RECORD_SWITCH` side-band records, whose switch-ins end each off-CPU
+//! interval: those go on while the sampling event is disabled (the rate cap).
 //!
 //! The event is the `sched:sched_switch` tracepoint when tracefs gives its id: its raw payload
 //! carries `prev_state`, the state the thread left in (sleeping, uninterruptible, stopped, or
@@ -16,6 +17,9 @@ use perf_event_open_sys as sys;
 use sys::bindings as b;
 
 use super::{EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Ring, attr, open_raw};
+
+/// Switch-out samples that fit below a context-switch ring's wake-up watermark.
+const SWITCHES_PER_WAKEUP: usize = 16;
 
 /// Where tracefs is looked for, in order (the second is the debugfs mount of older systems).
 const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
@@ -162,8 +166,9 @@ pub fn strip_raw(data: &[u8], callchain: bool) -> Option<(Vec<u8>, &[u8])> {
 impl PerfEvent {
     /// Opens the context-switch event on `target` (every switch sampled): `sched:sched_switch`
     /// with its raw payload when `tracepoint` is given, else `PERF_COUNT_SW_CONTEXT_SWITCHES`;
-    /// with the same sample layout as [`PerfEvent::open`] (plus the payload) and
-    /// `PERF_RECORD_SWITCH` records; when the tracepoint is refused, the software event. With
+    /// with the same sample layout as [`PerfEvent::open`] (plus the payload); when the tracepoint
+    /// is refused, the software event. The switch records come from
+    /// [`PerfEvent::open_switch_records`]. With
     /// `output`, it writes into that context-switch event's ring (same CPU), opened alike.
     ///
     /// The sample fires in the scheduler, in kernel mode, so kernel-mode events must be allowed
@@ -210,12 +215,15 @@ impl PerfEvent {
             }
         }
         a.__bindgen_anon_1.sample_period = 1;
+        // Wake the reader after a few switch-outs: it counts them against the rate cap.
+        let few = SWITCHES_PER_WAKEUP * (cfg.stack_bytes as usize + 512);
+        let half = cfg.ring_pages * super::page_size() / 2;
+        a.__bindgen_anon_2.wakeup_watermark = half.min(few) as u32;
         a.set_mmap(0);
         a.set_mmap2(0);
         a.set_comm(0);
         a.set_comm_exec(0);
         a.set_task(0);
-        a.set_context_switch(1);
         let fd = open_raw(&mut a, target).map_err(|e| match e.raw_os_error() {
             Some(libc::ESRCH) => match target {
                 EventTarget::Thread { tid, .. } => OpenError::NoSuchThread(tid),
@@ -243,6 +251,45 @@ impl PerfEvent {
             ring,
             kind: EventKind::CpuClock,
             switches: Some(tracepoint),
+        })
+    }
+
+    /// Opens the event that writes the `PERF_RECORD_SWITCH` records of `target` into the ring
+    /// of `output` (a context-switch event on the same CPU): a dummy software event, so that the
+    /// records go on while the sampling event is disabled for the rate cap.
+    pub fn open_switch_records(
+        target: EventTarget,
+        cfg: &EventConfig,
+        output: &PerfEvent,
+    ) -> Result<PerfEvent, OpenError> {
+        let mut a = attr(EventKind::CpuClock, cfg, target, false);
+        a.type_ = b::PERF_TYPE_SOFTWARE;
+        a.config = b::PERF_COUNT_SW_DUMMY as u64;
+        a.__bindgen_anon_1.sample_period = 0;
+        a.set_mmap(0);
+        a.set_mmap2(0);
+        a.set_comm(0);
+        a.set_comm_exec(0);
+        a.set_task(0);
+        a.set_context_switch(1);
+        let fd = open_raw(&mut a, target).map_err(|e| match e.raw_os_error() {
+            Some(libc::ESRCH) => match target {
+                EventTarget::Thread { tid, .. } => OpenError::NoSuchThread(tid),
+                EventTarget::Cpu(_) => OpenError::Other(e),
+            },
+            _ => OpenError::Other(e),
+        })?;
+        // SAFETY: both descriptors are live perf events; SET_OUTPUT only links the new event's
+        // output to the other's ring.
+        let rc = unsafe { sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), output.fd.as_raw_fd()) };
+        if rc < 0 {
+            return Err(OpenError::Other(io::Error::last_os_error()));
+        }
+        Ok(PerfEvent {
+            fd,
+            ring: None,
+            kind: EventKind::CpuClock,
+            switches: None,
         })
     }
 

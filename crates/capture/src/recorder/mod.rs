@@ -15,6 +15,7 @@ mod pipeline;
 mod raw;
 mod stack_end;
 mod stats;
+mod switch_cap;
 mod user_unwind;
 
 use std::sync::Arc;
@@ -26,8 +27,8 @@ use rootline_profile::{Profile, SampleType};
 pub use crate::perf_event::monotonic_ns;
 pub use off_cpu::OffCpuStats;
 pub use options::{
-    ChunkSink, DEFAULT_LIVE_STACK_BUDGET, MAX_USER_CALLCHAIN, RecordError, RecordOptions,
-    Recording, Retention, Target,
+    ChunkSink, DEFAULT_LIVE_STACK_BUDGET, DEFAULT_OFF_CPU_MAX_RATE, MAX_USER_CALLCHAIN,
+    RecordError, RecordOptions, Recording, Retention, Target,
 };
 pub use outer_cache::OuterCacheStats;
 pub use pipeline::Pipeline;
@@ -42,6 +43,7 @@ use crate::perf_event::{
 use crate::process::thread_ids;
 use crate::symbolize::SymbolizerBudgets;
 use launch::{process_alive, send_signal};
+use switch_cap::SwitchCap;
 
 /// How often the supervisor looks at the caller's stop flag (its only timed wake-up).
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -160,7 +162,24 @@ fn open_thread(
         };
         opened.push(e);
     }
+    // The switch records, into the same rings, from events the rate cap leaves enabled.
+    let mut records = Vec::new();
+    if switches.is_some() {
+        for (i, &cpu) in cpus.iter().enumerate() {
+            let target = EventTarget::Thread {
+                tid,
+                cpu,
+                inherit: true,
+                enable_on_exec,
+            };
+            let Some(output) = events.get(i).or(opened.get(i)) else {
+                continue;
+            };
+            records.push(PerfEvent::open_switch_records(target, cfg, output)?);
+        }
+    }
     events.extend(opened);
+    events.extend(records);
     Ok(())
 }
 
@@ -298,8 +317,10 @@ pub fn record(
     }
     if let Some(name) = switch_event {
         extra.insert("off_cpu.event".into(), name.into());
+        extra.insert("off_cpu.max_rate".into(), opts.off_cpu_max_rate.to_string());
     }
     let off_cpu_min_ns = opts.off_cpu_min_ns;
+    let off_cpu_max_rate = opts.off_cpu_max_rate;
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
     let skip_own_process = opts.skip_own_process;
@@ -386,6 +407,7 @@ pub fn record(
                 if let Some(min_ns) = off_cpu_min_ns {
                     pipeline.set_off_cpu(min_ns);
                 }
+                let mut cap = off_cpu_min_ns.and_then(|_| SwitchCap::new(off_cpu_max_rate));
                 if let Retention::HandOver { max_entries } = retention {
                     pipeline.set_table_limit(max_entries);
                 }
@@ -399,6 +421,12 @@ pub fn record(
                         }
                     }
                     drain.round(&mut events, &mut pipeline);
+                    let paused = match cap.as_mut() {
+                        Some(cap) if !finishing => {
+                            cap.after_round(pipeline.off_cpu_sampled(), &events)
+                        }
+                        _ => None,
+                    };
                     if finishing {
                         pipeline.ask_jvms_again(Instant::now() + JVM_LAST_ASK);
                         pipeline.finish();
@@ -413,7 +441,10 @@ pub fn record(
                     }
                     // Sleep until a ring passes its wake-up watermark (half the ring: a large
                     // batch, with the other half as slack), the next flush, or the end.
-                    let timeout = interval.saturating_sub(last_flush.elapsed());
+                    let mut timeout = interval.saturating_sub(last_flush.elapsed());
+                    if let Some(until) = paused {
+                        timeout = timeout.min(until);
+                    }
                     if poller.wait(timeout).is_err() {
                         std::thread::sleep(timeout.min(Duration::from_millis(20)));
                     }
@@ -631,10 +662,13 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
     if off.switches > 0 {
         for (key, n) in [
             ("off_cpu.switches", off.switches),
+            ("off_cpu.sampled", off.sampled),
             ("off_cpu.unwound", off.unwound),
             ("off_cpu.unwound_ns", off.unwound_ns),
             ("off_cpu.below_min", off.below_min),
             ("off_cpu.below_min_ns", off.below_min_ns),
+            ("off_cpu.unsampled", off.unsampled),
+            ("off_cpu.unsampled_ns", off.unsampled_ns),
             ("off_cpu.unmatched", off.unmatched),
             ("off_cpu.open_at_end", off.open_at_end),
         ] {

@@ -73,7 +73,15 @@ pub struct RecordOptions {
     /// columns `off_cpu` and `wall` = cpu + off_cpu). Intervals shorter than the given
     /// nanoseconds are counted and summed per thread but not unwound. None: off.
     pub off_cpu_min_ns: Option<u64>,
+    /// With off-CPU recording: most switch-outs per second whose stacks the kernel copies, per
+    /// thread on each CPU (the copy is the cost); the time of the others is kept, counted under
+    /// `[off-cpu: over the rate cap, not unwound]`. 0: every switch.
+    pub off_cpu_max_rate: u32,
 }
+
+/// Default [`RecordOptions::off_cpu_max_rate`]: switch-outs unwound per second, per thread on each
+/// CPU.
+pub const DEFAULT_OFF_CPU_MAX_RATE: u32 = 1000;
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
 pub const MAX_USER_CALLCHAIN: u16 = 512;
@@ -102,6 +110,7 @@ impl RecordOptions {
             ask_jvms: true,
             launch_env: Vec::new(),
             off_cpu_min_ns: None,
+            off_cpu_max_rate: DEFAULT_OFF_CPU_MAX_RATE,
         }
     }
 }

@@ -25,7 +25,7 @@ use super::deferral::{Deferrals, Deferred};
 use super::lifetime::Lifetimes;
 use super::live_proof::LiveProof;
 use super::naming::jit_names;
-use super::off_cpu::{OffCpu, OffReason, OffWeight, Ready};
+use super::off_cpu::{OffCpu, OffWeight, Ready};
 use super::raw::{Batch, NO_NODE, Pending, RawFrame, RawKind, RawTables};
 #[cfg(doc)]
 use super::stack_end::stack_end;
@@ -95,6 +95,11 @@ impl Pipeline {
     /// switch records; intervals under `min_ns` are counted but not unwound.
     pub fn set_off_cpu(&mut self, min_ns: u64) {
         self.off_cpu = Some(OffCpu::new(min_ns));
+    }
+
+    /// Switch-out samples received so far.
+    pub(crate) fn off_cpu_sampled(&self) -> u64 {
+        self.off_cpu.as_ref().map_or(0, |off| off.stats.sampled)
     }
 
     /// A switch-out sample parsed from `raw`, with the state the thread left in when the kernel
@@ -392,19 +397,16 @@ impl Pipeline {
     pub(crate) fn take_batch(&mut self) -> Batch {
         if let Some(off) = self.off_cpu.as_mut() {
             self.stats.off_cpu = off.stats;
-            for (pid, tid, time, nanos) in off.take_short() {
+            for (pid, tid, time, nanos, reason) in off.take_unstacked() {
                 let node = self.tables.node(
                     NO_NODE,
                     RawFrame {
-                        kind: RawKind::OffCpu(OffReason::Short),
+                        kind: RawKind::OffCpu(reason),
                         address: 0,
                         live: false,
                     },
                 );
-                let weight = OffWeight {
-                    nanos,
-                    reason: OffReason::Short,
-                };
+                let weight = OffWeight { nanos, reason };
                 self.pending.push(Pending {
                     time,
                     pid,
