@@ -67,17 +67,19 @@ pub struct Args {
     /// why, as the kernel's sched_switch tracepoint tells it: [off-cpu: sleeping],
     /// [off-cpu: uninterruptible], [off-cpu: stopped] or [off-cpu: preempted] ([off-cpu: blocked]
     /// when tracefs is not there to tell the state). Adds the value columns off_cpu and wall
-    /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. Command or -p only.
-    #[arg(long, conflicts_with = "all_cpus")]
+    /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. With -a, every task's
+    /// switches on the host (mind --off-cpu-max-rate).
+    #[arg(long)]
     pub off_cpu: bool,
     /// With --off-cpu: intervals off the CPU shorter than this many microseconds are counted and
     /// their time summed per thread as [off-cpu: short, not unwound], without unwinding them.
     #[arg(long, default_value_t = 100, value_name = "US", requires = "off_cpu")]
     pub off_cpu_min_us: u64,
-    /// With --off-cpu: most switch-outs per second whose stacks are taken, per thread on each
-    /// CPU (the kernel's stack copy is the cost of a switch). The time of the others is kept,
-    /// summed per thread as [off-cpu: over the rate cap, not unwound], and counted in the
-    /// summary. 0: every switch.
+    /// With --off-cpu: most switch-outs per second whose stacks are taken, over all recorded
+    /// threads (the kernel's stack copy is the cost of a switch; past the rate, switch-outs are
+    /// not sampled for the rest of a 100 ms window). The time of the others is kept, summed per
+    /// thread as [off-cpu: over the rate cap, not unwound], and counted in the summary. 0: every
+    /// switch.
     #[arg(long, default_value_t = recorder::DEFAULT_OFF_CPU_MAX_RATE, value_name = "N",
           requires = "off_cpu")]
     pub off_cpu_max_rate: u32,

@@ -52,8 +52,8 @@ pub enum Record<'a> {
         /// Thread id.
         tid: u32,
     },
-    /// A thread entered or left the CPU (`PERF_RECORD_SWITCH`, read from its `sample_id_all`
-    /// trailer).
+    /// A thread entered or left the CPU (`PERF_RECORD_SWITCH`, or `PERF_RECORD_SWITCH_CPU_WIDE`
+    /// of a per-CPU event; the thread is read from the `sample_id_all` trailer).
     Switch {
         /// Process id.
         pid: u32,
@@ -257,7 +257,11 @@ fn parse(data: &[u8], callchain: bool) -> Option<Record<'_>> {
                 Record::Exit { pid, tid }
             }
         }
-        b::PERF_RECORD_SWITCH => {
+        b::PERF_RECORD_SWITCH | b::PERF_RECORD_SWITCH_CPU_WIDE => {
+            if kind == b::PERF_RECORD_SWITCH_CPU_WIDE {
+                // The other task of the switch; the one switching is in the trailer.
+                c.u64()?;
+            }
             let pid = c.u32()?;
             let tid = c.u32()?;
             Record::Switch {

@@ -253,16 +253,24 @@ pub fn record(
             }
         }
         Target::System => {
-            if opts.off_cpu_min_ns.is_some() {
-                return Err(RecordError::Open(OpenError::Other(std::io::Error::other(
-                    "off-CPU recording follows given threads (a command or -p), not the whole host",
-                ))));
-            }
             cfg.ring_pages = ring_pages(&cfg, 1);
             for &cpu in &cpus {
                 events.push(PerfEvent::open(EventTarget::Cpu(cpu), &cfg, None).map_err(classify)?);
             }
-            for e in &events {
+            // Off-CPU on the whole host: every task's switch-outs on each CPU, and each CPU's
+            // switch records (`PERF_RECORD_SWITCH_CPU_WIDE`) into the same ring.
+            if let Some(tp) = switches {
+                let mut records = Vec::new();
+                for &cpu in &cpus {
+                    let target = EventTarget::Cpu(cpu);
+                    let e = PerfEvent::open_switches(target, &cfg, tp, None).map_err(classify)?;
+                    records
+                        .push(PerfEvent::open_switch_records(target, &cfg, &e).map_err(classify)?);
+                    switch_events.push(e);
+                }
+                switch_events.append(&mut records);
+            }
+            for e in events.iter().chain(&switch_events) {
                 e.enable()
                     .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
             }

@@ -73,14 +73,13 @@ pub struct RecordOptions {
     /// columns `off_cpu` and `wall` = cpu + off_cpu). Intervals shorter than the given
     /// nanoseconds are counted and summed per thread but not unwound. None: off.
     pub off_cpu_min_ns: Option<u64>,
-    /// With off-CPU recording: most switch-outs per second whose stacks the kernel copies, per
-    /// thread on each CPU (the copy is the cost); the time of the others is kept, counted under
-    /// `[off-cpu: over the rate cap, not unwound]`. 0: every switch.
+    /// With off-CPU recording: most switch-outs per second whose stacks the kernel copies, over
+    /// all recorded threads (the copy is the cost; see `switch_cap`); the time of the others is
+    /// kept, counted under `[off-cpu: over the rate cap, not unwound]`. 0: every switch.
     pub off_cpu_max_rate: u32,
 }
 
-/// Default [`RecordOptions::off_cpu_max_rate`]: switch-outs unwound per second, per thread on each
-/// CPU.
+/// Default [`RecordOptions::off_cpu_max_rate`]: switch-outs unwound per second.
 pub const DEFAULT_OFF_CPU_MAX_RATE: u32 = 1000;
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.

@@ -105,7 +105,9 @@ impl Pipeline {
     /// A switch-out sample parsed from `raw`, with the state the thread left in when the kernel
     /// said: kept until the switch-in that ends its interval.
     pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>, state: Option<SwitchState>) {
+        // Whole-host recording also sees the idle task (0) leave the CPU: not a thread's wait.
         if Some(s.pid) != self.skip_pid
+            && s.tid != 0
             && let Some(off) = self.off_cpu.as_mut()
         {
             off.sample(s.pid, s.tid, s.time, raw, state);
@@ -285,7 +287,10 @@ impl Pipeline {
                 out,
                 preempt,
             } => {
-                if let Some(off) = self.off_cpu.as_mut() {
+                if Some(pid) != self.skip_pid
+                    && tid != 0
+                    && let Some(off) = self.off_cpu.as_mut()
+                {
                     off.switch(pid, tid, time, out, preempt);
                 }
             }
