@@ -14,7 +14,7 @@ use rootline_profile::{
     Frame, FrameId, Function, Mapping, Profile, SampleType, StackId, TruncateReason,
 };
 
-use crate::buffer::{Record, SampleBuffer};
+use crate::buffer::{Record, SampleBuffer, SampleRecord};
 use crate::cache::StackKey;
 use crate::process::ProcessInfo;
 use crate::stacks::{FrameDesc, StackRef, StackView};
@@ -95,14 +95,7 @@ impl Resolver {
                     if stack.is_none() {
                         self.unresolved += 1;
                     }
-                    batch.add(
-                        &sample.process,
-                        sample.tid,
-                        sample.time_ns,
-                        sample.weight_ns,
-                        sample.key,
-                        stack,
-                    );
+                    batch.add(&sample.process, sample, stack);
                 }
             }
         }
@@ -120,6 +113,8 @@ pub struct BatchBuilder {
     order: Vec<u32>,
     processes: HashMap<u32, (Arc<ProcessInfo>, Builder)>,
     sample_rate_hz: Option<u32>,
+    /// Profiles carry the `off_cpu` column.
+    off_cpu: bool,
 }
 
 impl BatchBuilder {
@@ -131,23 +126,21 @@ impl BatchBuilder {
         }
     }
 
-    fn add(
-        &mut self,
-        process: &Arc<ProcessInfo>,
-        tid: u32,
-        time_ns: u64,
-        weight_ns: u64,
-        key: StackKey,
-        stack: Option<&StackRef>,
-    ) {
+    /// Profiles get the `off_cpu` column (nanoseconds) beside `samples` and `cpu`: off-CPU
+    /// samples weigh there, and 0 in the other two.
+    pub fn with_off_cpu(&mut self) {
+        self.off_cpu = true;
+    }
+
+    fn add(&mut self, process: &Arc<ProcessInfo>, sample: &SampleRecord, stack: Option<&StackRef>) {
         let pid = process.pid;
-        let rate = self.sample_rate_hz;
+        let (rate, off_cpu) = (self.sample_rate_hz, self.off_cpu);
         let order = &mut self.order;
         let (_, builder) = self.processes.entry(pid).or_insert_with(|| {
             order.push(pid);
-            (Arc::clone(process), Builder::new(process, rate))
+            (Arc::clone(process), Builder::new(process, rate, off_cpu))
         });
-        builder.add(pid, tid, time_ns, weight_ns, key, stack);
+        builder.add(pid, sample, stack);
     }
 
     /// Finishes the batch covering `start_ns..end_ns`.
@@ -175,8 +168,12 @@ impl BatchBuilder {
 }
 
 impl Builder {
-    fn new(process: &ProcessInfo, sample_rate_hz: Option<u32>) -> Builder {
-        let mut profile = Profile::new(vec![SampleType::samples(), SampleType::cpu_nanoseconds()]);
+    fn new(process: &ProcessInfo, sample_rate_hz: Option<u32>, off_cpu: bool) -> Builder {
+        let mut types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
+        if off_cpu {
+            types.push(SampleType::off_cpu_nanoseconds());
+        }
+        let mut profile = Profile::new(types);
         profile.metadata.producer = "rootline agent".to_string();
         profile.metadata.command_line = process.command_line.clone();
         profile.metadata.sample_rate_hz = sample_rate_hz;
@@ -198,29 +195,29 @@ impl Builder {
         }
     }
 
-    fn add(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        time_ns: u64,
-        weight_ns: u64,
-        key: StackKey,
-        stack: Option<&StackRef>,
-    ) {
-        let stack_id = match self.stack_ids.get(&key) {
+    fn add(&mut self, pid: u32, sample: &SampleRecord, stack: Option<&StackRef>) {
+        let stack_id = match self.stack_ids.get(&sample.key) {
             Some(&id) => id,
             None => {
                 let id = self.intern_stack(stack);
-                self.stack_ids.insert(key, id);
+                self.stack_ids.insert(sample.key, id);
                 id
             }
         };
-        let thread = self.profile.intern_thread(pid, tid);
-        let weight = i64::try_from(weight_ns).unwrap_or(i64::MAX);
-        // Cannot fail: the thread and stack were interned just above, and there are two values.
+        let thread = self.profile.intern_thread(pid, sample.tid);
+        let weight = i64::try_from(sample.weight_ns).unwrap_or(i64::MAX);
+        let with_off_cpu = self.profile.sample_types().len() == 3;
+        let values: &[i64] = match (with_off_cpu, sample.off_cpu) {
+            (true, true) => &[0, 0, weight],
+            (true, false) => &[1, weight, 0],
+            // Without the column (off-CPU not configured), an off-CPU sample has no place.
+            (false, true) => return,
+            (false, false) => &[1, weight],
+        };
+        // Cannot fail: the thread and stack were interned just above, one value per column.
         let _ = self
             .profile
-            .push_sample(time_ns, thread, stack_id, &[1, weight]);
+            .push_sample(sample.time_ns, thread, stack_id, values);
         self.samples += 1;
     }
 

@@ -147,6 +147,7 @@ impl Capture {
                 tid: sample.tid,
                 time_ns: sample.time_ns,
                 weight_ns: sample.weight_ns,
+                off_cpu: sample.off_cpu,
             })
         };
         match self.cache.lookup(sample.stacks, sample.stack, depth) {

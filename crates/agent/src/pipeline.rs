@@ -106,6 +106,7 @@ impl Agent {
             resolver: Resolver::new(),
             interval: config.export_interval,
             sample_rate_hz: config.frequency_hz,
+            off_cpu: config.off_cpu.enabled,
             sequence: 0,
             last_status: Stats::default(),
             module_budget: config.modules.byte_budget,
@@ -195,6 +196,8 @@ struct ExportLoop {
     resolver: Resolver,
     interval: Duration,
     sample_rate_hz: u32,
+    /// Profiles carry the `off_cpu` sample type.
+    off_cpu: bool,
     sequence: u64,
     last_status: Stats,
     /// `modules.byte_budget`, named in the warning when stacks end at it.
@@ -280,6 +283,9 @@ impl ExportLoop {
         let counters = &self.shared.counters;
         counters.handed.fetch_add(buffer.samples(), Relaxed);
         let mut builder = BatchBuilder::new(Some(self.sample_rate_hz));
+        if self.off_cpu {
+            builder.with_off_cpu();
+        }
         self.resolver.drain_into(&buffer, &mut builder);
         counters
             .unresolved
