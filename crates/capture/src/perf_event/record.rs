@@ -310,6 +310,33 @@ mod tests {
     }
 
     #[test]
+    fn a_cpu_wide_switch_record_names_the_thread_of_its_trailer() {
+        let mut rec = Vec::new();
+        rec.extend_from_slice(&b::PERF_RECORD_SWITCH_CPU_WIDE.to_le_bytes());
+        let misc = (b::PERF_RECORD_MISC_SWITCH_OUT | b::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT) as u16;
+        rec.extend_from_slice(&misc.to_le_bytes());
+        rec.extend_from_slice(&40u16.to_le_bytes());
+        // The next task (pid 5, tid 6), then the trailer: pid 7, tid 8, time, cpu.
+        for (a, b) in [(5u32, 6u32), (7, 8)] {
+            rec.extend_from_slice(&a.to_le_bytes());
+            rec.extend_from_slice(&b.to_le_bytes());
+        }
+        rec.extend_from_slice(&1234u64.to_le_bytes());
+        rec.extend_from_slice(&0u64.to_le_bytes());
+        let Record::Switch {
+            pid,
+            tid,
+            out,
+            preempt,
+        } = parse_record(&rec, false)
+        else {
+            panic!("not a switch record");
+        };
+        assert_eq!((pid, tid, out, preempt), (7, 8, true, true));
+        assert_eq!(side_band_time(&rec), Some(1234));
+    }
+
+    #[test]
     fn every_general_purpose_register_is_parsed() {
         // perf order: AX BX CX DX SI DI BP SP IP R8..R15.
         let regs: Vec<u64> = (0..17).map(|i| 0x100 + i).collect();
