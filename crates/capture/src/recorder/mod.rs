@@ -428,13 +428,8 @@ pub fn record(
                             let _ = e.disable();
                         }
                     }
-                    drain.round(&mut events, &mut pipeline);
-                    let paused = match cap.as_mut() {
-                        Some(cap) if !finishing => {
-                            cap.after_round(pipeline.off_cpu_sampled(), &events)
-                        }
-                        _ => None,
-                    };
+                    let live_cap = cap.as_mut().filter(|_| !finishing);
+                    let paused = drain.round(&mut events, &mut pipeline, live_cap).1;
                     if finishing {
                         pipeline.ask_jvms_again(Instant::now() + JVM_LAST_ASK);
                         pipeline.finish();
@@ -561,7 +556,16 @@ impl Drain {
     /// exec on one CPU and the mmaps that follow on another must apply in order), so mappings are
     /// known before the samples that use them; then samples. Returns the number of records
     /// handled.
-    fn round(&mut self, events: &mut [PerfEvent], pipeline: &mut Pipeline) -> usize {
+    ///
+    /// With `cap`, the rate cap looks at the switch-out samples as soon as they are counted,
+    /// before any is unwound (the sooner it pauses the events, the less a window overshoots);
+    /// the second value is how long until its window ends while it holds them paused.
+    fn round(
+        &mut self,
+        events: &mut [PerfEvent],
+        pipeline: &mut Pipeline,
+        cap: Option<&mut SwitchCap>,
+    ) -> (usize, Option<Duration>) {
         let kernel = pipeline.callchain();
         let mut count = 0;
         pipeline.begin_round();
@@ -619,8 +623,9 @@ impl Drain {
             });
             ring.consume(pos);
         }
+        let paused = cap.and_then(|cap| cap.after_round(pipeline.off_cpu_sampled(), events));
         pipeline.settle_off_cpu(None);
-        count
+        (count, paused)
     }
 }
 
