@@ -64,14 +64,25 @@ pub struct Args {
     pub no_perfmap: bool,
     /// Also record where threads wait (off-CPU / wall-clock profile): each time a thread leaves
     /// the CPU its stack is taken and weighed by how long it stayed off, with a leaf frame saying
-    /// why ([off-cpu: blocked] or [off-cpu: preempted]). Adds the value columns off_cpu and wall
-    /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. Command or -p only.
-    #[arg(long, conflicts_with = "all_cpus")]
+    /// why, as the kernel's sched_switch tracepoint tells it: [off-cpu: sleeping],
+    /// [off-cpu: uninterruptible], [off-cpu: stopped] or [off-cpu: preempted] ([off-cpu: blocked]
+    /// when tracefs is not there to tell the state). Adds the value columns off_cpu and wall
+    /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. With -a, every task's
+    /// switches on the host (mind --off-cpu-max-rate).
+    #[arg(long)]
     pub off_cpu: bool,
     /// With --off-cpu: intervals off the CPU shorter than this many microseconds are counted and
     /// their time summed per thread as [off-cpu: short, not unwound], without unwinding them.
     #[arg(long, default_value_t = 100, value_name = "US", requires = "off_cpu")]
     pub off_cpu_min_us: u64,
+    /// With --off-cpu: most switch-outs per second whose stacks are taken, over all recorded
+    /// threads (the kernel's stack copy is the cost of a switch; past the rate, switch-outs are
+    /// not sampled for the rest of a 100 ms window). The time of the others is kept, summed per
+    /// thread as [off-cpu: over the rate cap, not unwound], and counted in the summary. 0: every
+    /// switch.
+    #[arg(long, default_value_t = recorder::DEFAULT_OFF_CPU_MAX_RATE, value_name = "N",
+          requires = "off_cpu")]
+    pub off_cpu_max_rate: u32,
     /// Walk each sample's user stack in the kernel as well, while the thread is stopped (a BPF
     /// program with rules compiled from the binaries' CFI): frames past the stack copy are then
     /// read at the sample's instant instead of live afterwards, so stacks that change between
@@ -166,6 +177,7 @@ pub fn run(args: Args) -> Result<()> {
     opts.kernel_walk = args.kernel_walk.into();
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
+        opts.off_cpu_max_rate = args.off_cpu_max_rate;
     }
     if !args.no_perfmap {
         opts.launch_env = dotnet_perf_map_env();
@@ -328,14 +340,18 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         let ms = |ns: u64| ns as f64 / 1e6;
         let _ = writeln!(
             err,
-            "rootline: off-CPU: {} switches; {} intervals unwound ({:.1} ms), {} below the \
-             minimum counted without stacks ({:.1} ms), {} dropped unmatched (thread exited or \
-             record lost), {} still off at the end",
+            "rootline: off-CPU: {} switches, {} sampled; {} intervals unwound ({:.1} ms), {} \
+             below the minimum counted without stacks ({:.1} ms), {} over the rate cap counted \
+             without stacks ({:.1} ms), {} dropped unmatched (thread exited or record lost), {} \
+             still off at the end",
             off.switches,
+            off.sampled,
             off.unwound,
             ms(off.unwound_ns),
             off.below_min,
             ms(off.below_min_ns),
+            off.unsampled,
+            ms(off.unsampled_ns),
             off.unmatched,
             off.open_at_end
         );

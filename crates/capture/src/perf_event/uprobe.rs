@@ -89,7 +89,7 @@ impl PerfEvent {
             fd,
             ring,
             kind: EventKind::CpuClock,
-            switches: false,
+            switches: None,
             alloc: true,
         })
     }

@@ -95,6 +95,10 @@ pub struct RecordOptions {
     /// process's GC allocation ticks): with [`RecordOptions::alloc_rate`], their libc is not
     /// probed.
     pub alloc_skip_pids: Vec<u32>,
+    /// With off-CPU recording: most switch-outs per second whose stacks the kernel copies, over
+    /// all recorded threads (the copy is the cost; see `switch_cap`); the time of the others is
+    /// kept, counted under `[off-cpu: over the rate cap, not unwound]`. 0: every switch.
+    pub off_cpu_max_rate: u32,
 }
 
 /// Adds samples from another source to a recording's profile (into its
@@ -117,6 +121,9 @@ pub enum KernelWalkMode {
     /// Always: recording fails when the program cannot load.
     On,
 }
+
+/// Default [`RecordOptions::off_cpu_max_rate`]: switch-outs unwound per second.
+pub const DEFAULT_OFF_CPU_MAX_RATE: u32 = 1000;
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
 pub const MAX_USER_CALLCHAIN: u16 = 512;
@@ -151,6 +158,7 @@ impl RecordOptions {
             injector: None,
             alloc_rate: None,
             alloc_skip_pids: Vec::new(),
+            off_cpu_max_rate: DEFAULT_OFF_CPU_MAX_RATE,
         }
     }
 }

@@ -16,7 +16,7 @@
 
 use crate::jit::JitMaps;
 use crate::kernel_walk::KernelWalk;
-use crate::perf_event::{Record, Sample, parse_record};
+use crate::perf_event::{Record, Sample, SwitchState, parse_record};
 use crate::process::Processes;
 use rootline_image::ModuleBudget;
 use std::time::Instant;
@@ -27,7 +27,7 @@ use super::deferral::{Deferrals, Deferred};
 use super::lifetime::Lifetimes;
 use super::live_proof::LiveProof;
 use super::naming::jit_names;
-use super::off_cpu::{OffCpu, OffReason, OffWeight, Ready};
+use super::off_cpu::{OffCpu, OffWeight, Ready};
 use super::raw::{Batch, NO_NODE, Pending, RawFrame, RawKind, RawTables};
 #[cfg(doc)]
 use super::stack_end::stack_end;
@@ -176,12 +176,20 @@ impl Pipeline {
         self.off_cpu = Some(OffCpu::new(min_ns));
     }
 
-    /// A switch-out sample parsed from `raw`: kept until the switch-in that ends its interval.
-    pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+    /// Switch-out samples received so far.
+    pub(crate) fn off_cpu_sampled(&self) -> u64 {
+        self.off_cpu.as_ref().map_or(0, |off| off.stats.sampled)
+    }
+
+    /// A switch-out sample parsed from `raw`, with the state the thread left in when the kernel
+    /// said: kept until the switch-in that ends its interval.
+    pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>, state: Option<SwitchState>) {
+        // Whole-host recording also sees the idle task (0) leave the CPU: not a thread's wait.
         if Some(s.pid) != self.skip_pid
+            && s.tid != 0
             && let Some(off) = self.off_cpu.as_mut()
         {
-            off.sample(s.pid, s.tid, s.time, raw);
+            off.sample(s.pid, s.tid, s.time, raw, state);
         }
     }
 
@@ -370,7 +378,10 @@ impl Pipeline {
                 out,
                 preempt,
             } => {
-                if let Some(off) = self.off_cpu.as_mut() {
+                if Some(pid) != self.skip_pid
+                    && tid != 0
+                    && let Some(off) = self.off_cpu.as_mut()
+                {
                     off.switch(pid, tid, time, out, preempt);
                 }
             }
@@ -487,19 +498,16 @@ impl Pipeline {
     pub(crate) fn take_batch(&mut self) -> Batch {
         if let Some(off) = self.off_cpu.as_mut() {
             self.stats.off_cpu = off.stats;
-            for (pid, tid, time, nanos) in off.take_short() {
+            for (pid, tid, time, nanos, reason) in off.take_unstacked() {
                 let node = self.tables.node(
                     NO_NODE,
                     RawFrame {
-                        kind: RawKind::OffCpu(OffReason::Short),
+                        kind: RawKind::OffCpu(reason),
                         address: 0,
                         live: false,
                     },
                 );
-                let weight = OffWeight {
-                    nanos,
-                    reason: OffReason::Short,
-                };
+                let weight = OffWeight { nanos, reason };
                 self.pending.push(Pending {
                     time,
                     pid,
