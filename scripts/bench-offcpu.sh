@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a context switch costs with `rootline record --off-cpu`: a program makes N pipe ping-pongs
 # (two threads pinned to one CPU, so every hand-over is a context switch) or N sched_yield
-# hand-overs, timed alone, under `rootline record`, and under `rootline record --off-cpu`.
+# hand-overs, timed alone, under `rootline record`, and under `rootline record --off-cpu` with every
+# switch-out sampled and with the rate cap.
 # Usage: scripts/bench-offcpu.sh [N] [ROOTLINE]   (default N=200000, ROOTLINE=target/release/rootline;
 # RECORD_ARGS, e.g. "--stack-size 4096", is passed to both recordings)
 set -euo pipefail
@@ -72,15 +73,30 @@ best() {
     echo "$best"
 }
 
-printf '%-8s %10s %10s %10s %12s %10s %14s\n' mode alone record off-cpu switches ratio "µs/switch"
+# The program's loop time under `record --off-cpu` with RATE as --off-cpu-max-rate (its summary
+# is left in $work/err).
+off_cpu() {
+    best "$rootline" record ${RECORD_ARGS:-} --off-cpu --off-cpu-max-rate "$1" -o "$work/off.rlp" -- "$work/pingpong" "$n" "$2"
+}
+
+cap=${CAP:-1000}
+printf '%-6s %9s %9s %9s %9s %9s %9s %9s %9s %11s %11s\n' mode alone record "all" ratio \
+    "cap $cap" ratio switches sampled "µs/switch" "µs/switch"
+printf '%-6s %9s %9s %9s %9s %9s %9s %9s %9s %11s %11s\n' "" "" "" "" "" "" "" "" "(capped)" "(all)" "(capped)"
 for mode in pipe yield; do
     alone=$(best "$work/pingpong" "$n" "$mode")
     cpu=$(best "$rootline" record ${RECORD_ARGS:-} -o "$work/cpu.rlp" -- "$work/pingpong" "$n" "$mode")
-    off=$(best "$rootline" record ${RECORD_ARGS:-} --off-cpu -o "$work/off.rlp" -- "$work/pingpong" "$n" "$mode")
+    all=$(off_cpu 0 "$mode")
+    capped=$(off_cpu "$cap" "$mode")
+    # The capped run's counts.
     switches=$(sed -n 's/.*off-CPU: \([0-9]*\) switches.*/\1/p' "$work/err")
-    ratio=$(echo "$off / $alone" | bc -l)
-    per=$(echo "($off - $cpu) * 1000000 / ${switches:-1}" | bc -l)
-    printf '%-8s %9.3fs %9.3fs %9.3fs %12s %9.2fx %14.2f\n' "$mode" "$alone" "$cpu" "$off" "${switches:-?}" "$ratio" "$per"
+    sampled=$(sed -n 's/.*switches, \([0-9]*\) sampled.*/\1/p' "$work/err")
+    per_all=$(echo "($all - $cpu) * 1000000 / ${switches:-1}" | bc -l)
+    per_capped=$(echo "($capped - $cpu) * 1000000 / ${switches:-1}" | bc -l)
+    printf '%-6s %8.3fs %8.3fs %8.3fs %8.2fx %8.3fs %8.2fx %9s %9s %11.2f %11.2f\n' "$mode" "$alone" \
+        "$cpu" "$all" "$(echo "$all / $alone" | bc -l)" "$capped" "$(echo "$capped / $alone" | bc -l)" \
+        "${switches:-?}" "${sampled:-?}" "$per_all" "$per_capped"
 done
-echo "(times: the program's own loop, best of 3; ratio: off-cpu / alone; µs/switch: what"
-echo " --off-cpu adds over a CPU-only recording, per switch-out sampled)"
+echo "(times: the program's own loop, best of 3; all: --off-cpu-max-rate 0, every switch-out"
+echo " sampled; cap: --off-cpu-max-rate CAP (env CAP, default 1000); ratio: over alone;"
+echo " µs/switch: what --off-cpu adds over a CPU-only recording, per switch-out)"

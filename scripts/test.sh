@@ -14,6 +14,9 @@ need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
 need_apt gcc
 need_apt g++     # capture tests: C++ inlined-name check (crates/capture/tests/inlined_names.rs)
 need_apt zlib1g-dev
+need_apt clang         # capture tests: the committed BPF objects match their sources (crates/capture/tests/bpf_object.rs)
+need_apt llvm          # llvm-strip, for the same
+need_apt libbpf-dev    # and their headers
 need_apt golang-go   # pprof tests: Go's runtime/pprof writes inputs, `go tool pprof -raw` reads them and our output
 need_apt linux-perf  # perf record/script make the `perf script` and collapsed-stack inputs
 need_apt libgoogle-perftools4   # gperftools' libprofiler writes a legacy CPU profile for the pprof reader

@@ -116,6 +116,8 @@ pub struct BatchBuilder {
     sample_rate_hz: Option<u32>,
     /// Whether profiles carry the allocation columns.
     alloc: bool,
+    /// Profiles carry the `off_cpu` column.
+    off_cpu: bool,
 }
 
 impl BatchBuilder {
@@ -129,15 +131,23 @@ impl BatchBuilder {
         }
     }
 
+    /// Profiles get the `off_cpu` column (nanoseconds) beside `samples` and `cpu`: off-CPU
+    /// samples weigh there, and 0 in the other two.
+    pub fn with_off_cpu(&mut self) {
+        self.off_cpu = true;
+    }
+
     fn add(&mut self, sample: &SampleRecord, stack: Option<&StackRef>) {
         let process = &sample.process;
         let pid = process.pid;
-        let rate = self.sample_rate_hz;
-        let alloc = self.alloc;
+        let (rate, alloc, off_cpu) = (self.sample_rate_hz, self.alloc, self.off_cpu);
         let order = &mut self.order;
         let (_, builder) = self.processes.entry(pid).or_insert_with(|| {
             order.push(pid);
-            (Arc::clone(process), Builder::new(process, rate, alloc))
+            (
+                Arc::clone(process),
+                Builder::new(process, rate, alloc, off_cpu),
+            )
         });
         builder.add(pid, sample, stack);
     }
@@ -167,8 +177,18 @@ impl BatchBuilder {
 }
 
 impl Builder {
-    fn new(process: &ProcessInfo, sample_rate_hz: Option<u32>, alloc: bool) -> Builder {
+    /// A profile with the columns `samples` and `cpu`, then `off_cpu` with `off_cpu`, then
+    /// `alloc-bytes` and `alloc-count` with `alloc`.
+    fn new(
+        process: &ProcessInfo,
+        sample_rate_hz: Option<u32>,
+        alloc: bool,
+        off_cpu: bool,
+    ) -> Builder {
         let mut types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
+        if off_cpu {
+            types.push(SampleType::off_cpu_nanoseconds());
+        }
         if alloc {
             types.push(SampleType::alloc_bytes());
             types.push(SampleType::alloc_count());
@@ -196,32 +216,45 @@ impl Builder {
     }
 
     fn add(&mut self, pid: u32, sample: &SampleRecord, stack: Option<&StackRef>) {
-        let (tid, time_ns, weight_ns, alloc_bytes, key) = (
-            sample.tid,
-            sample.time_ns,
-            sample.weight_ns,
-            sample.alloc_bytes,
-            sample.key,
-        );
-        let stack_id = match self.stack_ids.get(&key) {
+        let stack_id = match self.stack_ids.get(&sample.key) {
             Some(&id) => id,
             None => {
                 let id = self.intern_stack(stack);
-                self.stack_ids.insert(key, id);
+                self.stack_ids.insert(sample.key, id);
                 id
             }
         };
-        let thread = self.profile.intern_thread(pid, tid);
-        let weight = i64::try_from(weight_ns).unwrap_or(i64::MAX);
-        let bytes = i64::try_from(alloc_bytes).unwrap_or(i64::MAX);
-        let values: &[i64] = match (self.profile.sample_types().len(), alloc_bytes) {
-            (2, _) => &[1, weight],
-            (_, 0) => &[1, weight, 0, 0],
-            _ => &[0, 0, bytes, 1],
-        };
-        // Cannot fail: the thread and stack were interned just above, and there is a value per
-        // column.
-        let _ = self.profile.push_sample(time_ns, thread, stack_id, values);
+        let thread = self.profile.intern_thread(pid, sample.tid);
+        let weight = i64::try_from(sample.weight_ns).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(sample.alloc_bytes).unwrap_or(i64::MAX);
+        let types = self.profile.sample_types();
+        let column = |t: SampleType| types.iter().position(|x| *x == t);
+        let mut values = [0i64; 5];
+        let values = &mut values[..types.len()];
+        if sample.off_cpu {
+            // Without the column (off-CPU not configured), an off-CPU sample has no place.
+            let Some(c) = column(SampleType::off_cpu_nanoseconds()) else {
+                return;
+            };
+            values[c] = weight;
+        } else if sample.alloc_bytes > 0 {
+            // Likewise an allocation sample without the allocation columns.
+            let (Some(b), Some(n)) = (
+                column(SampleType::alloc_bytes()),
+                column(SampleType::alloc_count()),
+            ) else {
+                return;
+            };
+            values[b] = bytes;
+            values[n] = 1;
+        } else {
+            values[0] = 1;
+            values[1] = weight;
+        }
+        // Cannot fail: the thread and stack were interned just above, one value per column.
+        let _ = self
+            .profile
+            .push_sample(sample.time_ns, thread, stack_id, values);
         self.samples += 1;
     }
 

@@ -23,10 +23,12 @@ pub struct SampleRecord {
     pub tid: u32,
     /// Time of the sample, nanoseconds since the Unix epoch.
     pub time_ns: u64,
-    /// CPU time the sample stands for, nanoseconds.
+    /// CPU time the sample stands for, nanoseconds (off-CPU time for an off-CPU sample).
     pub weight_ns: u64,
     /// Bytes allocated, for an allocation sample; 0 for a CPU sample.
     pub alloc_bytes: u64,
+    /// An off-CPU sample ([`crate::source::RawSample::off_cpu`]).
+    pub off_cpu: bool,
 }
 
 /// An entry of the sample stream.

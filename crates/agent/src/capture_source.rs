@@ -43,6 +43,7 @@ struct OwnedSample {
     time_ns: u64,
     weight_ns: u64,
     alloc_bytes: u64,
+    off_cpu: bool,
     stack: StackId,
 }
 
@@ -61,6 +62,7 @@ impl Flush {
                 time_ns: s.time_ns,
                 weight_ns: s.weight_ns,
                 alloc_bytes: s.alloc_bytes,
+                off_cpu: s.off_cpu,
                 stack: s.stack,
                 stacks: &self.stacks,
             });
@@ -121,6 +123,10 @@ impl CaptureSource {
         } else {
             None
         };
+        if config.off_cpu.enabled {
+            options.off_cpu_min_ns = Some(config.off_cpu.min_us.saturating_mul(1000));
+            options.off_cpu_max_rate = config.off_cpu.max_rate;
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_BATCHES);
         let shared = Arc::new(Shared::default());
         let thread = {
@@ -344,14 +350,18 @@ impl ChunkSink for Forward {
         }
         self.mirror(profile);
         let samples = profile.samples();
-        let cpu = profile
-            .sample_types()
-            .iter()
-            .position(|t| t.unit == "nanoseconds");
+        let column = |name: &str| {
+            profile
+                .sample_types()
+                .iter()
+                .position(|t| t.name == name && t.unit == "nanoseconds")
+        };
+        let (cpu, off) = (column("cpu"), column("off_cpu"));
         let alloc = profile
             .sample_types()
             .iter()
             .position(|t| *t == rootline_profile::SampleType::alloc_bytes());
+
         let mut batch = Vec::with_capacity(samples.len());
         let me = std::process::id();
         // The recording drops each flush's samples once handed over: all of them are new.
@@ -361,12 +371,16 @@ impl ChunkSink for Forward {
                 continue; // the agent does not profile itself
             }
             let time = (samples.times[i] as i128 + self.clock_offset).max(0) as u64;
+            let value = |c: Option<usize>| c.map_or(0, |c| samples.values[c][i].max(0) as u64);
+            // A sample is on or off the CPU: its off_cpu value is 0 or its cpu value is.
+            let off_ns = value(off);
             batch.push(OwnedSample {
                 pid: thread.pid,
                 tid: thread.tid,
                 time_ns: time,
-                weight_ns: cpu.map_or(0, |c| samples.values[c][i].max(0) as u64),
-                alloc_bytes: alloc.map_or(0, |c| samples.values[c][i].max(0) as u64),
+                weight_ns: if off_ns > 0 { off_ns } else { value(cpu) },
+                off_cpu: off_ns > 0,
+                alloc_bytes: value(alloc),
                 stack: samples.stacks[i],
             });
         }

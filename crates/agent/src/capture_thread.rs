@@ -148,6 +148,7 @@ impl Capture {
                 time_ns: sample.time_ns,
                 weight_ns: sample.weight_ns,
                 alloc_bytes: sample.alloc_bytes,
+                off_cpu: sample.off_cpu,
             })
         };
         match self.cache.lookup(sample.stacks, sample.stack, depth) {

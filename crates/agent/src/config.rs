@@ -24,6 +24,11 @@
 //! byte_budget = "48MiB"
 //! dwarf_budget = "24MiB" # parsed DWARF (inlined frames, lines) held at once
 //!
+//! [off_cpu]            # where threads wait, besides where they run; off by default
+//! enabled = true
+//! min_us = 100         # shorter waits: time counted, stacks not taken
+//! max_rate = 1000      # switch-out stacks taken per second on the host, at most
+//!
 //! [exporters.otlp]     # endpoint from OTEL_EXPORTER_OTLP_* when not given here
 //! [exporters.pprof]
 //! directory = "/var/lib/rootline/pprof"
@@ -107,6 +112,8 @@ pub struct AgentConfig {
     pub buffers: BufferConfig,
     /// Memory for the binaries being profiled.
     pub modules: ModulesConfig,
+    /// Off-CPU profiling: where threads wait.
+    pub off_cpu: OffCpuConfig,
     /// Where profiles go; several at once are fine.
     pub exporters: ExportersConfig,
     /// .NET processes.
@@ -134,6 +141,32 @@ impl Default for DotnetConfig {
         DotnetConfig {
             allocation_ticks: false,
             session_length: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Off-CPU settings: every time a thread of the host leaves the CPU its stack is taken and
+/// weighed by how long it stayed off (the `off_cpu` sample type, nanoseconds, beside `cpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OffCpuConfig {
+    /// Record off-CPU time. Default false.
+    pub enabled: bool,
+    /// Waits shorter than this many microseconds are counted (their time summed per thread
+    /// under `[off-cpu: short, not unwound]`) without taking their stacks. Default 100.
+    pub min_us: u64,
+    /// Most switch-out stacks taken per second on the whole host (the kernel's stack copy is
+    /// the cost of a switch); the time of the others is summed per thread under
+    /// `[off-cpu: over the rate cap, not unwound]`. 0: every switch. Default 1000.
+    pub max_rate: u32,
+}
+
+impl Default for OffCpuConfig {
+    fn default() -> OffCpuConfig {
+        OffCpuConfig {
+            enabled: false,
+            min_us: 100,
+            max_rate: rootline_capture::recorder::DEFAULT_OFF_CPU_MAX_RATE,
         }
     }
 }
@@ -273,6 +306,7 @@ impl Default for AgentConfig {
             cache: CacheConfig::default(),
             buffers: BufferConfig::default(),
             modules: ModulesConfig::default(),
+            off_cpu: OffCpuConfig::default(),
             exporters: ExportersConfig::default(),
             dotnet: DotnetConfig::default(),
         }
@@ -388,13 +422,15 @@ impl AgentConfig {
     }
 
     /// What the per-CPU ring buffers take beyond the allowance's (made for the default stack
-    /// copy), on this host's CPUs.
+    /// copy, without off-CPU), on this host's CPUs.
     fn ring_growth(&self) -> usize {
         let ring =
             |stack: usize| rootline_capture::recorder::ring_bytes(self.frequency_hz, stack as u32);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let stack = self.stack_bytes.min(MAX_STACK_BYTES);
-        cpus * ring(stack).saturating_sub(ring(DEFAULT_STACK_BYTES))
+        // Off-CPU adds a ring per CPU for the switch-outs, as large as the sampling one.
+        let off_cpu = if self.off_cpu.enabled { ring(stack) } else { 0 };
+        cpus * (ring(stack).saturating_sub(ring(DEFAULT_STACK_BYTES)) + off_cpu)
     }
 
     /// Checks that the values fit together, in particular that [`Self::memory_estimate`] is within

@@ -107,6 +107,7 @@ impl Agent {
             interval: config.export_interval,
             sample_rate_hz: config.frequency_hz,
             alloc: config.dotnet.allocation_ticks,
+            off_cpu: config.off_cpu.enabled,
             sequence: 0,
             last_status: Stats::default(),
             module_budget: config.modules.byte_budget,
@@ -198,6 +199,8 @@ struct ExportLoop {
     sample_rate_hz: u32,
     /// Profiles carry the allocation columns (`dotnet.allocation_ticks`).
     alloc: bool,
+    /// Profiles carry the `off_cpu` sample type.
+    off_cpu: bool,
     sequence: u64,
     last_status: Stats,
     /// `modules.byte_budget`, named in the warning when stacks end at it.
@@ -283,6 +286,9 @@ impl ExportLoop {
         let counters = &self.shared.counters;
         counters.handed.fetch_add(buffer.samples(), Relaxed);
         let mut builder = BatchBuilder::new(Some(self.sample_rate_hz), self.alloc);
+        if self.off_cpu {
+            builder.with_off_cpu();
+        }
         self.resolver.drain_into(&buffer, &mut builder);
         counters
             .unresolved

@@ -19,11 +19,14 @@ pub struct RawSample<'a> {
     pub tid: u32,
     /// Time of the sample, nanoseconds since the Unix epoch.
     pub time_ns: u64,
-    /// CPU time this sample stands for, nanoseconds (the sampling period).
+    /// CPU time this sample stands for, nanoseconds (the sampling period); for an off-CPU
+    /// sample, the time its thread stayed off the CPU.
     pub weight_ns: u64,
     /// Bytes allocated, for an allocation sample (a .NET GC allocation tick, whose stack ends in
     /// `[alloc: TYPE]`); 0 for a CPU sample.
     pub alloc_bytes: u64,
+    /// An off-CPU sample: taken as the thread left the CPU, weighed by the time it was off.
+    pub off_cpu: bool,
     /// The stack: the node of its leaf frame in `stacks`.
     pub stack: StackId,
     /// The interned stacks `stack` belongs to (the source's, shared with the agent).

@@ -134,6 +134,7 @@ impl SampleSource for SyntheticSource {
             let stack = SyntheticSource::stack_of(&self.config, n);
             let pid = self.config.pids[(n % self.config.pids.len() as u64) as usize];
             sink(&RawSample {
+                off_cpu: false,
                 pid,
                 tid: pid,
                 time_ns: now_ns,

@@ -34,6 +34,7 @@ impl SampleSource for LiveChildren {
         let pids = self.pids.lock().unwrap().clone();
         for pid in pids {
             sink(&RawSample {
+                off_cpu: false,
                 pid,
                 tid: pid,
                 time_ns: rootline_agent::now_ns(),

@@ -41,6 +41,7 @@ impl SampleSource for Cut {
         } else {
             for (i, frames) in self.stacks.iter().enumerate() {
                 sink(&RawSample {
+                    off_cpu: false,
                     pid: std::process::id(),
                     tid: std::process::id(),
                     time_ns: 1_700_000_000_000_000_000 + i as u64,

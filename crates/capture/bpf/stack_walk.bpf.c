@@ -11,8 +11,10 @@
 // sampling interrupt stays short; frames past it are read the usual way, with a proof), and
 // words go out in chunks. Why a walk ended travels in its last chunk.
 //
-// Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches):
-//   clang -O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c stack_walk.bpf.c -o stack_walk.bpf.o &&
+// Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches; every
+// object in this directory is built the same way):
+//   clang -O2 -g -target bpf -D__TARGET_ARCH_x86 -fdebug-compilation-dir=. \
+//     -I/usr/include/x86_64-linux-gnu -c stack_walk.bpf.c -o stack_walk.bpf.o &&
 //   llvm-strip -g stack_walk.bpf.o
 
 #include <linux/bpf.h>

@@ -64,14 +64,25 @@ pub struct Args {
     pub no_perfmap: bool,
     /// Also record where threads wait (off-CPU / wall-clock profile): each time a thread leaves
     /// the CPU its stack is taken and weighed by how long it stayed off, with a leaf frame saying
-    /// why ([off-cpu: blocked] or [off-cpu: preempted]). Adds the value columns off_cpu and wall
-    /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. Command or -p only.
-    #[arg(long, conflicts_with = "all_cpus")]
+    /// why, as the kernel's sched_switch tracepoint tells it: [off-cpu: sleeping],
+    /// [off-cpu: uninterruptible], [off-cpu: stopped] or [off-cpu: preempted] ([off-cpu: blocked]
+    /// when tracefs is not there to tell the state). Adds the value columns off_cpu and wall
+    /// (cpu + off_cpu, nanoseconds): `rootline report --value wall-ns`. With -a, every task's
+    /// switches on the host (mind --off-cpu-max-rate).
+    #[arg(long)]
     pub off_cpu: bool,
     /// With --off-cpu: intervals off the CPU shorter than this many microseconds are counted and
     /// their time summed per thread as [off-cpu: short, not unwound], without unwinding them.
     #[arg(long, default_value_t = 100, value_name = "US", requires = "off_cpu")]
     pub off_cpu_min_us: u64,
+    /// With --off-cpu: most switch-outs per second whose stacks are taken, over all recorded
+    /// threads (the kernel's stack copy is the cost of a switch; past the rate, switch-outs are
+    /// not sampled for the rest of a 100 ms window). The time of the others is kept, summed per
+    /// thread as [off-cpu: over the rate cap, not unwound], and counted in the summary. 0: every
+    /// switch.
+    #[arg(long, default_value_t = recorder::DEFAULT_OFF_CPU_MAX_RATE, value_name = "N",
+          requires = "off_cpu")]
+    pub off_cpu_max_rate: u32,
     /// Walk each sample's user stack in the kernel as well, while the thread is stopped (a BPF
     /// program with rules compiled from the binaries' CFI): frames past the stack copy are then
     /// read at the sample's instant instead of live afterwards, so stacks that change between
@@ -79,14 +90,23 @@ pub struct Args {
     /// CAP_BPF+CAP_PERFMON, Linux 5.17+) and says why not otherwise; `on` fails without it.
     #[arg(long, value_enum, default_value_t = KernelWalkArg::Auto, value_name = "WHEN")]
     pub kernel_walk: KernelWalkArg,
-    /// Also record where memory is allocated. For .NET processes (-p, or a command that starts
-    /// a .NET runtime): the runtime's GC allocation ticks over EventPipe, about one per 100 KB a
-    /// thread allocates, each with the managed stack EventPipe walked for it (from the thread's
-    /// managed root) ending in [alloc: TYPE], weighed by the bytes since the previous tick. Adds
-    /// the value columns alloc-bytes and alloc-count (ticks); CPU samples stay perf's. Pick one
-    /// with `report/convert --value alloc-bytes`.
+    /// Also record where memory is allocated, in the value columns alloc-bytes and alloc-count
+    /// (pick one with `report/convert --value alloc-bytes`), each sample's stack ending in
+    /// [alloc: …]. Native code: malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign,
+    /// valloc, pvalloc (C++ operator new through malloc), sampled by bytes (--alloc-rate), the
+    /// leaf naming the function ([alloc: malloc]); a launched command gets a sampler library in
+    /// LD_PRELOAD so only sampled calls trap; with -p, uprobes on the target's libc and a BPF
+    /// program keep the count in the kernel (threads the process starts are probed once found,
+    /// within a tenth of a second). .NET processes given with -p: the runtime's GC allocation
+    /// ticks over EventPipe instead (about one per 100 KB a thread allocates, each with the
+    /// managed stack EventPipe walked for it, ending in [alloc: TYPE]). A launched command that
+    /// starts a .NET runtime gets both: its ticks and its native allocations. Command or -p only.
     #[arg(long, conflicts_with = "all_cpus")]
     pub alloc: bool,
+    /// With --alloc: mean bytes of native allocations between two samples (a Poisson process, as
+    /// tcmalloc and Go sample; default 512 KiB). .NET ticks come at the runtime's own pace.
+    #[arg(long, default_value_t = rootline_capture::recorder::DEFAULT_ALLOC_RATE, value_name = "BYTES", requires = "alloc")]
+    pub alloc_rate: u64,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -157,6 +177,7 @@ pub fn run(args: Args) -> Result<()> {
     opts.kernel_walk = args.kernel_walk.into();
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
+        opts.off_cpu_max_rate = args.off_cpu_max_rate;
     }
     if !args.no_perfmap {
         opts.launch_env = dotnet_perf_map_env();
@@ -168,7 +189,10 @@ pub fn run(args: Args) -> Result<()> {
         opts.duration = Some(Duration::from_secs_f64(secs));
     }
     let alloc = if args.alloc {
-        Some(record_alloc::DotnetAlloc::start(&mut opts)?)
+        if args.alloc_rate == 0 {
+            bail!("--alloc-rate must be at least 1 byte");
+        }
+        record_alloc::start(&mut opts, args.alloc_rate)?
     } else {
         None
     };
@@ -316,16 +340,32 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         let ms = |ns: u64| ns as f64 / 1e6;
         let _ = writeln!(
             err,
-            "rootline: off-CPU: {} switches; {} intervals unwound ({:.1} ms), {} below the \
-             minimum counted without stacks ({:.1} ms), {} dropped unmatched (thread exited or \
-             record lost), {} still off at the end",
+            "rootline: off-CPU: {} switches, {} sampled; {} intervals unwound ({:.1} ms), {} \
+             below the minimum counted without stacks ({:.1} ms), {} over the rate cap counted \
+             without stacks ({:.1} ms), {} dropped unmatched (thread exited or record lost), {} \
+             still off at the end",
             off.switches,
+            off.sampled,
             off.unwound,
             ms(off.unwound_ns),
             off.below_min,
             ms(off.below_min_ns),
+            off.unsampled,
+            ms(off.unsampled_ns),
             off.unmatched,
             off.open_at_end
+        );
+    }
+    let alloc = &stats.alloc;
+    if alloc.sampled + alloc.unsampled_calls + alloc.unreadable > 0 {
+        let _ = writeln!(
+            err,
+            "rootline: allocations: {} sampled, standing for {:.1} MiB; {} calls trapped between \
+             sample points, {} unreadable samples dropped",
+            alloc.sampled,
+            alloc.estimated_bytes as f64 / (1024.0 * 1024.0),
+            alloc.unsampled_calls,
+            alloc.unreadable
         );
     }
     if let Some(status) = recording.exit_status {

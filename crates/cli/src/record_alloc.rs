@@ -1,7 +1,18 @@
-//! `record --alloc` on .NET targets: an EventPipe session per .NET process collects GC allocation
-//! ticks while perf samples the CPU; when recording ends, each tick becomes a sample of its thread
-//! with the stack EventPipe walked for it (named as `dotnet collect` names it, ending in
-//! `[alloc: TYPE]`) and its bytes and count in the `alloc-bytes` and `alloc-count` columns.
+//! `record --alloc`: which allocation source records which process, and the .NET one.
+//!
+//! Native allocations (malloc and friends) are sampled by the recorder itself
+//! ([`RecordOptions::alloc_rate`]); a .NET process's managed allocations never reach malloc (the
+//! GC hands out memory from its own heap), so for them an EventPipe session per .NET process
+//! collects GC allocation ticks while perf samples the CPU; when recording ends, each tick becomes
+//! a sample of its thread with the stack EventPipe walked for it (named as `dotnet collect` names
+//! it, ending in `[alloc: TYPE]`) and its bytes and count in the same `alloc-bytes` and
+//! `alloc-count` columns.
+//!
+//! Which source: a `-p` process with a .NET diagnostics socket gets the ticks, any other `-p`
+//! process the native sampler. A launched command gets the native sampler from its first
+//! instruction (its sampler library is preloaded) and, once it has started a .NET runtime, the
+//! ticks too: the runtime's own native allocations are real allocations as well, and the two
+//! sources do not overlap.
 //!
 //! Why EventPipe's stack and not perf's: the tick is raised inside the runtime's allocator, where
 //! no perf event fires; EventPipe walks the allocating thread's managed stack at that moment, from
@@ -15,7 +26,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Result, bail};
 use rootline_capture::recorder::{RecordOptions, Target, monotonic_ns};
-use rootline_dotnet::alloc_ticks::{AllocTicks, AllocTicksError, append_ticks};
+use rootline_dotnet::alloc_ticks::{AllocTicks, append_ticks};
 use rootline_dotnet::discover::find_socket;
 use rootline_profile::{Profile, SampleType};
 use rootline_repair::RepairOptions;
@@ -43,47 +54,70 @@ pub struct AllocSummary {
     pub notes: Vec<String>,
 }
 
+/// Prepares `opts` to record allocations, natively sampled at a mean of `rate` bytes where
+/// the native sampler applies, and starts the .NET sessions; the .NET side, if any, is returned
+/// to be finished once recording ends.
+pub fn start(opts: &mut RecordOptions, rate: u64) -> Result<Option<DotnetAlloc>> {
+    match &opts.target {
+        Target::Pids(pids) => {
+            let (dotnet, native): (Vec<u32>, Vec<u32>) =
+                pids.iter().partition(|&&pid| find_socket(pid).is_ok());
+            if !native.is_empty() {
+                opts.alloc_rate = Some(rate);
+                opts.alloc_skip_pids = dotnet.clone();
+            }
+            if dotnet.is_empty() {
+                return Ok(None);
+            }
+            DotnetAlloc::start_pids(opts, &dotnet).map(Some)
+        }
+        Target::Command(_) => {
+            opts.alloc_rate = Some(rate);
+            DotnetAlloc::start_launched(opts).map(Some)
+        }
+        Target::System => {
+            bail!("--alloc follows a command or -p processes, not the whole host")
+        }
+    }
+}
+
 impl DotnetAlloc {
-    /// Prepares `opts` for allocation samples (the columns `alloc-bytes` and `alloc-count`) and
-    /// starts a session on every .NET process of its target; for a launched command, the session
-    /// starts as soon as its runtime opens its diagnostics socket.
-    pub fn start(opts: &mut RecordOptions) -> Result<DotnetAlloc> {
+    /// Starts a session on each of the .NET processes `pids` and adds the columns
+    /// `alloc-bytes` and `alloc-count` to `opts`.
+    fn start_pids(opts: &mut RecordOptions, pids: &[u32]) -> Result<DotnetAlloc> {
         let mut sessions = Vec::new();
-        let mut launched = None;
-        match &opts.target {
-            Target::Pids(pids) => {
-                for &pid in pids {
-                    match AllocTicks::start(pid, BUFFER_MB, RUNDOWN_TIMEOUT) {
-                        Ok(s) => sessions.push(s),
-                        Err(AllocTicksError::Ipc(rootline_dotnet::ipc::IpcError::NoSocket {
-                            ..
-                        })) => bail!(
-                            "--alloc: process {pid} is not a .NET process (it has no diagnostics \
-                             socket); --alloc records the GC allocation ticks of .NET processes"
-                        ),
-                        Err(e) => {
-                            return Err(anyhow::Error::new(e)
-                                .context(format!("--alloc: tracing process {pid}")));
-                        }
-                    }
+        for &pid in pids {
+            match AllocTicks::start(pid, BUFFER_MB, RUNDOWN_TIMEOUT) {
+                Ok(s) => sessions.push(s),
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "--alloc: tracing .NET process {pid} (its diagnostics socket is there,                          but the runtime did not start an EventPipe session)"
+                    )));
                 }
-            }
-            Target::Command(_) => {
-                let pid = Arc::new(AtomicU32::new(0));
-                let done = Arc::new(AtomicBool::new(false));
-                opts.launched_pid = Some(Arc::clone(&pid));
-                let flag = Arc::clone(&done);
-                let waiter = std::thread::Builder::new()
-                    .name("rootline-alloc-wait".into())
-                    .spawn(move || wait_for_runtime(&pid, &flag))?;
-                launched = Some((waiter, done));
-            }
-            Target::System => {
-                bail!("--alloc follows a command or -p processes, not the whole host")
             }
         }
         opts.extra_columns = vec![SampleType::alloc_bytes(), SampleType::alloc_count()];
-        Ok(DotnetAlloc { sessions, launched })
+        Ok(DotnetAlloc {
+            sessions,
+            launched: None,
+        })
+    }
+
+    /// Watches the launched command for a .NET runtime: the session starts as soon as its
+    /// runtime opens its diagnostics socket.
+    fn start_launched(opts: &mut RecordOptions) -> Result<DotnetAlloc> {
+        let pid = Arc::new(AtomicU32::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        opts.launched_pid = Some(Arc::clone(&pid));
+        let flag = Arc::clone(&done);
+        let waiter = std::thread::Builder::new()
+            .name("rootline-alloc-wait".into())
+            .spawn(move || wait_for_runtime(&pid, &flag))?;
+        opts.extra_columns = vec![SampleType::alloc_bytes(), SampleType::alloc_count()];
+        Ok(DotnetAlloc {
+            sessions: Vec::new(),
+            launched: Some((waiter, done)),
+        })
     }
 
     /// Stops the sessions and appends their ticks to `profile` (the recording's).
@@ -93,11 +127,8 @@ impl DotnetAlloc {
             done.store(true, Ordering::Release);
             match waiter.join() {
                 Ok(Some(s)) => self.sessions.push(s),
-                Ok(None) => summary.notes.push(
-                    "--alloc: the command started no .NET runtime (no diagnostics socket \
-                     appeared): no allocation ticks"
-                        .into(),
-                ),
+                // No .NET runtime: its allocations are all native, sampled by the recorder.
+                Ok(None) => {}
                 Err(_) => summary
                     .notes
                     .push("--alloc: waiting for the command's runtime failed".into()),

@@ -167,11 +167,14 @@ pub fn write_report(
         writeln!(
             out,
             "  off-CPU: {} switch-outs, {} intervals with stacks, {} under {min_us} µs counted \
-             as [off-cpu: short, not unwound], {} dropped unmatched; --value wall-ns counts \
+             as [off-cpu: short, not unwound], {} over the rate cap ({}/s) counted as [off-cpu: \
+             over the rate cap, not unwound], {} dropped unmatched; --value wall-ns counts \
              cpu + off_cpu",
             extra("off_cpu.switches"),
             extra("off_cpu.unwound"),
             extra("off_cpu.below_min"),
+            extra("off_cpu.unsampled"),
+            extra("off_cpu.max_rate"),
             extra("off_cpu.unmatched"),
         )?;
     }

@@ -3,7 +3,11 @@
 //! (sleeping in `nap`, then reading a pipe in `read_data` that a feeder thread fills slowly).
 //! Each function's share of the main thread's wall-clock time is within 5 points of the truth,
 //! every off-CPU stack is whole (from `_start` to the blocking call) and says truly why the thread
-//! left, and `go tool pprof` reads the off-CPU sample type.
+//! left, and `go tool pprof` reads the off-CPU sample type. A second program
+//! (tests/c/off_cpu_lock.c) has a thread wait on a mutex that a busy thread holds half the time:
+//! its wall time splits between computing and waiting as its own clock says, its waits are whole
+//! stacks from the thread's root into the futex, asleep; and a thread waiting for a vforked child
+//! is marked as the kernel's uninterruptible wait.
 #![cfg(target_os = "linux")]
 
 use std::path::{Path, PathBuf};
@@ -87,7 +91,20 @@ fn check(profile: &Profile) -> MainThread {
         total: 0,
         under: vec![0, 0],
     };
-    let (mut blocked_in_wait, mut off_in_wait) = (0i64, 0i64);
+    let (mut asleep_in_wait, mut off_in_wait) = (0i64, 0i64);
+    // The kernel's sched_switch tracepoint tells why a thread left; without tracefs the
+    // context-switches event only tells preempted from blocked.
+    let with_state = profile
+        .metadata
+        .extra
+        .get("off_cpu.event")
+        .map(String::as_str)
+        == Some("sched:sched_switch");
+    let asleep = if with_state {
+        pseudo::OFF_CPU_SLEEPING
+    } else {
+        pseudo::OFF_CPU_BLOCKED
+    };
     let mut frames = Vec::new();
     for i in 0..samples.len() {
         let v = |c: usize| samples.values[c][i];
@@ -110,7 +127,7 @@ fn check(profile: &Profile) -> MainThread {
             "whole stack: {names:?}"
         );
         let at = |name: &str| names.iter().position(|&n| n == name);
-        if leaf == pseudo::OFF_CPU_SHORT {
+        if leaf == pseudo::OFF_CPU_SHORT || leaf == pseudo::OFF_CPU_UNSAMPLED {
             assert_eq!(names.len(), 1, "{names:?}");
             continue;
         }
@@ -136,7 +153,9 @@ fn check(profile: &Profile) -> MainThread {
         }
         if let Some(w) = at("wait_for_data") {
             assert_eq!(w, main_at + 1, "{names:?}");
-            if is_off {
+            // Preempted on the way to its system call (a busy machine), the thread was
+            // anywhere in wait_for_data; left of its own accord, it was in the call.
+            if is_off && leaf != pseudo::OFF_CPU_PREEMPTED {
                 // Asleep in nap → sleep_ms → nanosleep, or waiting in read_data → read.
                 let next = names[w + 1];
                 assert!(next == "nap" || next == "read_data", "{names:?}");
@@ -154,18 +173,18 @@ fn check(profile: &Profile) -> MainThread {
                         "{names:?}"
                     );
                 }
-                off_in_wait += v(off);
-                if leaf == pseudo::OFF_CPU_BLOCKED {
-                    blocked_in_wait += v(off);
-                }
+            }
+            off_in_wait += v(off);
+            if leaf == asleep {
+                asleep_in_wait += v(off);
             }
             result.under[1] += v(wall);
         }
     }
-    // The thread left of its own accord: nearly all that time is marked blocked.
+    // The thread slept in nanosleep and in a pipe read: nearly all that time is marked so.
     assert!(
-        blocked_in_wait * 10 >= off_in_wait * 9,
-        "blocked {blocked_in_wait} of {off_in_wait} ns off the CPU in wait_for_data"
+        asleep_in_wait * 10 >= off_in_wait * 9,
+        "{asleep} {asleep_in_wait} of {off_in_wait} ns off the CPU in wait_for_data"
     );
     result
 }
@@ -197,6 +216,15 @@ fn a_launched_command_s_wall_clock_time_splits_into_its_true_halves() {
     assert!(run.status.success(), "{stderr}");
     assert!(stderr.contains("rootline: off-CPU: "), "{stderr}");
     let profile = read(&out);
+    assert_eq!(
+        profile
+            .metadata
+            .extra
+            .get("off_cpu.event")
+            .map(String::as_str),
+        Some("sched:sched_switch"),
+        "recorded as root, rootline finds (or mounts) tracefs"
+    );
     let main = check(&profile);
     assert_halves(&main, "launched");
     // The whole run is there: at least the time the program is sure to take.
@@ -328,4 +356,239 @@ fn a_running_process_recorded_with_p_splits_the_same_way() {
     assert!(run.status.success(), "{stderr}");
     let main = check(&read(&out));
     assert_halves(&main, "-p");
+}
+
+/// Builds the lock-contention program tests/c/off_cpu_lock.c with `rounds` rounds.
+fn build_lock(dir: &Path, rounds: u32) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/off_cpu_lock.c");
+    let binary = dir.join("offlock");
+    let out = Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread"])
+        .arg(format!("-DROUNDS={rounds}"))
+        .arg(format!("-DHALF_MS={HALF_MS}"))
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .expect("cc runs (scripts/test.sh installs gcc)");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    binary
+}
+
+/// Whether `names` are a thread's root frames: glibc's `clone3` (named `__GI___clone3` by its
+/// debug symbols), then `start_thread`.
+fn thread_root(names: &[&str]) -> bool {
+    matches!(names, [clone, "start_thread"] if clone.ends_with("clone3"))
+}
+
+#[test]
+fn a_thread_waiting_on_a_busy_thread_s_mutex_splits_its_wall_clock_time_truly() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build_lock(dir.path(), 12);
+    let out = dir.path().join("lock.rlp");
+    let run = rootline()
+        .args(["record", "--off-cpu", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&binary)
+        .output()
+        .expect("rootline runs");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    // The waiter's own clock: nanoseconds in work and in wait_for_lock.
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let truth: Vec<f64> = stdout
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(truth.len(), 2, "{stdout}");
+
+    let profile = read(&out);
+    let (cpu, off, wall) = (
+        column(&profile, "cpu"),
+        column(&profile, "off_cpu"),
+        column(&profile, "wall"),
+    );
+    let samples = profile.samples();
+    let mut frames = Vec::new();
+    let (mut work, mut wait, mut waiting_off) = (0i64, 0i64, 0i64);
+    let mut reasons = std::collections::BTreeMap::<String, i64>::new();
+    for i in 0..samples.len() {
+        let v = |c: usize| samples.values[c][i];
+        assert_eq!(v(wall), v(cpu) + v(off), "sample {i}: wall = cpu + off_cpu");
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        let Some(w) = names.iter().position(|&n| n == "waiter") else {
+            continue;
+        };
+        assert!(
+            frames
+                .iter()
+                .all(|&f| profile.frame(f).kind != FrameKind::Truncated),
+            "whole stack: {names:?}"
+        );
+        // The waiter's stacks run from the thread's root: clone3 → start_thread → waiter.
+        assert!(
+            thread_root(&names[..w]),
+            "a waiter stack starts at the thread's root: {names:?}"
+        );
+        let leaf = *names.last().unwrap();
+        assert_eq!(v(off) > 0, pseudo::is_off_cpu_name(leaf), "{names:?}");
+        match names.get(w + 1) {
+            Some(&"work") => work += v(wall),
+            Some(&"wait_for_lock") => {
+                wait += v(wall);
+                if v(off) > 0 {
+                    // Off the CPU in the mutex: the lock's slow path into the futex wait.
+                    assert!(
+                        names[w + 2..]
+                            .iter()
+                            .any(|n| n.contains("pthread_mutex_lock")),
+                        "{names:?}"
+                    );
+                    assert!(
+                        names[w + 2..].iter().any(|n| n.contains("__lll_lock_wait")),
+                        "{names:?}"
+                    );
+                    waiting_off += v(off);
+                    *reasons.entry(leaf.to_string()).or_default() += v(off);
+                }
+            }
+            _ => {}
+        }
+    }
+    let (true_work, true_wait) = (
+        truth[0] * 100.0 / (truth[0] + truth[1]),
+        truth[1] * 100.0 / (truth[0] + truth[1]),
+    );
+    let total = (work + wait) as f64;
+    let (got_work, got_wait) = (work as f64 * 100.0 / total, wait as f64 * 100.0 / total);
+    assert!(
+        (got_work - true_work).abs() <= 5.0 && (got_wait - true_wait).abs() <= 5.0,
+        "work {got_work:.1}% (truth {true_work:.1}%), wait_for_lock {got_wait:.1}% (truth \
+         {true_wait:.1}%) of {total} ns"
+    );
+    // Nearly all the time in wait_for_lock is spent off the CPU, asleep in the futex.
+    assert!(
+        waiting_off as f64 >= 0.9 * wait as f64,
+        "{waiting_off} of {wait} ns off the CPU"
+    );
+    // Asleep in the futex: interruptibly, as the kernel says through sched_switch.
+    assert_eq!(
+        profile
+            .metadata
+            .extra
+            .get("off_cpu.event")
+            .map(String::as_str),
+        Some("sched:sched_switch"),
+        "recorded as root, rootline finds (or mounts) tracefs"
+    );
+    let asleep = reasons.get(pseudo::OFF_CPU_SLEEPING).copied().unwrap_or(0);
+    assert!(asleep * 10 >= waiting_off * 9, "{reasons:?}");
+    // The spawner waits for each vforked child uninterruptibly (the kernel's D state).
+    let program = samples.threads.iter().zip(0..).find_map(|(&t, i)| {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        frames
+            .iter()
+            .any(|&f| profile.frame_name(f) == "waiter")
+            .then(|| profile.thread(t).pid)
+    });
+    let mut vfork_reasons = std::collections::BTreeMap::<String, i64>::new();
+    for i in 0..samples.len() {
+        let t = profile.thread(samples.threads[i]);
+        if Some(t.pid) != program || samples.values[off][i] == 0 {
+            continue;
+        }
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        let Some(at) = names.iter().position(|&n| n == "in_vfork") else {
+            continue;
+        };
+        assert!(
+            thread_root(&names[..at - 1]) && names[at - 1] == "spawner",
+            "{names:?}"
+        );
+        if names[at + 1..].iter().any(|n| n.contains("vfork")) {
+            *vfork_reasons
+                .entry(names.last().unwrap().to_string())
+                .or_default() += samples.values[off][i];
+        }
+    }
+    let in_vfork: i64 = vfork_reasons.values().sum();
+    let d = vfork_reasons
+        .get(pseudo::OFF_CPU_UNINTERRUPTIBLE)
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        in_vfork > 0 && d * 10 >= in_vfork * 9,
+        "off the CPU in vfork: {vfork_reasons:?}"
+    );
+}
+
+#[test]
+fn switches_over_the_rate_cap_keep_their_time_without_stacks_and_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/off_cpu_pingpong.c");
+    let binary = dir.path().join("pingpong");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-pthread", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .expect("cc runs (scripts/test.sh installs gcc)");
+    assert!(cc.status.success(), "{cc:?}");
+    let out = dir.path().join("cap.rlp");
+    let run = rootline()
+        .args([
+            "record",
+            "--off-cpu",
+            "--off-cpu-min-us",
+            "0",
+            "--off-cpu-max-rate",
+            "100",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("--")
+        .arg(&binary)
+        .output()
+        .expect("rootline runs");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let profile = read(&out);
+    let extra = &profile.metadata.extra;
+    let count = |key: &str| -> i64 { extra[key].parse().unwrap() };
+    // 40,000 hand-overs, each a switch-out of one thread: far more than 100 a second (some
+    // records may be lost while the first window fills the ring).
+    let switches = count("off_cpu.switches");
+    assert!(switches >= 10_000, "{extra:?}");
+    assert!(count("off_cpu.sampled") * 2 < switches, "{extra:?}");
+    assert!(count("off_cpu.unsampled") > 0, "{extra:?}");
+    assert_eq!(extra["off_cpu.max_rate"], "100");
+    assert!(
+        stderr.contains(" over the rate cap counted without stacks"),
+        "{stderr}"
+    );
+    // Every interval's time is there: with stacks, or under the cap's frame.
+    let off = column(&profile, "off_cpu");
+    let samples = profile.samples();
+    let (mut total, mut capped) = (0i64, 0i64);
+    let mut frames = Vec::new();
+    for i in 0..samples.len() {
+        let v = samples.values[off][i];
+        total += v;
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        if frames.len() == 1 && profile.frame_name(frames[0]) == pseudo::OFF_CPU_UNSAMPLED {
+            capped += v;
+        }
+    }
+    assert_eq!(capped, count("off_cpu.unsampled_ns"));
+    assert_eq!(
+        total,
+        count("off_cpu.unwound_ns") + count("off_cpu.below_min_ns") + capped
+    );
 }

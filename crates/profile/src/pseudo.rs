@@ -9,9 +9,10 @@
 //! rootline's own pseudo frames are the repair gap, [`REPAIR_GAP`] (where repair joined a cut stack
 //! to a base and no sample shows what lies between, the repaired stack carries this frame at the
 //! join), and the off-CPU frames at the leaf of a stack recorded as its thread left the CPU, which
-//! say why it left ([`OFF_CPU_BLOCKED`], [`OFF_CPU_PREEMPTED`], …), and the allocation frame at the
+//! say why it left ([`OFF_CPU_SLEEPING`], [`OFF_CPU_PREEMPTED`], …), and the allocation frame at the
 //! leaf of an allocation sample's stack, which names the allocated type (`[alloc: System.Byte[]]`,
-//! see [`alloc_frame_name`]).
+//! see [`alloc_frame_name`]); a native allocation's frame names the C function called instead
+//! (`[alloc: malloc]`, one of [`NATIVE_ALLOC_FUNCTIONS`]).
 
 use crate::{FrameId, FrameKind, Profile};
 
@@ -29,21 +30,47 @@ const PSEUDO_NAMES: &[&str] = &[
 /// sample shows which frames were between them (an ambiguous join): frames are unknown here.
 pub const REPAIR_GAP: &str = "[repair: frames unknown]";
 
-/// Leaf frame of an off-CPU stack whose thread left the CPU while still runnable (preempted).
+/// Leaf frame of an off-CPU stack whose thread left the CPU while still runnable (preempted, or
+/// it yielded).
 pub const OFF_CPU_PREEMPTED: &str = "[off-cpu: preempted]";
-/// Leaf frame of an off-CPU stack whose thread left the CPU of its own accord: it blocked (I/O, a
-/// lock, a wait) or slept.
+/// Leaf frame of an off-CPU stack whose thread slept interruptibly (the kernel's `S` state): a
+/// sleep, a pipe, socket or poll, a futex (a lock).
+pub const OFF_CPU_SLEEPING: &str = "[off-cpu: sleeping]";
+/// Leaf frame of an off-CPU stack whose thread waited uninterruptibly (the kernel's `D` state):
+/// disk I/O, a page being read in, `vfork` waiting for the child, a kernel lock.
+pub const OFF_CPU_UNINTERRUPTIBLE: &str = "[off-cpu: uninterruptible]";
+/// Leaf frame of an off-CPU stack whose thread was stopped by a signal or a tracer (`T`, `t`).
+pub const OFF_CPU_STOPPED: &str = "[off-cpu: stopped]";
+/// Leaf frame of an off-CPU stack whose thread left the CPU of its own accord, in a state the
+/// kernel did not tell (it blocked or slept).
 pub const OFF_CPU_BLOCKED: &str = "[off-cpu: blocked]";
 /// Leaf frame of an off-CPU stack whose reason for leaving the CPU is not known.
 pub const OFF_CPU_UNKNOWN: &str = "[off-cpu]";
 /// The only frame of a thread's off-CPU intervals that were shorter than the recording's minimum:
 /// their time is counted, their stacks were not unwound.
 pub const OFF_CPU_SHORT: &str = "[off-cpu: short, not unwound]";
+/// The only frame of a thread's off-CPU intervals whose switches the kernel did not sample (over
+/// the recording's rate cap, or throttled): their time is counted, their stacks were not taken.
+pub const OFF_CPU_UNSAMPLED: &str = "[off-cpu: over the rate cap, not unwound]";
 
 /// Prefix of the leaf frame of an allocation sample, `[alloc: TYPE]`: the allocated type.
 pub const ALLOC_PREFIX: &str = "[alloc: ";
 /// The type in an allocation frame whose producer did not say what type was allocated.
 pub const ALLOC_UNKNOWN_TYPE: &str = "unknown type";
+
+/// The C allocation functions native allocation samples name, as their leaf frames do
+/// (`[alloc: malloc]`): the entry point the program called (C++ `operator new` reaches `malloc`,
+/// and its frame stays in the stack above it).
+pub const NATIVE_ALLOC_FUNCTIONS: [&str; 8] = [
+    "malloc",
+    "calloc",
+    "realloc",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+];
 
 /// The leaf frame name of an allocation of `type_name` (`None`: not known): `[alloc: TYPE]`.
 pub fn alloc_frame_name(type_name: Option<&str>) -> String {
@@ -70,9 +97,13 @@ pub fn intern_alloc_frame(profile: &mut Profile, type_name: Option<&str>) -> Fra
 pub fn is_off_cpu_name(name: &str) -> bool {
     [
         OFF_CPU_PREEMPTED,
+        OFF_CPU_SLEEPING,
+        OFF_CPU_UNINTERRUPTIBLE,
+        OFF_CPU_STOPPED,
         OFF_CPU_BLOCKED,
         OFF_CPU_UNKNOWN,
         OFF_CPU_SHORT,
+        OFF_CPU_UNSAMPLED,
     ]
     .contains(&name)
 }
@@ -136,7 +167,10 @@ mod tests {
             "UNMANAGED_CODE_TIME",
             REPAIR_GAP,
             OFF_CPU_BLOCKED,
+            OFF_CPU_SLEEPING,
+            OFF_CPU_UNINTERRUPTIBLE,
             OFF_CPU_SHORT,
+            OFF_CPU_UNSAMPLED,
             "[alloc: System.Byte[]]",
         ] {
             assert!(is_pseudo_name(name), "{name}");

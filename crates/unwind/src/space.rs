@@ -246,7 +246,11 @@ impl<M: Binary> AddressSpace<M> {
             let Some((ra, in_signal_trampoline)) = step else {
                 return Some(StackEnd::Root);
             };
-            if regs.sp() <= old_sp {
+            // Each caller's frame lies above its callee's. Only the executing frame may share
+            // its caller's stack pointer: one whose return address is in a register (glibc's
+            // `__vfork` pops it into rdi around the system call), which cannot repeat.
+            let same_sp_leaf = first && ra != pc && regs.sp() == old_sp;
+            if regs.sp() <= old_sp && !same_sp_leaf {
                 return Some(StackEnd::Truncated(TruncateReason::SpNotIncreasing));
             }
             // A signal trampoline's caller is the interrupted instruction, which need not follow

@@ -29,6 +29,10 @@ pub struct Received {
     pub leaves: BTreeMap<String, u64>,
     /// Requests whose body did not decode (must stay 0).
     pub bad_requests: u64,
+    /// Sum of every value per `process.pid` and profile sample type (`type/unit`).
+    pub totals: BTreeMap<(i64, String), i64>,
+    /// Leaf function names of `off_cpu` profiles, with their nanoseconds.
+    pub off_cpu_leaves: BTreeMap<String, i64>,
 }
 
 impl Received {
@@ -375,6 +379,34 @@ fn count(body: &[u8], gzip: bool, state: &ReceiverState) -> bool {
                     .and_then(|t| dict.string_table.get(t.type_strindex as usize))
                     .cloned()
                     .unwrap_or_default();
+                let unit = profile
+                    .sample_type
+                    .as_ref()
+                    .and_then(|t| dict.string_table.get(t.unit_strindex as usize))
+                    .cloned()
+                    .unwrap_or_default();
+                let leaf_of =
+                    |sample: &opentelemetry_proto::tonic::profiles::v1development::Sample| {
+                        dict.stack_table
+                            .get(sample.stack_index as usize)
+                            .and_then(|s| s.location_indices.first())
+                            .and_then(|&l| dict.location_table.get(l as usize))
+                            .and_then(|l| l.lines.first())
+                            .and_then(|line| dict.function_table.get(line.function_index as usize))
+                            .and_then(|f| dict.string_table.get(f.name_strindex as usize))
+                            .cloned()
+                            .unwrap_or_default()
+                    };
+                for sample in &profile.samples {
+                    let n: i64 = sample.values.iter().sum();
+                    *received
+                        .totals
+                        .entry((pid, format!("{type_name}/{unit}")))
+                        .or_default() += n;
+                    if type_name == "off_cpu" {
+                        *received.off_cpu_leaves.entry(leaf_of(sample)).or_default() += n;
+                    }
+                }
                 if type_name != "samples" {
                     continue;
                 }

@@ -4,9 +4,12 @@
 
 mod record;
 mod switches;
+mod uprobe;
 mod wait;
 
 pub use record::{Record, Sample, is_sample, parse_record, side_band_time};
+pub use switches::{SchedSwitch, SwitchState, strip_raw};
+pub use uprobe::{UprobeSite, uprobe_pmu_type};
 pub use wait::{Poller, Waker, Woken, pidfd};
 
 use std::io;
@@ -230,8 +233,11 @@ pub struct PerfEvent {
     fd: OwnedFd,
     ring: Option<Ring>,
     kind: EventKind,
-    /// A context-switch event ([`PerfEvent::open_switches`]): its samples are switch-outs.
-    switches: bool,
+    /// A context-switch event ([`PerfEvent::open_switches`]): its samples are switch-outs, with
+    /// the thread's state when it is the tracepoint.
+    switches: Option<Option<SchedSwitch>>,
+    /// An allocation uprobe event ([`PerfEvent::open_uprobe`]): its samples are allocations.
+    alloc: bool,
 }
 
 impl PerfEvent {
@@ -272,7 +278,8 @@ impl PerfEvent {
                             fd,
                             ring,
                             kind,
-                            switches: false,
+                            switches: None,
+                            alloc: false,
                         });
                     }
                     Err(e) => {
@@ -307,12 +314,6 @@ impl PerfEvent {
     /// The event that was opened.
     pub fn kind(&self) -> EventKind {
         self.kind
-    }
-
-    /// Whether this is a context-switch event, whose samples are taken as a thread leaves the
-    /// CPU (see [`PerfEvent::open_switches`]).
-    pub fn is_switches(&self) -> bool {
-        self.switches
     }
 
     /// Starts counting and sampling.

@@ -52,8 +52,8 @@ pub enum Record<'a> {
         /// Thread id.
         tid: u32,
     },
-    /// A thread entered or left the CPU (`PERF_RECORD_SWITCH`, read from its `sample_id_all`
-    /// trailer).
+    /// A thread entered or left the CPU (`PERF_RECORD_SWITCH`, or `PERF_RECORD_SWITCH_CPU_WIDE`
+    /// of a per-CPU event; the thread is read from the `sample_id_all` trailer).
     Switch {
         /// Process id.
         pid: u32,
@@ -257,7 +257,11 @@ fn parse(data: &[u8], callchain: bool) -> Option<Record<'_>> {
                 Record::Exit { pid, tid }
             }
         }
-        b::PERF_RECORD_SWITCH => {
+        b::PERF_RECORD_SWITCH | b::PERF_RECORD_SWITCH_CPU_WIDE => {
+            if kind == b::PERF_RECORD_SWITCH_CPU_WIDE {
+                // The other task of the switch; the one switching is in the trailer.
+                c.u64()?;
+            }
             let pid = c.u32()?;
             let tid = c.u32()?;
             Record::Switch {
@@ -303,6 +307,33 @@ mod tests {
         rec.extend_from_slice(&((8 + body.len()) as u16).to_le_bytes());
         rec.extend_from_slice(&body);
         rec
+    }
+
+    #[test]
+    fn a_cpu_wide_switch_record_names_the_thread_of_its_trailer() {
+        let mut rec = Vec::new();
+        rec.extend_from_slice(&b::PERF_RECORD_SWITCH_CPU_WIDE.to_le_bytes());
+        let misc = (b::PERF_RECORD_MISC_SWITCH_OUT | b::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT) as u16;
+        rec.extend_from_slice(&misc.to_le_bytes());
+        rec.extend_from_slice(&40u16.to_le_bytes());
+        // The next task (pid 5, tid 6), then the trailer: pid 7, tid 8, time, cpu.
+        for (a, b) in [(5u32, 6u32), (7, 8)] {
+            rec.extend_from_slice(&a.to_le_bytes());
+            rec.extend_from_slice(&b.to_le_bytes());
+        }
+        rec.extend_from_slice(&1234u64.to_le_bytes());
+        rec.extend_from_slice(&0u64.to_le_bytes());
+        let Record::Switch {
+            pid,
+            tid,
+            out,
+            preempt,
+        } = parse_record(&rec, false)
+        else {
+            panic!("not a switch record");
+        };
+        assert_eq!((pid, tid, out, preempt), (7, 8, true, true));
+        assert_eq!(side_band_time(&rec), Some(1234));
     }
 
     #[test]

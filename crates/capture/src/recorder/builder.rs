@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use rootline_profile::{
-    FrameId, FrameKind, Function, Mapping, MappingId, Profile, StackId, ThreadId,
+    FrameId, FrameKind, Function, Mapping, MappingId, Profile, SampleType, StackId, ThreadId,
 };
 
 use super::raw::{Batch, NO_NODE, RawFrame, RawKind, RawMapping};
@@ -21,20 +21,47 @@ pub(crate) struct Builder {
     frame_map: Vec<Vec<FrameId>>,
     node_map: Vec<StackId>,
     threads: HashMap<(u32, u32), ThreadId>,
-    /// The recorder's own value columns; any after them belong to other sources and stay 0.
-    own_columns: usize,
+    /// Where each kind of value goes among the profile's columns.
+    columns: Columns,
     /// A sample's values, reused.
     values: Vec<i64>,
 }
 
+/// The positions of the value columns a recorded sample can fill; a column the profile lacks is
+/// None. Columns of other sources (e.g. injected .NET allocation ticks) stay 0 in the recorder's
+/// samples, whatever their position.
+#[derive(Clone, Copy)]
+struct Columns {
+    samples: Option<usize>,
+    cpu: Option<usize>,
+    off_cpu: Option<usize>,
+    wall: Option<usize>,
+    alloc_bytes: Option<usize>,
+    alloc_count: Option<usize>,
+}
+
+impl Columns {
+    fn of(profile: &Profile) -> Columns {
+        let types = profile.sample_types();
+        let column = |t: SampleType| types.iter().position(|x| *x == t);
+        Columns {
+            samples: column(SampleType::samples()),
+            cpu: column(SampleType::cpu_nanoseconds()),
+            off_cpu: column(SampleType::off_cpu_nanoseconds()),
+            wall: column(SampleType::wall_nanoseconds()),
+            alloc_bytes: column(SampleType::alloc_bytes()),
+            alloc_count: column(SampleType::alloc_count()),
+        }
+    }
+}
+
 impl Builder {
     /// A builder adding to `profile`, with the symbolizer's budgets (see
-    /// [`Symbolizer::with_budgets`]); the first `own_columns` value columns are the recorder's.
-    pub fn new(profile: Profile, budgets: SymbolizerBudgets, own_columns: usize) -> Builder {
-        let columns = profile.sample_types().len();
+    /// [`Symbolizer::with_budgets`]); samples fill the columns of their kind, found by type.
+    pub fn new(profile: Profile, budgets: SymbolizerBudgets) -> Builder {
         Builder {
-            own_columns,
-            values: vec![0; columns],
+            columns: Columns::of(&profile),
+            values: vec![0; profile.sample_types().len()],
             profile,
             symbolizer: Symbolizer::with_budgets(budgets.clone()),
             budgets,
@@ -81,18 +108,34 @@ impl Builder {
                 self.profile.set_process_name(pid, &name);
             }
         }
-        // Columns: samples, cpu, and with off-CPU recording off_cpu and wall (their sum).
-        let with_off_cpu = self.own_columns == 4;
+        // Columns: samples, cpu; with off-CPU recording off_cpu and wall (their sum); with
+        // allocation recording alloc-bytes and alloc-count.
+        let c = self.columns;
         for p in batch.samples {
             let thread = self.thread(p.pid, p.tid);
             let stack = self.node_map[p.node as usize];
-            let n = p.nanos;
-            let own: &[i64] = match (with_off_cpu, p.off_cpu.is_some()) {
-                (false, _) => &[1, n],
-                (true, false) => &[1, n, 0, n],
-                (true, true) => &[0, 0, n, n],
+            let values = &mut self.values;
+            values.iter_mut().for_each(|v| *v = 0);
+            let mut set = |column: Option<usize>, v: i64| {
+                if let Some(i) = column {
+                    values[i] = v;
+                }
             };
-            self.values[..own.len()].copy_from_slice(own);
+            match (p.off_cpu.is_some(), p.alloc) {
+                (true, _) => {
+                    set(c.off_cpu, p.nanos);
+                    set(c.wall, p.nanos);
+                }
+                (false, Some(a)) => {
+                    set(c.alloc_bytes, a.bytes);
+                    set(c.alloc_count, a.count);
+                }
+                (false, None) => {
+                    set(c.samples, 1);
+                    set(c.cpu, p.nanos);
+                    set(c.wall, p.nanos);
+                }
+            }
             // Ids come from this profile and the value count matches its sample types.
             let _ = self
                 .profile
@@ -215,6 +258,10 @@ impl Builder {
                             .intern_named_frame("[kernel: exec]", FrameKind::Kernel),
                     ]
                 }
+                RawKind::Alloc(kind) => vec![
+                    self.profile
+                        .intern_named_frame(&kind.frame_name(), FrameKind::Pseudo),
+                ],
                 RawKind::OffCpu(reason) => vec![
                     self.profile
                         .intern_named_frame(reason.frame_name(), FrameKind::Pseudo),

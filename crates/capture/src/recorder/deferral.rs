@@ -28,6 +28,8 @@ pub(crate) struct Deferred {
     pub waits_for: Option<FileKey>,
     /// The weight of an off-CPU sample (None for a CPU sample).
     pub off_cpu: Option<super::off_cpu::OffWeight>,
+    /// The weight of an allocation sample (None for others).
+    pub alloc: Option<super::alloc::AllocWeight>,
 }
 
 /// The waiting samples, in arrival order. See the module documentation.

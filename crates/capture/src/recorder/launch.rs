@@ -9,8 +9,15 @@ use std::time::{Duration, Instant};
 
 use super::RecordError;
 
+/// Whether process `pid` exists and has not exited (a zombie, exited but not yet reaped by its
+/// parent, is not alive).
 pub(super) fn process_alive(pid: u32) -> bool {
-    std::fs::metadata(format!("/proc/{pid}")).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }
 
 /// Whether `/proc/PID/stat` shows the process stopped (`T`).

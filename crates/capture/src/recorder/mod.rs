@@ -1,6 +1,9 @@
 //! A recording session: open the events for the target, drain the rings on a reader thread
 //! into a [`Pipeline`], flush the profile periodically to a [`ChunkSink`], stop on request.
 
+mod alloc;
+mod alloc_attach;
+mod alloc_bpf;
 mod budget;
 mod builder;
 mod deferral;
@@ -15,6 +18,7 @@ mod pipeline;
 mod raw;
 mod stack_end;
 mod stats;
+mod switch_cap;
 mod user_unwind;
 
 use std::sync::Arc;
@@ -24,10 +28,11 @@ use std::time::{Duration, Instant};
 use rootline_profile::{Profile, SampleType};
 
 pub use crate::perf_event::monotonic_ns;
+pub use alloc::{AllocStats, DEFAULT_ALLOC_RATE, unbiased_bytes};
 pub use off_cpu::OffCpuStats;
 pub use options::{
-    ChunkSink, DEFAULT_LIVE_STACK_BUDGET, KernelWalkMode, MAX_USER_CALLCHAIN, RecordError,
-    RecordOptions, Recording, Retention, SampleInjector, Target,
+    ChunkSink, DEFAULT_LIVE_STACK_BUDGET, DEFAULT_OFF_CPU_MAX_RATE, KernelWalkMode,
+    MAX_USER_CALLCHAIN, RecordError, RecordOptions, Recording, Retention, SampleInjector, Target,
 };
 pub use outer_cache::OuterCacheStats;
 pub use pipeline::Pipeline;
@@ -37,12 +42,13 @@ use std::os::fd::AsRawFd;
 
 use crate::kernel_walk::{KernelWalk, KernelWalkOptions};
 use crate::perf_event::{
-    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Poller, Record, Waker, is_sample,
-    parse_record, pidfd, side_band_time,
+    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Poller, Record, SchedSwitch, Waker,
+    is_sample, parse_record, pidfd, side_band_time, strip_raw,
 };
 use crate::process::thread_ids;
 use crate::symbolize::SymbolizerBudgets;
 use launch::{process_alive, send_signal};
+use switch_cap::SwitchCap;
 
 /// How often the supervisor looks at the caller's stop flag (its only timed wake-up).
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -100,7 +106,7 @@ fn attach(
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
-    mut switches: Option<&mut Vec<PerfEvent>>,
+    mut switches: Option<(&mut Vec<PerfEvent>, Option<SchedSwitch>)>,
 ) -> Result<(), RecordError> {
     if !process_alive(pid) {
         return Err(RecordError::TargetGone(pid));
@@ -114,9 +120,9 @@ fn attach(
         }
         for tid in new {
             seen.insert(tid);
-            let opened = open_thread(tid, false, cfg, cpus, events, false).and_then(|()| {
-                match switches.as_deref_mut() {
-                    Some(s) => open_thread(tid, false, cfg, cpus, s, true),
+            let opened = open_thread(tid, false, cfg, cpus, events, None).and_then(|()| {
+                match switches.as_mut() {
+                    Some((s, tp)) => open_thread(tid, false, cfg, cpus, s, Some(*tp)),
                     None => Ok(()),
                 }
             });
@@ -136,14 +142,15 @@ fn attach(
 
 /// Opens one event per CPU for thread `tid` (inheriting), each writing into the ring of the first
 /// event opened on that CPU (`events[i]` for CPU `cpus[i]`), creating those rings first. With
-/// `switches`, the events are context-switch events ([`PerfEvent::open_switches`]).
+/// `switches`, the events are context-switch events ([`PerfEvent::open_switches`]), through the
+/// tracepoint when it is given.
 fn open_thread(
     tid: u32,
     enable_on_exec: bool,
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
-    switches: bool,
+    switches: Option<Option<SchedSwitch>>,
 ) -> Result<(), OpenError> {
     let mut opened = Vec::with_capacity(cpus.len());
     for (i, &cpu) in cpus.iter().enumerate() {
@@ -154,14 +161,30 @@ fn open_thread(
             enable_on_exec,
         };
         let output = events.get(i).or(opened.get(i));
-        let e = if switches {
-            PerfEvent::open_switches(target, cfg, output)?
-        } else {
-            PerfEvent::open(target, cfg, output)?
+        let e = match switches {
+            Some(tp) => PerfEvent::open_switches(target, cfg, tp, output)?,
+            None => PerfEvent::open(target, cfg, output)?,
         };
         opened.push(e);
     }
+    // The switch records, into the same rings, from events the rate cap leaves enabled.
+    let mut records = Vec::new();
+    if switches.is_some() {
+        for (i, &cpu) in cpus.iter().enumerate() {
+            let target = EventTarget::Thread {
+                tid,
+                cpu,
+                inherit: true,
+                enable_on_exec,
+            };
+            let Some(output) = events.get(i).or(opened.get(i)) else {
+                continue;
+            };
+            records.push(PerfEvent::open_switch_records(target, cfg, output)?);
+        }
+    }
     events.extend(opened);
+    events.extend(records);
     Ok(())
 }
 
@@ -219,7 +242,7 @@ fn attach_kernel_walk(
     let Some(kw) = walk.as_mut() else {
         return Ok(());
     };
-    for e in events.iter().filter(|e| !e.is_switches()) {
+    for e in events.iter().filter(|e| e.switches().is_none()) {
         if let Err(err) = kw.attach(e) {
             if opts.kernel_walk == KernelWalkMode::On {
                 return Err(RecordError::KernelWalk(err));
@@ -264,20 +287,29 @@ pub fn record(
     let mut switch_events = Vec::new();
     let mut child = None;
     let start_ns = monotonic_ns();
+    // Off-CPU: switch-outs sampled through sched:sched_switch when tracefs has it (the state a
+    // thread left in), else the context-switches software event.
+    let switches = opts.off_cpu_min_ns.map(|_| SchedSwitch::find());
     let mut attach_notes = Vec::new();
+    // Allocation uprobe events, in rings of their own; appended to `events` once open.
+    let mut alloc_events = Vec::new();
+    let mut alloc = alloc_attach::Attach::new(opts)?;
     match &opts.target {
         Target::Command(argv) => {
             cfg.ring_pages = ring_pages(&cfg, 1);
-            let c = launch::launch(argv, &opts.launch_env)?;
-            let opened = open_thread(c.id(), true, &cfg, &cpus, &mut events, false).and_then(
-                |()| match opts.off_cpu_min_ns {
-                    Some(_) => open_thread(c.id(), true, &cfg, &cpus, &mut switch_events, true),
+            let c = launch::launch(argv, &alloc.launch_env(&opts.launch_env))?;
+            let opened = open_thread(c.id(), true, &cfg, &cpus, &mut events, None).and_then(|()| {
+                match switches {
+                    Some(_) => open_thread(c.id(), true, &cfg, &cpus, &mut switch_events, switches),
                     None => Ok(()),
-                },
-            );
-            let opened = opened.map_err(classify).and_then(|()| {
-                attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)
+                }
             });
+            let opened = opened
+                .and_then(|()| alloc.open_command(c.id(), &cfg, &cpus, &mut alloc_events))
+                .map_err(classify)
+                .and_then(|()| {
+                    attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)
+                });
             if let Err(e) = opened {
                 send_signal(c.id(), libc::SIGKILL);
                 return Err(e);
@@ -295,23 +327,26 @@ pub fn record(
                 attach_notes = crate::jit::hotspot::ask_at_attach(pids);
             }
             for &pid in pids {
-                let switches = opts.off_cpu_min_ns.map(|_| &mut switch_events);
-                attach(pid, &cfg, &cpus, &mut events, switches)?;
+                let with = switches.map(|tp| (&mut switch_events, tp));
+                attach(pid, &cfg, &cpus, &mut events, with)?;
+                if !opts.alloc_skip_pids.contains(&pid) {
+                    alloc.open_pid(pid, &cfg, &cpus, &mut alloc_events)?;
+                }
             }
             attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)?;
             // With the in-kernel walk, the reader enables the events once it has sent the
             // targets' mappings to the walk, so that no early sample goes without one.
             if kernel_walk.is_none() {
-                for e in events.iter().chain(&switch_events) {
+                for e in events.iter().chain(&switch_events).chain(&alloc_events) {
                     e.enable()
                         .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
                 }
             }
         }
         Target::System => {
-            if opts.off_cpu_min_ns.is_some() {
+            if opts.alloc_rate.is_some() {
                 return Err(RecordError::Open(OpenError::Other(std::io::Error::other(
-                    "off-CPU recording follows given threads (a command or -p), not the whole host",
+                    "allocation recording follows given threads (a command or -p), not the whole host",
                 ))));
             }
             cfg.ring_pages = ring_pages(&cfg, 1);
@@ -319,21 +354,48 @@ pub fn record(
                 events.push(PerfEvent::open(EventTarget::Cpu(cpu), &cfg, None).map_err(classify)?);
             }
             attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)?;
-            for e in &events {
+            // Off-CPU on the whole host: every task's switch-outs on each CPU, and each CPU's
+            // switch records (`PERF_RECORD_SWITCH_CPU_WIDE`) into the same ring.
+            if let Some(tp) = switches {
+                let mut records = Vec::new();
+                for &cpu in &cpus {
+                    let target = EventTarget::Cpu(cpu);
+                    let e = PerfEvent::open_switches(target, &cfg, tp, None).map_err(classify)?;
+                    records
+                        .push(PerfEvent::open_switch_records(target, &cfg, &e).map_err(classify)?);
+                    switch_events.push(e);
+                }
+                switch_events.append(&mut records);
+            }
+            for e in events.iter().chain(&switch_events) {
                 e.enable()
                     .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
             }
         }
     }
     let event_kind = events[0].kind();
+    let switch_event = switch_events.first().map(|e| match e.switches() {
+        Some(Some(_)) => "sched:sched_switch",
+        _ => "context-switches",
+    });
     events.append(&mut switch_events);
+    events.append(&mut alloc_events);
+    attach_notes.append(&mut alloc.notes);
     let mut sample_types = vec![SampleType::samples(), SampleType::cpu_nanoseconds()];
     if opts.off_cpu_min_ns.is_some() {
         sample_types.push(SampleType::off_cpu_nanoseconds());
         sample_types.push(SampleType::wall_nanoseconds());
     }
-    let own_columns = sample_types.len();
-    sample_types.extend(opts.extra_columns.iter().cloned());
+    if opts.alloc_rate.is_some() {
+        sample_types.push(SampleType::alloc_bytes());
+        sample_types.push(SampleType::alloc_count());
+    }
+    // Columns of other sources (e.g. .NET allocation ticks), where not already the recorder's.
+    for t in &opts.extra_columns {
+        if !sample_types.contains(t) {
+            sample_types.push(t.clone());
+        }
+    }
     let mut profile = Profile::new(sample_types);
     profile.metadata.producer = "rootline record".into();
     profile.metadata.start_time_ns = start_ns;
@@ -370,7 +432,14 @@ pub fn record(
     if let Some(min_ns) = opts.off_cpu_min_ns {
         extra.insert("off_cpu.min_ns".into(), min_ns.to_string());
     }
+    alloc.describe(extra);
+    let alloc_source = alloc.take_source();
+    if let Some(name) = switch_event {
+        extra.insert("off_cpu.event".into(), name.into());
+        extra.insert("off_cpu.max_rate".into(), opts.off_cpu_max_rate.to_string());
+    }
     let off_cpu_min_ns = opts.off_cpu_min_ns;
+    let off_cpu_max_rate = opts.off_cpu_max_rate;
     let live_stack_budget = opts.live_stack_budget;
     let module_budget = opts.module_budget;
     let skip_own_process = opts.skip_own_process;
@@ -402,7 +471,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile, symbolizer_budgets, own_columns);
+                let mut builder = builder::Builder::new(profile, symbolizer_budgets);
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {
@@ -456,6 +525,8 @@ pub fn record(
             .add(kw.ring_fd())
             .map_err(|e| RecordError::Open(OpenError::Other(e)))?;
     }
+    // Allocation events of `-p` threads started while recording, opened by the supervisor.
+    let (new_events, new_events_rx) = std::sync::mpsc::channel::<PerfEvent>();
     let reader = {
         let done = done.clone();
         let interval = opts.flush_interval;
@@ -480,6 +551,10 @@ pub fn record(
                 if let Some(min_ns) = off_cpu_min_ns {
                     pipeline.set_off_cpu(min_ns);
                 }
+                if let Some((source, rate)) = alloc_source {
+                    pipeline.set_alloc(source, rate);
+                }
+                let mut cap = off_cpu_min_ns.and_then(|_| SwitchCap::new(off_cpu_max_rate));
                 if let Retention::HandOver { max_entries } = retention {
                     pipeline.set_table_limit(max_entries);
                 }
@@ -497,13 +572,18 @@ pub fn record(
                 let mut drain = Drain::default();
                 let mut last_flush = Instant::now();
                 loop {
+                    for e in new_events_rx.try_iter() {
+                        let _ = poller.add(e.raw_fd());
+                        events.push(e);
+                    }
                     let finishing = done.load(Ordering::Acquire);
                     if finishing {
                         for e in &events {
                             let _ = e.disable();
                         }
                     }
-                    drain.round(&mut events, &mut pipeline);
+                    let live_cap = cap.as_mut().filter(|_| !finishing);
+                    let paused = drain.round(&mut events, &mut pipeline, live_cap).1;
                     if finishing {
                         pipeline.ask_jvms_again(Instant::now() + JVM_LAST_ASK);
                         pipeline.finish();
@@ -523,6 +603,9 @@ pub fn record(
                         // The walk knows a process's new mappings only from the next round:
                         // keep rounds short so few samples of a new binary go without.
                         timeout = timeout.min(KERNEL_WALK_ROUND);
+                    }
+                    if let Some(until) = paused {
+                        timeout = timeout.min(until);
                     }
                     if poller.wait(timeout).is_err() {
                         std::thread::sleep(timeout.min(Duration::from_millis(20)));
@@ -567,6 +650,9 @@ pub fn record(
         };
         if stop.load(Ordering::Acquire) {
             break;
+        }
+        for e in alloc.follow_new_threads() {
+            let _ = new_events.send(e);
         }
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
@@ -633,7 +719,16 @@ impl Drain {
     /// exec on one CPU and the mmaps that follow on another must apply in order), so mappings are
     /// known before the samples that use them; then samples. Returns the number of records
     /// handled.
-    fn round(&mut self, events: &mut [PerfEvent], pipeline: &mut Pipeline) -> usize {
+    ///
+    /// With `cap`, the rate cap looks at the switch-out samples as soon as they are counted,
+    /// before any is unwound (the sooner it pauses the events, the less a window overshoots);
+    /// the second value is how long until its window ends while it holds them paused.
+    fn round(
+        &mut self,
+        events: &mut [PerfEvent],
+        pipeline: &mut Pipeline,
+        cap: Option<&mut SwitchCap>,
+    ) -> (usize, Option<Duration>) {
         let kernel = pipeline.callchain();
         let mut count = 0;
         pipeline.begin_round();
@@ -663,24 +758,43 @@ impl Drain {
             pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));
         }
         for (e, &head) in events.iter_mut().zip(&self.heads) {
-            let switches = e.is_switches();
+            let (switches, alloc) = (e.switches(), e.is_alloc());
             let Some(ring) = e.ring() else {
                 continue;
             };
             let pos = ring.peek(head, |data| {
                 count += 1;
-                if let Record::Sample(s) = parse_record(data, kernel) {
-                    if switches {
-                        pipeline.switch_record(data, &s);
-                    } else {
-                        pipeline.sample_record(data, &s);
+                match switches {
+                    None => {
+                        if let Record::Sample(s) = parse_record(data, kernel) {
+                            if alloc {
+                                pipeline.alloc_record(data, &s);
+                            } else {
+                                pipeline.sample_record(data, &s);
+                            }
+                        }
+                    }
+                    Some(None) => {
+                        if let Record::Sample(s) = parse_record(data, kernel) {
+                            pipeline.switch_record(data, &s, None);
+                        }
+                    }
+                    // The tracepoint's samples: the state it reports, then the sample without it.
+                    Some(Some(tp)) => {
+                        if is_sample(data)
+                            && let Some((sample, raw)) = strip_raw(data, kernel)
+                            && let Record::Sample(s) = parse_record(&sample, kernel)
+                        {
+                            pipeline.switch_record(&sample, &s, tp.state(raw));
+                        }
                     }
                 }
             });
             ring.consume(pos);
         }
+        let paused = cap.and_then(|cap| cap.after_round(pipeline.off_cpu_sampled(), events));
         pipeline.settle_off_cpu(None);
-        count
+        (count, paused)
     }
 }
 
@@ -726,14 +840,18 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
         m.extra
             .insert("callchain.capped".into(), cc.capped.to_string());
     }
+    alloc::describe_stats(&stats.alloc, &mut m.extra);
     let off = &stats.off_cpu;
     if off.switches > 0 {
         for (key, n) in [
             ("off_cpu.switches", off.switches),
+            ("off_cpu.sampled", off.sampled),
             ("off_cpu.unwound", off.unwound),
             ("off_cpu.unwound_ns", off.unwound_ns),
             ("off_cpu.below_min", off.below_min),
             ("off_cpu.below_min_ns", off.below_min_ns),
+            ("off_cpu.unsampled", off.unsampled),
+            ("off_cpu.unsampled_ns", off.unsampled_ns),
             ("off_cpu.unmatched", off.unmatched),
             ("off_cpu.open_at_end", off.open_at_end),
         ] {

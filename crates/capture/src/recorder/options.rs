@@ -86,6 +86,19 @@ pub struct RecordOptions {
     /// Whether the user stack is also walked in the kernel at each sample
     /// ([`crate::kernel_walk`]).
     pub kernel_walk: KernelWalkMode,
+    /// Also record where memory is allocated (malloc, calloc, realloc and the aligned
+    /// variants), sampled by bytes at a mean of this many bytes between samples (value columns
+    /// `alloc-bytes` and `alloc-count`, estimates of every allocation). A command or `-p`
+    /// target only. None: off.
+    pub alloc_rate: Option<u64>,
+    /// Processes of a `-p` target whose allocations another source records (e.g. a .NET
+    /// process's GC allocation ticks): with [`RecordOptions::alloc_rate`], their libc is not
+    /// probed.
+    pub alloc_skip_pids: Vec<u32>,
+    /// With off-CPU recording: most switch-outs per second whose stacks the kernel copies, over
+    /// all recorded threads (the copy is the cost; see `switch_cap`); the time of the others is
+    /// kept, counted under `[off-cpu: over the rate cap, not unwound]`. 0: every switch.
+    pub off_cpu_max_rate: u32,
 }
 
 /// Adds samples from another source to a recording's profile (into its
@@ -108,6 +121,9 @@ pub enum KernelWalkMode {
     /// Always: recording fails when the program cannot load.
     On,
 }
+
+/// Default [`RecordOptions::off_cpu_max_rate`]: switch-outs unwound per second.
+pub const DEFAULT_OFF_CPU_MAX_RATE: u32 = 1000;
 
 /// Most callchain entries requested per sample: 4 KiB, a quarter of the default stack copy.
 pub const MAX_USER_CALLCHAIN: u16 = 512;
@@ -140,6 +156,9 @@ impl RecordOptions {
             extra_columns: Vec::new(),
             launched_pid: None,
             injector: None,
+            alloc_rate: None,
+            alloc_skip_pids: Vec::new(),
+            off_cpu_max_rate: DEFAULT_OFF_CPU_MAX_RATE,
         }
     }
 }

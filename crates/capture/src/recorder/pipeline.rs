@@ -16,17 +16,18 @@
 
 use crate::jit::JitMaps;
 use crate::kernel_walk::KernelWalk;
-use crate::perf_event::{Record, Sample, parse_record};
+use crate::perf_event::{Record, Sample, SwitchState, parse_record};
 use crate::process::Processes;
 use rootline_image::ModuleBudget;
 use std::time::Instant;
 
+use super::alloc::{AllocSampler, AllocSource, AllocWeight};
 use super::budget::TableLimit;
 use super::deferral::{Deferrals, Deferred};
 use super::lifetime::Lifetimes;
 use super::live_proof::LiveProof;
 use super::naming::jit_names;
-use super::off_cpu::{OffCpu, OffReason, OffWeight, Ready};
+use super::off_cpu::{OffCpu, OffWeight, Ready};
 use super::raw::{Batch, NO_NODE, Pending, RawFrame, RawKind, RawTables};
 #[cfg(doc)]
 use super::stack_end::stack_end;
@@ -68,6 +69,10 @@ pub struct Pipeline {
     kernel_walk: Option<KernelWalk>,
     /// Walks of samples set aside, by (tid, time).
     kept_walks: foldhash::HashMap<(u32, u64), std::sync::Arc<crate::kernel_walk::KernelStack>>,
+    /// Allocation sampling, when allocations are recorded.
+    alloc: Option<AllocSampler>,
+    /// The weight of the allocation sample being handled.
+    alloc_weight: Option<AllocWeight>,
 }
 
 impl Pipeline {
@@ -95,6 +100,8 @@ impl Pipeline {
             ready: Vec::new(),
             kernel_walk: None,
             kept_walks: Default::default(),
+            alloc: None,
+            alloc_weight: None,
         }
     }
 
@@ -142,18 +149,47 @@ impl Pipeline {
         }
     }
 
+    /// Records allocation samples from `source` ([`Pipeline::alloc_record`]), sampled at a mean
+    /// of `rate` bytes.
+    pub(crate) fn set_alloc(&mut self, source: AllocSource, rate: u64) {
+        self.alloc = Some(AllocSampler::new(source, rate));
+    }
+
+    /// An allocation uprobe's sample parsed from `raw`: weighed, and unwound when sampled.
+    pub(crate) fn alloc_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+        if Some(s.pid) == self.skip_pid {
+            return;
+        }
+        let Some(sampler) = self.alloc.as_mut() else {
+            return;
+        };
+        if let Some(w) = sampler.weigh(s, &self.processes) {
+            self.alloc_weight = Some(w);
+            self.handle(s, Some(raw), s.pid);
+            self.alloc_weight = None;
+        }
+    }
+
     /// Records off-CPU intervals from switch-out samples ([`Pipeline::switch_record`]) and
     /// switch records; intervals under `min_ns` are counted but not unwound.
     pub fn set_off_cpu(&mut self, min_ns: u64) {
         self.off_cpu = Some(OffCpu::new(min_ns));
     }
 
-    /// A switch-out sample parsed from `raw`: kept until the switch-in that ends its interval.
-    pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>) {
+    /// Switch-out samples received so far.
+    pub(crate) fn off_cpu_sampled(&self) -> u64 {
+        self.off_cpu.as_ref().map_or(0, |off| off.stats.sampled)
+    }
+
+    /// A switch-out sample parsed from `raw`, with the state the thread left in when the kernel
+    /// said: kept until the switch-in that ends its interval.
+    pub(crate) fn switch_record(&mut self, raw: &[u8], s: &Sample<'_>, state: Option<SwitchState>) {
+        // Whole-host recording also sees the idle task (0) leave the CPU: not a thread's wait.
         if Some(s.pid) != self.skip_pid
+            && s.tid != 0
             && let Some(off) = self.off_cpu.as_mut()
         {
-            off.sample(s.pid, s.tid, s.time, raw);
+            off.sample(s.pid, s.tid, s.time, raw, state);
         }
     }
 
@@ -228,8 +264,10 @@ impl Pipeline {
             }
             if let Record::Sample(s) = parse_record(&d.raw, self.callchain) {
                 self.off_weight = d.off_cpu;
+                self.alloc_weight = d.alloc;
                 self.handle(&s, Some(&d.raw), d.space);
                 self.off_weight = None;
+                self.alloc_weight = None;
             }
         }
         self.deferrals.release_retired(&mut self.processes);
@@ -328,6 +366,9 @@ impl Pipeline {
                 if let Some(off) = self.off_cpu.as_mut() {
                     off.exited(tid, time);
                 }
+                if let Some(alloc) = self.alloc.as_mut() {
+                    alloc.exited(tid);
+                }
                 self.proof.forget((pid, tid));
                 self.lifetimes.exited(pid, tid);
             }
@@ -337,7 +378,10 @@ impl Pipeline {
                 out,
                 preempt,
             } => {
-                if let Some(off) = self.off_cpu.as_mut() {
+                if Some(pid) != self.skip_pid
+                    && tid != 0
+                    && let Some(off) = self.off_cpu.as_mut()
+                {
                     off.switch(pid, tid, time, out, preempt);
                 }
             }
@@ -388,7 +432,7 @@ impl Pipeline {
             }
             _ => None,
         };
-        if self.off_weight.is_none() {
+        if self.off_weight.is_none() && self.alloc_weight.is_none() {
             self.stats.samples += 1;
         }
         if self.lifetimes.sampled(s.pid, s.tid) {
@@ -408,12 +452,16 @@ impl Pipeline {
         for &ip in s.kernel_ips.iter().rev() {
             node = self.node(node, RawKind::Kernel, ip);
         }
-        let nanos = match self.off_weight {
-            Some(w) => {
+        let nanos = match (self.off_weight, self.alloc_weight) {
+            (Some(w), _) => {
                 node = self.node(node, RawKind::OffCpu(w.reason), 0);
                 w.nanos
             }
-            None => self.period_nanos.unwrap_or(s.period as i64),
+            (None, Some(a)) => {
+                node = self.node(node, RawKind::Alloc(a.kind), 0);
+                0
+            }
+            (None, None) => self.period_nanos.unwrap_or(s.period as i64),
         };
         self.pending.push(Pending {
             time: s.time,
@@ -422,6 +470,7 @@ impl Pipeline {
             node,
             nanos,
             off_cpu: self.off_weight,
+            alloc: self.alloc_weight,
         });
     }
 
@@ -449,19 +498,16 @@ impl Pipeline {
     pub(crate) fn take_batch(&mut self) -> Batch {
         if let Some(off) = self.off_cpu.as_mut() {
             self.stats.off_cpu = off.stats;
-            for (pid, tid, time, nanos) in off.take_short() {
+            for (pid, tid, time, nanos, reason) in off.take_unstacked() {
                 let node = self.tables.node(
                     NO_NODE,
                     RawFrame {
-                        kind: RawKind::OffCpu(OffReason::Short),
+                        kind: RawKind::OffCpu(reason),
                         address: 0,
                         live: false,
                     },
                 );
-                let weight = OffWeight {
-                    nanos,
-                    reason: OffReason::Short,
-                };
+                let weight = OffWeight { nanos, reason };
                 self.pending.push(Pending {
                     time,
                     pid,
@@ -469,8 +515,12 @@ impl Pipeline {
                     node,
                     nanos,
                     off_cpu: Some(weight),
+                    alloc: None,
                 });
             }
+        }
+        if let Some(alloc) = self.alloc.as_ref() {
+            self.stats.alloc = alloc.stats;
         }
         let pending = self.pending.len();
         let new = self.tables.take_new();

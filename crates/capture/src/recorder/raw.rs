@@ -10,6 +10,7 @@ use crate::jit::JitName;
 use crate::process::BinaryFile;
 use crate::unwind::{Region, TruncateReason};
 
+use super::alloc::{AllocKind, AllocWeight};
 use super::off_cpu::{OffReason, OffWeight};
 use super::stats::Stats;
 
@@ -31,6 +32,8 @@ pub(crate) enum RawKind {
     Truncated(TruncateReason),
     /// The leaf of an off-CPU stack: why the thread left the CPU.
     OffCpu(OffReason),
+    /// The leaf of an allocation stack: the allocation function called.
+    Alloc(AllocKind),
 }
 
 /// A distinct frame of raw stacks: an address of a kind.
@@ -63,6 +66,8 @@ pub(crate) struct Pending {
     pub nanos: i64,
     /// Set for a sample taken as the thread left the CPU.
     pub off_cpu: Option<OffWeight>,
+    /// Set for an allocation sample (then `nanos` is 0).
+    pub alloc: Option<AllocWeight>,
 }
 
 /// Everything new since the previous batch. Indexes continue across batches.

@@ -32,6 +32,8 @@ pub struct Stats {
     pub jit_unnamed: std::collections::BTreeMap<String, u64>,
     /// Off-CPU intervals (with `--off-cpu`).
     pub off_cpu: super::off_cpu::OffCpuStats,
+    /// Allocation samples (with `--alloc`).
+    pub alloc: super::alloc::AllocStats,
     /// Why runtimes were not asked for their JIT maps (a JVM with attach off), one line each.
     pub jit_notes: Vec<String>,
     /// The in-kernel stack walk, when it runs.

@@ -170,8 +170,10 @@ pub(super) fn to_message(profile: &Profile) -> proto::Profile {
                 location_ids(profile, &frames, &mut locations, &mut message.location)
             });
             let mut label = thread_labels(profile, thread, &mut strings);
-            // An allocation's type, which its leaf frame `[alloc: TYPE]` also shows.
+            // An allocation's type, which its leaf frame `[alloc: TYPE]` also shows (a native
+            // allocation's frame names the C function called instead: no type).
             if let Some(ty) = pseudo::alloc_type_of(profile.frame_name(profile.stack(stack).frame))
+                .filter(|ty| !pseudo::NATIVE_ALLOC_FUNCTIONS.contains(ty))
             {
                 label.push(proto::Label {
                     key: strings.intern(ALLOCATED_TYPE_KEY),

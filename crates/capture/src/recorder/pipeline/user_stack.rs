@@ -103,9 +103,23 @@ impl Pipeline {
         }
         // A whole, proven stack read past the copy: keep its part from `B` on.
         let keep_b = ending.cache_outer_from;
+        // An allocation's leaf frames that are the sampler's own (its library, or the probed
+        // function's entry) go: the leaf is the program's caller.
+        let own = match (&self.alloc, self.alloc_weight) {
+            (Some(sampler), Some(_)) => (0..upto)
+                .take_while(|&i| {
+                    let path = self
+                        .processes
+                        .binary_at(space, addrs[i])
+                        .map(|(_, b)| &*b.path);
+                    sampler.is_own_frame(i, path)
+                })
+                .count(),
+            _ => 0,
+        };
         let mut outer_in_files = true;
         let mut node_at_b = None;
-        for i in (0..upto).rev() {
+        for i in (own..upto).rev() {
             let addr = addrs[i];
             let is_return = i > 0 && !self.unwinder.instruction_frames.contains(&i);
             let lookup = if is_return {
@@ -151,6 +165,7 @@ impl Pipeline {
             space,
             waits_for,
             off_cpu: self.off_weight,
+            alloc: self.alloc_weight,
         });
         self.stats.deferred += 1;
     }
@@ -183,6 +198,11 @@ impl Pipeline {
     fn kernel_walk_of(&mut self, s: &Sample<'_>, regs: Registers) -> Option<Arc<KernelStack>> {
         if let Some(w) = self.kept_walks.remove(&(s.tid, s.time)) {
             return Some(w);
+        }
+        // The walk program runs at the sampling events only: an allocation uprobe's sample has
+        // no walk to wait for.
+        if self.alloc_weight.is_some() {
+            return None;
         }
         let kw = self.kernel_walk.as_mut()?;
         let walk = kw.claim(s.tid, s.time, (regs.ip(), regs.sp(), regs.bp()));

@@ -1,0 +1,320 @@
+//! Native allocation recording (`record --alloc`): what each allocation sample weighs, and which
+//! frames of its stack are the sampler's own ([`super::alloc_attach`] attaches the sampling).
+//!
+//! Allocations are sampled by bytes, a Poisson process as in tcmalloc and Go: each thread draws
+//! the distance to its next sample point from an exponential distribution whose mean is the rate,
+//! and the allocation that crosses it is sampled, standing for `size / (1 - exp(-size / rate))`
+//! bytes (the unbiased estimate) and that many bytes over its size allocations.
+//!
+//! - A launched command gets the sampler library (`shim/alloc_shim.c`, built by `build.rs`) in
+//!   `LD_PRELOAD`: it counts down in a thread-local and calls `rootline_alloc_sampled(size,
+//!   weight, kind)` only for sampled calls; a uprobe on that function takes the sample. The
+//!   library's own frames are dropped from the stack: its leaf is the caller of `malloc`.
+//! - A running process (`-p`) gets uprobes on its libc's allocation functions; every call traps,
+//!   and the countdown runs here, per thread, on the size read from the sampled registers. The
+//!   probed function's own entry frame is dropped.
+
+use foldhash::{HashMap as FastMap, HashMapExt};
+use rootline_profile::pseudo::{NATIVE_ALLOC_FUNCTIONS, alloc_frame_name};
+
+use crate::perf_event::Sample;
+use crate::process::Processes;
+use crate::unwind::Registers;
+use crate::unwind::regs::{RDI, RDX, RSI};
+
+/// Default mean bytes between allocation samples (as Go's `MemProfileRate` and tcmalloc).
+pub const DEFAULT_ALLOC_RATE: u64 = 512 * 1024;
+
+/// The sampler library's file name, by which its frames are recognised in a stack.
+pub(super) const SHIM_NAME: &str = "librootline_alloc.so";
+
+/// The C function a sampled allocation entered: an index into [`NATIVE_ALLOC_FUNCTIONS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct AllocKind(u8);
+
+impl AllocKind {
+    /// The `i`th of [`NATIVE_ALLOC_FUNCTIONS`] (None past them).
+    pub(super) fn nth(i: usize) -> Option<AllocKind> {
+        (i < NATIVE_ALLOC_FUNCTIONS.len()).then_some(AllocKind(i as u8))
+    }
+
+    /// From the sampler library's kind number (1 = malloc … 8 = pvalloc).
+    pub(super) fn from_shim(kind: u64) -> Option<AllocKind> {
+        (1..=NATIVE_ALLOC_FUNCTIONS.len() as u64)
+            .contains(&kind)
+            .then(|| AllocKind((kind - 1) as u8))
+    }
+
+    /// The function's name.
+    pub fn function(self) -> &'static str {
+        NATIVE_ALLOC_FUNCTIONS[usize::from(self.0)]
+    }
+
+    /// The leaf pseudo frame of its samples, `[alloc: malloc]`.
+    pub fn frame_name(self) -> String {
+        alloc_frame_name(Some(self.function()))
+    }
+
+    /// Bytes asked for, from the registers at the function's entry (SysV arguments).
+    fn size(self, regs: &Registers) -> Option<u64> {
+        let arg = |r| regs.get(r);
+        match self.function() {
+            "calloc" => arg(RDI)?.checked_mul(arg(RSI)?),
+            "realloc" | "aligned_alloc" | "memalign" => arg(RSI),
+            "posix_memalign" => arg(RDX),
+            _ => arg(RDI),
+        }
+    }
+}
+
+/// What an allocation sample weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AllocWeight {
+    /// Estimated bytes allocated that this sample stands for.
+    pub bytes: i64,
+    /// Estimated allocations it stands for.
+    pub count: i64,
+    /// The function called.
+    pub kind: AllocKind,
+}
+
+impl AllocWeight {
+    fn new(size: u64, bytes: f64, kind: AllocKind) -> AllocWeight {
+        let count = if size == 0 { 1.0 } else { bytes / size as f64 };
+        AllocWeight {
+            bytes: bytes.round() as i64,
+            count: count.round().max(1.0) as i64,
+            kind,
+        }
+    }
+}
+
+/// Bytes an allocation of `size` sampled at a mean of `rate` bytes stands for, unbiased:
+/// `size / (1 - exp(-size / rate))`.
+pub fn unbiased_bytes(size: u64, rate: f64) -> f64 {
+    let s = size as f64;
+    if rate <= 0.0 || s == 0.0 {
+        return s;
+    }
+    s / -(-s / rate).exp_m1()
+}
+
+/// Counts of allocation recording.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    /// Allocations sampled (each with its stack).
+    pub sampled: u64,
+    /// Estimated bytes the samples stand for.
+    pub estimated_bytes: u64,
+    /// Calls that trapped but fell between sample points (`-p` without the kernel filter).
+    pub unsampled_calls: u64,
+    /// Samples whose function or size could not be read: dropped.
+    pub unreadable: u64,
+}
+
+/// Where allocation samples come from.
+pub(crate) enum AllocSource {
+    /// The sampler library: the sample is already decided and weighed.
+    Shim,
+    /// Uprobes on libc functions: `(file offset, kind)` of each, and the kind of each probed
+    /// address in the processes given; the countdown runs here.
+    Libc {
+        sites: Vec<(u64, AllocKind)>,
+        addresses: FastMap<u64, AllocKind>,
+        /// The BPF program already decided: every sample that arrives is sampled.
+        kernel_decides: bool,
+    },
+}
+
+/// A thread's Poisson countdown (xorshift64* generator).
+struct Countdown {
+    left: i64,
+    rng: u64,
+}
+
+impl Countdown {
+    fn new(tid: u32, rate: f64) -> Countdown {
+        let seed = (u64::from(tid) << 32) ^ crate::perf_event::monotonic_ns() ^ 0x9e37_79b9;
+        let mut c = Countdown {
+            left: 0,
+            rng: seed | 1,
+        };
+        c.left = c.draw(rate);
+        c
+    }
+
+    fn draw(&mut self, rate: f64) -> i64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let x = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let u = ((x >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        (-u.ln() * rate).clamp(1.0, 9e18) as i64
+    }
+
+    /// Counts `size` bytes; true when they cross the sample point (then a new one is drawn).
+    fn crosses(&mut self, size: u64, rate: f64) -> bool {
+        let size = i64::try_from(size).unwrap_or(i64::MAX);
+        if size < self.left {
+            self.left -= size;
+            return false;
+        }
+        self.left = self.draw(rate);
+        true
+    }
+}
+
+/// Turns allocation samples into weights. See the module documentation.
+pub(crate) struct AllocSampler {
+    source: AllocSource,
+    rate: f64,
+    countdowns: FastMap<u32, Countdown>,
+    pub stats: AllocStats,
+}
+
+impl AllocSampler {
+    /// A sampler for samples from `source`, at a mean of `rate` bytes between samples.
+    pub fn new(source: AllocSource, rate: u64) -> AllocSampler {
+        AllocSampler {
+            source,
+            rate: rate.max(1) as f64,
+            countdowns: FastMap::new(),
+            stats: AllocStats::default(),
+        }
+    }
+
+    /// The weight of the allocation sample `s` (None: not sampled, or unreadable), and how many
+    /// leaf frames of its stack belong to the sampler rather than the program (for the library,
+    /// counted while unwinding: see [`AllocSampler::is_own_frame`]).
+    pub fn weigh(&mut self, s: &Sample<'_>, processes: &Processes) -> Option<AllocWeight> {
+        let Some(regs) = s.user_regs else {
+            self.stats.unreadable += 1;
+            return None;
+        };
+        let weight = match &self.source {
+            AllocSource::Shim => {
+                let kind = regs.get(RDX).and_then(AllocKind::from_shim);
+                match (kind, regs.get(RDI), regs.get(RSI)) {
+                    (Some(kind), Some(size), Some(bytes)) => {
+                        Some(AllocWeight::new(size, bytes as f64, kind))
+                    }
+                    _ => None,
+                }
+            }
+            AllocSource::Libc {
+                sites,
+                addresses,
+                kernel_decides,
+            } => {
+                let ip = regs.ip();
+                // A process given with -p by its address; a child it started since by the
+                // file offset in its mappings.
+                let kind = addresses.get(&ip).copied().or_else(|| {
+                    let (region, _) = processes.binary_at(s.pid, ip)?;
+                    let offset = ip - region.start + region.file_offset;
+                    sites.iter().find(|&&(o, _)| o == offset).map(|&(_, k)| k)
+                });
+                match kind.and_then(|k| Some((k, k.size(&regs)?))) {
+                    Some((kind, size)) if *kernel_decides => Some(AllocWeight::new(
+                        size,
+                        unbiased_bytes(size, self.rate),
+                        kind,
+                    )),
+                    Some((kind, size)) => {
+                        let rate = self.rate;
+                        let countdown = self
+                            .countdowns
+                            .entry(s.tid)
+                            .or_insert_with(|| Countdown::new(s.tid, rate));
+                        if size == 0 || !countdown.crosses(size, rate) {
+                            self.stats.unsampled_calls += 1;
+                            return None;
+                        }
+                        Some(AllocWeight::new(size, unbiased_bytes(size, rate), kind))
+                    }
+                    None => None,
+                }
+            }
+        };
+        match weight {
+            Some(w) => {
+                self.stats.sampled += 1;
+                self.stats.estimated_bytes += w.bytes.max(0) as u64;
+            }
+            None => self.stats.unreadable += 1,
+        }
+        weight
+    }
+
+    /// Whether frame `index` (0 = leaf) of an allocation stack, in the binary `path`, is the
+    /// sampler's own rather than the program's: the sampler library's frames, or the probed libc
+    /// function's entry. The leaf-most run of such frames is dropped.
+    pub fn is_own_frame(&self, index: usize, path: Option<&str>) -> bool {
+        match self.source {
+            AllocSource::Shim => path.is_some_and(|p| p.rsplit('/').next() == Some(SHIM_NAME)),
+            AllocSource::Libc { .. } => index == 0,
+        }
+    }
+
+    /// Forgets an exited thread's countdown.
+    pub fn exited(&mut self, tid: u32) {
+        self.countdowns.remove(&tid);
+    }
+}
+
+/// Adds the allocation counts to the profile's metadata.
+pub(crate) fn describe_stats(
+    stats: &AllocStats,
+    extra: &mut std::collections::BTreeMap<String, String>,
+) {
+    if stats.sampled + stats.unsampled_calls + stats.unreadable == 0 {
+        return;
+    }
+    for (key, n) in [
+        ("alloc.sampled", stats.sampled),
+        ("alloc.estimated_bytes", stats.estimated_bytes),
+        ("alloc.unsampled_calls", stats.unsampled_calls),
+        ("alloc.unreadable", stats.unreadable),
+    ] {
+        extra.insert(key.into(), n.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_weight_is_unbiased_for_small_and_large_sizes() {
+        let rate = 512.0 * 1024.0;
+        // Small: about one sample per `rate` bytes.
+        assert!((unbiased_bytes(16, rate) - rate).abs() / rate < 1e-3);
+        // Far above the rate: every one is sampled and weighs its size.
+        let big = 64 * 1024 * 1024;
+        assert!((unbiased_bytes(big, rate) - big as f64).abs() < 1.0);
+        assert_eq!(unbiased_bytes(100, 0.0), 100.0);
+    }
+
+    #[test]
+    fn a_countdown_samples_bytes_at_the_mean_rate() {
+        let rate = 4096.0;
+        let mut c = Countdown::new(7, rate);
+        let (mut sampled, mut estimate) = (0u64, 0.0);
+        let total = 64u64 * 1_000_000;
+        for _ in 0..total / 64 {
+            if c.crosses(64, rate) {
+                sampled += 1;
+                estimate += unbiased_bytes(64, rate);
+            }
+        }
+        let expected = total as f64 / rate;
+        assert!(
+            (sampled as f64 - expected).abs() / expected < 0.05,
+            "{sampled}"
+        );
+        assert!(
+            (estimate - total as f64).abs() / (total as f64) < 0.05,
+            "{estimate}"
+        );
+    }
+}
