@@ -17,7 +17,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 RUN_SECONDS="${RUN_SECONDS:-4}"
-DEPTHS="${DEPTHS:-1000 10000}"
+DEPTHS="${DEPTHS-1000 10000}"
 RUNS="${RUNS:-3}"
 TMP="$(mktemp -d)"
 PID=
@@ -59,8 +59,9 @@ record() {
         perf_folded "$TMP/p.data" >"$out" ;;
     perf-dwarf) perf record -q -F 999 -e cpu-clock --call-graph dwarf -p "$pid" -o "$TMP/p.data" -- sleep "$secs" 2>/dev/null
         perf_folded "$TMP/p.data" >"$out" ;;
-    samply) timeout --signal=INT "$secs" samply record --save-only -r 999 -p "$pid" -o "$TMP/s.json.gz" >/dev/null 2>&1 || true
-        python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$out" ;;
+    samply) rm -f "$TMP/s.json.gz"
+        timeout --signal=INT "$secs" samply record --save-only -r 999 -p "$pid" -o "$TMP/s.json.gz" >/dev/null 2>&1 || true
+        if [ -s "$TMP/s.json.gz" ]; then python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$out"; else : >"$out"; fi ;;
     esac
 }
 
@@ -144,12 +145,12 @@ for tool in "${tools[@]}"; do
         rootline-no-kernel-walk) cpus+=("$(cpu_of "$RL" record --kernel-walk off -o "$TMP/r.folded" -- "${RUSTC_CMD[@]}")") ;;
         perf-fp) cpus+=("$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph fp -o "$TMP/p.data" -- "${RUSTC_CMD[@]}")") ;;
         perf-dwarf) cpus+=("$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/p.data" -- "${RUSTC_CMD[@]}")") ;;
-        samply) cpus+=("$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")") ;;
+        samply) rm -f "$TMP/s.json.gz"; cpus+=("$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")") ;;
         esac
     done
     case $tool in
     perf-*) perf_folded "$TMP/p.data" >"$TMP/r.folded" ;;
-    samply) python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$TMP/r.folded" ;;
+    samply) if [ -s "$TMP/s.json.gz" ]; then python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$TMP/r.folded"; else : >"$TMP/r.folded"; fi ;;
     esac
     med=$(python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' "${cpus[@]}")
     printf "%-24s +%5.2fs CPU over bare (%.2fx)   %s\n" "$tool" "$(python3 -c "print($med - $bare_med)")" \
