@@ -18,6 +18,7 @@
 
 mod join;
 mod layout;
+mod row_cache;
 mod rows;
 
 use std::hash::{BuildHasher, Hash, Hasher};

@@ -12,6 +12,30 @@ use rootline_unwind::kernel_rows::kernel_rows;
 use rootline_image::{ModuleBudget, TableCharge};
 
 use super::layout::Row;
+use super::row_cache;
+
+/// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
+/// when large).
+fn rows_of(
+    sections: &UnwindSections,
+    cache: Option<&std::path::Path>,
+) -> Vec<rootline_unwind::kernel_rows::KernelRow> {
+    let large = sections.eh_frame_bytes().map_or(0, <[u8]>::len) > row_cache::MIN_ROWS * 2;
+    let cache = cache.filter(|_| large);
+    let key = cache.map(|_| row_cache::key(sections));
+    if let (Some(dir), Some(key)) = (cache, key)
+        && let Some(rows) = row_cache::load(dir, key)
+    {
+        return rows;
+    }
+    let rows = kernel_rows(sections);
+    if let (Some(dir), Some(key)) = (cache, key)
+        && rows.len() >= row_cache::MIN_ROWS
+    {
+        row_cache::store(dir, key, &rows);
+    }
+    rows
+}
 
 /// A binary's rows in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,22 +80,28 @@ struct Compiled {
     rows: Vec<rootline_unwind::kernel_rows::KernelRow>,
 }
 
-/// Compiles the rows of the binaries `requests` names, one after the other.
+/// Compiles the rows of the binaries `requests` names, each on a thread of its own (a process
+/// maps its large libraries at once), reading them from the on-disk cache where it has them.
 fn compile_rows(
     requests: std::sync::mpsc::Receiver<(usize, Arc<UnwindSections>)>,
     compiled: std::sync::mpsc::Sender<Compiled>,
 ) {
+    let cache = row_cache::dir();
     for (key, sections) in requests {
-        let rows = kernel_rows(&sections);
-        let sections = Arc::downgrade(&sections);
-        if compiled
-            .send(Compiled {
-                key,
-                sections,
-                rows,
-            })
-            .is_err()
-        {
+        let compiled = compiled.clone();
+        let cache = cache.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rootline-rows".into())
+            .spawn(move || {
+                let rows = rows_of(&sections, cache.as_deref());
+                let sections = Arc::downgrade(&sections);
+                let _ = compiled.send(Compiled {
+                    key,
+                    sections,
+                    rows,
+                });
+            });
+        if spawned.is_err() {
             return;
         }
     }
@@ -136,7 +166,7 @@ impl RowTable {
         let len = u32::try_from(map.len).unwrap_or(u32::MAX);
         let (requests, to_compile) = std::sync::mpsc::channel();
         let (done, compiled) = std::sync::mpsc::channel();
-        // Without the thread, no rows are ever placed: the walk ends in those binaries.
+        // Without the thread, no rows are ever placed: those binaries are walked by guesswork.
         let _ = std::thread::Builder::new()
             .name("rootline-rows".into())
             .spawn(move || compile_rows(to_compile, done));

@@ -1,0 +1,147 @@
+//! Compiled rows kept on disk between recordings, keyed by the content of the binary's unwind
+//! sections: a large library's rows (a compiler's has over a million) take a few hundred
+//! milliseconds to compile, during which its frames are walked by guesswork. Only binaries with
+//! many rows are kept, and at most [`KEEP_FILES`] files (the oldest go first).
+//!
+//! The directory is `$ROOTLINE_CACHE_DIR`, else `$XDG_CACHE_HOME/rootline/kernel-rows`, else
+//! `~/.cache/rootline/kernel-rows`; a cache that cannot be read or written is simply not used.
+
+use std::hash::{BuildHasher, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rootline_unwind::UnwindSections;
+use rootline_unwind::kernel_rows::{KernelRow, RowKind};
+
+/// Binaries with fewer rows are compiled every time.
+pub(super) const MIN_ROWS: usize = 100_000;
+/// Most files kept.
+const KEEP_FILES: usize = 16;
+const MAGIC: &[u8; 8] = b"RLKROWS1";
+
+/// The cache directory, when one can be named.
+pub(super) fn dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("ROOTLINE_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("rootline").join("kernel-rows"))
+}
+
+/// The key of `sections`: a hash of their bytes and of the link-time addresses rows depend on.
+pub(super) fn key(sections: &UnwindSections) -> u64 {
+    let mut h = foldhash::fast::FixedState::with_seed(0x726f_6f74_6c69_6e65).build_hasher();
+    let bases = [sections.cfi_bases(false), sections.cfi_bases(true)];
+    h.write(format!("{bases:?}").as_bytes());
+    for bytes in [sections.eh_frame_bytes(), sections.debug_frame_bytes()] {
+        let bytes = bytes.unwrap_or_default();
+        h.write_usize(bytes.len());
+        h.write(bytes);
+    }
+    h.finish()
+}
+
+fn file(dir: &Path, key: u64) -> PathBuf {
+    dir.join(format!("{key:016x}.rows"))
+}
+
+/// The rows kept under `key`, if any (and well formed).
+pub(super) fn load(dir: &Path, key: u64) -> Option<Vec<KernelRow>> {
+    let bytes = std::fs::read(file(dir, key)).ok()?;
+    let body = bytes.strip_prefix(MAGIC.as_slice())?;
+    if body.len() % 16 != 0 {
+        return None;
+    }
+    body.chunks_exact(16)
+        .map(|r| {
+            let kind = match r[14] {
+                0 => RowKind::None,
+                1 => RowKind::Rsp,
+                2 => RowKind::Rbp,
+                3 => RowKind::Plt,
+                4 => RowKind::Root,
+                5 => RowKind::Stop,
+                _ => return None,
+            };
+            Some(KernelRow {
+                svma: u64::from_le_bytes(r[0..8].try_into().ok()?),
+                cfa_offset: i32::from_le_bytes(r[8..12].try_into().ok()?),
+                rbp_offset: i16::from_le_bytes(r[12..14].try_into().ok()?),
+                kind,
+                arg: r[15],
+            })
+        })
+        .collect()
+}
+
+/// Keeps `rows` under `key` (written aside, then renamed), and drops the oldest files past
+/// [`KEEP_FILES`]. Failures are ignored: the cache only saves time.
+pub(super) fn store(dir: &Path, key: u64, rows: &[KernelRow]) {
+    let _ = std::fs::create_dir_all(dir);
+    let path = file(dir, key);
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::File::create(&tmp).and_then(|f| {
+        let mut w = std::io::BufWriter::new(f);
+        w.write_all(MAGIC)?;
+        for r in rows {
+            w.write_all(&r.svma.to_le_bytes())?;
+            w.write_all(&r.cfa_offset.to_le_bytes())?;
+            w.write_all(&r.rbp_offset.to_le_bytes())?;
+            w.write_all(&[r.kind as u8, r.arg])?;
+        }
+        w.flush()
+    });
+    if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "rows"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    files.sort();
+    let excess = files.len().saturating_sub(KEEP_FILES);
+    for (_, old) in files.into_iter().take(excess) {
+        let _ = std::fs::remove_file(old);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_read_back_as_written_and_damage_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let rows = vec![
+            KernelRow {
+                svma: 0x1000,
+                kind: RowKind::Rsp,
+                cfa_offset: 336,
+                rbp_offset: -48,
+                arg: 0,
+            },
+            KernelRow {
+                svma: 0x1010,
+                kind: RowKind::Plt,
+                cfa_offset: 0,
+                rbp_offset: 0,
+                arg: 11,
+            },
+        ];
+        store(dir.path(), 7, &rows);
+        assert_eq!(load(dir.path(), 7), Some(rows));
+        assert_eq!(load(dir.path(), 8), None);
+        let path = file(dir.path(), 7);
+        let mut bytes = std::fs::read(&path).expect("written");
+        bytes.pop();
+        std::fs::write(&path, &bytes).expect("rewritten");
+        assert_eq!(load(dir.path(), 7), None);
+    }
+}
