@@ -253,6 +253,14 @@ impl KernelWalk {
         let _ = self.procs.insert(pid, *proc, 0);
     }
 
+    /// Waits (until `deadline` at most) for the rows of every binary sent so far, then sends the
+    /// processes' mappings again: call before sampling starts, so that the first samples of a
+    /// process attached to are walked with its binaries' rules.
+    pub fn wait_for_rows(&mut self, deadline: std::time::Instant) {
+        self.rows.wait_compiled(deadline);
+        self.synced.clear();
+    }
+
     /// Stops walking `pid`'s stacks (it exited or is no longer recorded), and frees the rows no
     /// process uses any more.
     pub fn forget_process(&mut self, pid: u32) {

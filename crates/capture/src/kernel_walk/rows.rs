@@ -213,6 +213,22 @@ impl RowTable {
         any
     }
 
+    /// Waits until every binary sent to be compiled is placed, or `deadline` passes.
+    pub fn wait_compiled(&mut self, deadline: std::time::Instant) {
+        while !self.compiling.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.compiled.recv_timeout(left) {
+                Ok(c) => {
+                    self.compiling.remove(&c.key);
+                    if c.sections.strong_count() > 0 {
+                        self.install(c.key, c.sections, &c.rows);
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
     fn install(
         &mut self,
         key: usize,

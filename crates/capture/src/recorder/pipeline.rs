@@ -34,6 +34,9 @@ use super::stack_end::stack_end;
 use super::stats::Stats;
 use super::user_unwind::UserUnwinder;
 
+/// How long attaching waits, at most, for the rows of the targets' binaries.
+const PRIME_ROWS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How long a batch waits, at most, for JVMs to name code their perf maps missed.
 const JVM_NAME_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -133,6 +136,11 @@ impl Pipeline {
         }
         self.processes.wait_loaded();
         self.processes.take_installed();
+        self.sync_kernel_walk();
+        if let Some(kw) = self.kernel_walk.as_mut() {
+            // The target runs meanwhile; only its sampling starts a little later.
+            kw.wait_for_rows(Instant::now() + PRIME_ROWS_WAIT);
+        }
         self.sync_kernel_walk();
     }
 
