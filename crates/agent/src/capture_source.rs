@@ -108,6 +108,9 @@ impl CaptureSource {
         options.module_budget = Some(config.modules.byte_budget);
         let modules = options.modules.clone();
         options.dwarf_budget = Some(config.modules.dwarf_budget);
+        // The in-kernel stack walk's ring and rows (tens of MiB) are not yet counted in the
+        // agent's memory limit: off until they are.
+        options.kernel_walk = recorder::KernelWalkMode::Off;
         // The agent does not profile itself: its samples are not even unwound.
         options.skip_own_process = true;
         let dotnet = if config.dotnet.allocation_ticks {

@@ -132,7 +132,11 @@ fn check(profile: &Profile) -> Attributed {
             FrameKind::Pseudo
         );
         // The main thread's stacks run from _start, the second thread's from clone3 through
-        // start_thread.
+        // start_thread; the dynamic loader runs the C++ runtime's initializers from its own
+        // entry (_dl_start_user), before the program's _start.
+        if names[0] == "_dl_start_user" {
+            continue;
+        }
         let entry = if names[0] == "_start" {
             let Some(main) = names.iter().position(|&n| n == "main") else {
                 continue; // start-up allocations of the C++ runtime
