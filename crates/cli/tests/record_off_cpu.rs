@@ -206,7 +206,8 @@ fn a_launched_command_s_wall_clock_time_splits_into_its_true_halves() {
     let binary = build(dir.path(), rounds);
     let out = dir.path().join("off.rlp");
     let run = rootline()
-        .args(["record", "--off-cpu", "-o"])
+        // Every switch unwound: the cap has its own test below.
+        .args(["record", "--off-cpu", "--off-cpu-max-rate", "1000000", "-o"])
         .arg(&out)
         .arg("--")
         .arg(&binary)
@@ -344,7 +345,15 @@ fn a_running_process_recorded_with_p_splits_the_same_way() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     let out = dir.path().join("p.rlp");
     let run = rootline()
-        .args(["record", "--off-cpu", "--duration", "1.2", "-o"])
+        .args([
+            "record",
+            "--off-cpu",
+            "--off-cpu-max-rate",
+            "1000000",
+            "--duration",
+            "1.2",
+            "-o",
+        ])
         .arg(&out)
         .arg("-p")
         .arg(child.id().to_string())
@@ -391,7 +400,8 @@ fn a_thread_waiting_on_a_busy_thread_s_mutex_splits_its_wall_clock_time_truly() 
     let binary = build_lock(dir.path(), 12);
     let out = dir.path().join("lock.rlp");
     let run = rootline()
-        .args(["record", "--off-cpu", "-o"])
+        // Every switch unwound: the cap has its own test below.
+        .args(["record", "--off-cpu", "--off-cpu-max-rate", "1000000", "-o"])
         .arg(&out)
         .arg("--")
         .arg(&binary)
