@@ -32,8 +32,13 @@ fn perf_works(dir: &Path) -> bool {
 
 /// The call graph program recorded by perf with `call_graph` (fp or dwarf) into `dir`.
 fn perf_record(dir: &Path, call_graph: &str) -> PathBuf {
+    // A name of its own per recording: two tests building one path at once would leave one
+    // recording naming a binary rebuilt under it (which is then rightly not symbolized).
+    let unique = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let exe = callgraph::build_callgraph(
-        &format!("perf_inputs_callgraph_{call_graph}"),
+        &format!("perf_inputs_callgraph_{call_graph}_{unique}"),
         &["-O1", "-fno-omit-frame-pointer"],
     );
     let data = dir.join(format!("{call_graph}.data"));
