@@ -11,10 +11,13 @@
 //! stays the fallback where the walk cannot load or stops early (`tests/kernel_walk.rs` covers
 //! the walk, on stacks that are rebuilt between samples).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+#[path = "common/c_program.rs"]
+mod c_program;
 
 use rootline_capture::recorder::{
     DEFAULT_LIVE_STACK_BUDGET, KernelWalkMode, RecordOptions, Target, record,
@@ -22,26 +25,7 @@ use rootline_capture::recorder::{
 use rootline_profile::Profile;
 
 fn build(name: &str, flags: &[&str]) -> PathBuf {
-    build_source("deep.c", name, flags)
-}
-
-fn build_source(source: &str, name: &str, flags: &[&str]) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let status = Command::new("cc")
-        .args(flags)
-        .arg("-g")
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/c")
-                .join(source),
-        )
-        .arg("-lpthread")
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("cc runs");
-    assert!(status.success(), "cc failed for {flags:?}");
-    out
+    c_program::build_c("deep.c", name, flags)
 }
 
 #[derive(Debug, Default)]
@@ -285,7 +269,7 @@ fn an_exhausted_budget_is_an_explicit_truncation() {
 fn new_threads_with_live_reads_never_splice_or_report_a_changed_stack() {
     use rootline_capture::unwind::TruncateReason;
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let binary = build_source("churn.c", "churn", &["-O2", "-fno-omit-frame-pointer"]);
+    let binary = c_program::build_c("churn.c", "churn", &["-O2", "-fno-omit-frame-pointer"]);
     let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "4".into()]));
     opts.kernel_walk = KernelWalkMode::Off;
     assert_eq!(
@@ -350,7 +334,7 @@ fn new_threads_with_live_reads_never_splice_or_report_a_changed_stack() {
 fn outer_frames_are_proven_when_the_outer_stack_changes() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     for (name, flags) in [("alternate-fp", &FP[..]), ("alternate-nofp", &NO_FP[..])] {
-        let binary = build_source("alternate.c", name, flags);
+        let binary = c_program::build_c("alternate.c", name, flags);
         let mut opts = RecordOptions::new(Target::Command(vec![
             binary.into(),
             "1000".into(),
@@ -417,7 +401,7 @@ fn outer_frames_are_proven_when_the_outer_stack_changes() {
 #[test]
 fn a_busy_loop_under_a_large_frame_is_whole() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let binary = build_source(
+    let binary = c_program::build_c(
         "bigframe.c",
         "bigframe",
         &["-O2", "-fno-omit-frame-pointer", "-DKIB=24"],

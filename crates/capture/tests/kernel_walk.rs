@@ -10,28 +10,20 @@
 //! none may be wrong (every other one ends in an explicit `[truncated: …]`), and frames read
 //! live appear only in samples whose walk stopped early.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+#[path = "common/c_program.rs"]
+mod c_program;
 
 use rootline_capture::recorder::{KernelWalkMode, RecordOptions, Recording, Target, record};
 
 const DEPTH: usize = 1000;
 
 fn build(name: &str, flags: &[&str]) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let status = Command::new("cc")
-        .args(flags)
-        .arg("-g")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rebuild.c"))
-        .arg("-lpthread")
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("cc runs");
-    assert!(status.success(), "cc failed for {flags:?}");
-    out
+    c_program::build_c("rebuild.c", name, flags)
 }
 
 struct Killed(Child);

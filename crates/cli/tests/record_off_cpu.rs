@@ -25,18 +25,16 @@ fn rootline() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rootline"))
 }
 
-/// Builds tests/c/off_cpu.c with `rounds` rounds.
-fn build(dir: &Path, rounds: u32) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/off_cpu.c");
-    let binary = dir.join("offcpu");
+/// Compiles `tests/c/SOURCE` as `dir/NAME` with symbols, frame pointers, threads, `rounds`
+/// rounds of [`HALF_MS`] halves, and `extra` flags.
+fn compile(dir: &Path, source: &str, name: &str, rounds: u32, extra: &[&str]) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(source);
+    let binary = dir.join(name);
     let out = Command::new("cc")
-        .args([
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-fno-inline",
-            "-pthread",
-        ])
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread"])
+        .args(extra)
         .arg(format!("-DROUNDS={rounds}"))
         .arg(format!("-DHALF_MS={HALF_MS}"))
         .arg("-o")
@@ -50,6 +48,11 @@ fn build(dir: &Path, rounds: u32) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     binary
+}
+
+/// Builds tests/c/off_cpu.c with `rounds` rounds.
+fn build(dir: &Path, rounds: u32) -> PathBuf {
+    compile(dir, "off_cpu.c", "offcpu", rounds, &["-fno-inline"])
 }
 
 fn read(path: &Path) -> Profile {
@@ -369,23 +372,7 @@ fn a_running_process_recorded_with_p_splits_the_same_way() {
 
 /// Builds the lock-contention program tests/c/off_cpu_lock.c with `rounds` rounds.
 fn build_lock(dir: &Path, rounds: u32) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/off_cpu_lock.c");
-    let binary = dir.join("offlock");
-    let out = Command::new("cc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread"])
-        .arg(format!("-DROUNDS={rounds}"))
-        .arg(format!("-DHALF_MS={HALF_MS}"))
-        .arg("-o")
-        .arg(&binary)
-        .arg(&source)
-        .output()
-        .expect("cc runs (scripts/test.sh installs gcc)");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    binary
+    compile(dir, "off_cpu_lock.c", "offlock", rounds, &[])
 }
 
 /// Whether `names` are a thread's root frames: glibc's `clone3` (named `__GI___clone3` by its
