@@ -22,6 +22,10 @@ struct Fde {
     offset: usize,
 }
 
+/// The longest CFI gap taken for the child's side of `clone`/`clone3` (glibc's is 10 bytes:
+/// `syscall`, `test`, `jl`, `je`, `ret`).
+pub const CLONE_GAP: u64 = 16;
+
 /// The FDEs of one section, sorted by start address, and the address ranges whose rows need
 /// full-register evaluation.
 #[derive(Debug, Default)]
@@ -29,6 +33,9 @@ pub struct CfiIndex {
     fdes: Vec<Fde>,
     full: Vec<(u64, u64)>,
     signal: Vec<(u64, u64)>,
+    /// Starts of FDEs whose first row marks the return address undefined (a thread's first
+    /// frame, e.g. glibc's `thread_start` inside `clone3`), sorted.
+    outermost: Vec<u64>,
 }
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
@@ -70,9 +77,16 @@ impl CfiIndex {
                 index.full.push((start, end));
                 continue;
             };
+            let mut first_row = true;
             loop {
                 match rows.next_row() {
                     Ok(Some(row)) => {
+                        if first_row
+                            && matches!(row.register(X86_64::RA), Some(RegisterRule::Undefined))
+                        {
+                            index.outermost.push(start);
+                        }
+                        first_row = false;
                         if !framehop_exact(row) {
                             push_range(&mut index.full, row.start_address(), row.end_address());
                         }
@@ -98,7 +112,27 @@ impl CfiIndex {
         }
         index.full.sort_unstable();
         index.signal.sort_unstable();
+        index.outermost.sort_unstable();
         index
+    }
+
+    /// When `svma` lies in a short gap in the CFI (at most [`CLONE_GAP`] bytes between one FDE's
+    /// end and the next one's start) right before an FDE that starts a thread's outermost frame,
+    /// the end of the FDE before the gap. That is the shape of glibc's `clone`/`clone3`: the
+    /// parent's CFI ends at the system call, because it does not describe the child, and the
+    /// child's `thread_start` begins a few instructions later; the instructions between
+    /// (`test`, `jl`, `je`, `ret`) do not move the stack pointer.
+    pub fn clone_gap(&self, svma: u64) -> Option<u64> {
+        if self.covers(svma) {
+            return None;
+        }
+        let i = self.fdes.partition_point(|f| f.start <= svma);
+        let prev = self.fdes.get(i.checked_sub(1)?)?;
+        let next = self.fdes.get(i)?;
+        (prev.end <= svma
+            && next.start - prev.end <= CLONE_GAP
+            && self.outermost.binary_search(&next.start).is_ok())
+        .then_some(prev.end)
     }
 
     /// Whether `svma` lies in a signal trampoline (an FDE whose CIE has the `S` augmentation,
@@ -121,6 +155,7 @@ impl CfiIndex {
     pub fn heap_bytes(&self) -> usize {
         self.fdes.capacity() * std::mem::size_of::<Fde>()
             + (self.full.capacity() + self.signal.capacity()) * 16
+            + self.outermost.capacity() * 8
     }
 
     /// Whether the section has no FDE.

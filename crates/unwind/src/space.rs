@@ -20,7 +20,7 @@ use crate::memory::{FrameObserver, Memory, NoObserver};
 use crate::nocfi;
 use crate::policy::{self, StackEnd, TruncateReason};
 use crate::region::Region;
-use crate::regs::Registers;
+use crate::regs::{self, Registers};
 use crate::sections::SectionBytes;
 use crate::x86_64::instruction_analysis::is_after_call;
 
@@ -231,6 +231,13 @@ impl<M: Binary> AddressSpace<M> {
                 // (the system call), past the end of its FDE.
                 lookup = pc.wrapping_sub(1);
             }
+            if out.len() == 1 {
+                match self.clone_gap(&regs) {
+                    Some(CloneGap::Child) => return Some(StackEnd::Root),
+                    Some(CloneGap::Parent { cfi_end }) => lookup = cfi_end - 1,
+                    None => {}
+                }
+            }
             let old_sp = regs.sp();
             let step = match self.step(full, first, lookup, &mut regs, mem) {
                 Ok(step) => step,
@@ -380,6 +387,30 @@ impl<M: Binary> AddressSpace<M> {
         })
     }
 
+    /// Whether the sampled pc lies between `clone`/`clone3`'s system call and the child's
+    /// `thread_start` ([`crate::cfi::CfiIndex::clone_gap`]), and on whose side: the system call
+    /// returned 0 to the child, whose fresh stack is empty, and the child's id (or an error) to
+    /// the parent; during the call, rax reads as -ENOSYS. (`clone3` is not among libc's exported
+    /// symbols, so names cannot say where it is.)
+    fn clone_gap(&self, regs: &Registers) -> Option<CloneGap> {
+        let rax = regs.get(regs::RAX)?;
+        let pc = regs.ip();
+        let region = self.region(pc)?;
+        let sections = region.module.as_deref()?.unwind_sections();
+        let svma = region.svma(pc);
+        let cfi_end = sections
+            .cfi(false)
+            .clone_gap(svma)
+            .or_else(|| sections.cfi(true).clone_gap(svma))?;
+        Some(if rax == 0 {
+            CloneGap::Child
+        } else {
+            CloneGap::Parent {
+                cfi_end: pc - (svma - cfi_end),
+            }
+        })
+    }
+
     /// Validates a recovered return address: inside an executable region, right after a call.
     /// `Ok(true)`: the address is a signal trampoline's entry (where a handler returns), to be
     /// symbolized as an instruction.
@@ -405,6 +436,15 @@ impl<M: Binary> AddressSpace<M> {
             None => Ok(false),
         }
     }
+}
+
+/// A leaf in the CFI gap of `clone`/`clone3` (see [`AddressSpace::clone_gap`]).
+enum CloneGap {
+    /// The new thread, before its first frame: the stack's root.
+    Child,
+    /// The calling thread, whose frame the CFI ending at `cfi_end` (a runtime address)
+    /// describes.
+    Parent { cfi_end: u64 },
 }
 
 /// Whether `addr` (in `region`) lies in a signal trampoline's FDE.

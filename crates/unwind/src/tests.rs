@@ -35,6 +35,12 @@ const FP_CFI_RA: u64 = FP_CFI + 0x80;
 const NAMELESS: u64 = 0x1500;
 /// `clone3`, without CFI.
 const CLONE3: u64 = 0x1600;
+/// `clone3`'s CFI-covered part (from here to its system call), as in glibc.
+const CLONE3_PARENT: u64 = CLONE3 + 0x40;
+/// `clone3`'s system call (the child's first instructions follow it, without CFI).
+const CLONE3_SYSCALL: u64 = CLONE3 + 0x4e;
+/// The child's `thread_start` (CFI: return address undefined).
+const CLONE3_CHILD: u64 = CLONE3 + 0x58;
 /// `big_fp`: 8 KiB, `push rbp; mov rsp,rbp`, no CFI.
 const BIG_FP: u64 = 0x1700;
 const TEXT_END: u64 = 0x3700;
@@ -68,10 +74,14 @@ fn eh_frame() -> Vec<u8> {
             ],
         ),
     ];
-    let fdes: Vec<_> = fdes
+    let mut fdes: Vec<_> = fdes
         .into_iter()
         .map(|(start, rows)| (start, 0x100, rows))
         .collect();
+    // glibc's `clone3` shape: the parent's CFI ends at the system call; the child's
+    // `thread_start` begins a few bytes later with the return address undefined.
+    fdes.push((CLONE3_PARENT, CLONE3_SYSCALL - CLONE3_PARENT, vec![]));
+    fdes.push((CLONE3_CHILD, 0x20, vec![(0, I::Undefined(X86_64::RA))]));
     eh_frame_rows(&fdes)
 }
 
@@ -90,6 +100,7 @@ fn space() -> AddressSpace {
     put(FP_CFI_RA - 5, &[0xe8, 0, 0, 0, 0]);
     put(FP_CFI + 0x8f, &[0xc9, 0xc3]);
     put(BIG_FP, &[0x55, 0x48, 0x89, 0xe5]);
+    put(CLONE3_SYSCALL, &[0x0f, 0x05]);
     let module = SyntheticBinary::new(
         TEXT,
         &code,
@@ -263,6 +274,47 @@ fn a_new_thread_in_clone3_ends_at_its_root() {
     // The same code under another name is an explicit truncation.
     let (end, _) = unwind(&mut s, &regs(FP_NOCFI + 0x2, 0, None), &[]);
     assert!(matches!(end, StackEnd::Truncated(_)), "{end:?}");
+}
+
+#[test]
+fn a_new_thread_right_after_the_clone3_system_call_is_at_its_root() {
+    let mut s = space();
+    let with = |pc: u64, rax: Option<u64>| {
+        let mut r = regs(pc, 0x1234_5678, None);
+        if let Some(v) = rax {
+            r.set(regs::RAX, v);
+        }
+        r
+    };
+    // The child (the system call returned 0), anywhere between the system call and
+    // `thread_start`: its fresh stack holds no return address.
+    let garbage = [0x7fff_dead_beef, 0, 0];
+    for pc in [CLONE3_SYSCALL + 2, CLONE3_SYSCALL + 5, CLONE3_CHILD - 1] {
+        let (end, out) = unwind(&mut s, &with(pc, Some(0)), &garbage);
+        assert_eq!((end, out), (StackEnd::Root, vec![pc]), "at {pc:#x}");
+    }
+    // The parent (the child's id, or -ENOSYS during the call), anywhere in the gap: its frame
+    // is the one the CFI before the system call describes, even where the code alone would
+    // suggest a frame pointer (rbp holds no frame here).
+    let after = CLONE3_SYSCALL + 2;
+    for (pc, rax) in [
+        (after, 4242),
+        (CLONE3_CHILD - 1, 4242),
+        (after, (-38i64) as u64),
+    ] {
+        let (end, out) = unwind(&mut s, &with(pc, Some(rax)), &[ROOT_RA, 0, 0]);
+        assert_eq!(
+            (end, out),
+            (StackEnd::Root, vec![pc, ROOT_RA]),
+            "at {pc:#x}"
+        );
+    }
+    // Without the result, the child's stack is no proof of a root.
+    let (end, _) = unwind(&mut s, &with(after, None), &garbage);
+    assert!(matches!(end, StackEnd::Truncated(_)), "{end:?}");
+    // Where CFI describes the parent, rax may be 0 (the caller's, at the start): unwound as usual.
+    let (end, out) = unwind(&mut s, &with(CLONE3_PARENT, Some(0)), &[ROOT_RA, 0, 0]);
+    assert_eq!((end, out), (StackEnd::Root, vec![CLONE3_PARENT, ROOT_RA]));
 }
 
 /// Live memory that has changed since the sample: every word reads as `CHANGED`.
