@@ -167,8 +167,12 @@ pub(crate) fn open_alloc_events(
 ) -> Result<(), OpenError> {
     // Allocations come in bursts (a program filling a table): rings four times the CPU
     // sampling's, so a burst waits for the reader instead of being lost.
+    // No callchain: the kernel frames would be the uprobe handler's own, and the user stack is
+    // unwound from the copy; asking for the kernel's callchain cost several µs per sample.
     let cfg = &EventConfig {
         ring_pages: (cfg.ring_pages * 4).clamp(64, 8192),
+        kernel: false,
+        user_callchain: 0,
         ..*cfg
     };
     let pmu = crate::perf_event::uprobe_pmu_type().map_err(|e| {

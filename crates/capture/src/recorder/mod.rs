@@ -766,7 +766,8 @@ impl Drain {
                 count += 1;
                 match switches {
                     None => {
-                        if let Record::Sample(s) = parse_record(data, kernel) {
+                        // Allocation samples carry no callchain (see `open_alloc_events`).
+                        if let Record::Sample(s) = parse_record(data, kernel && !alloc) {
                             if alloc {
                                 pipeline.alloc_record(data, &s);
                             } else {

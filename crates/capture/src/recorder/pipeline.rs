@@ -270,7 +270,9 @@ impl Pipeline {
                 self.deferrals.defer(d);
                 continue;
             }
-            if let Record::Sample(s) = parse_record(&d.raw, self.callchain) {
+            // Allocation samples carry no callchain (see `alloc_attach::open_alloc_events`).
+            let callchain = self.callchain && d.alloc.is_none();
+            if let Record::Sample(s) = parse_record(&d.raw, callchain) {
                 self.off_weight = d.off_cpu;
                 self.alloc_weight = d.alloc;
                 self.handle(&s, Some(&d.raw), d.space);
