@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Result, bail};
 use rootline_capture::recorder::{RecordOptions, Target, monotonic_ns};
 use rootline_dotnet::alloc_ticks::{AllocTicks, append_ticks};
-use rootline_dotnet::discover::find_socket;
+use rootline_dotnet::discover::{find_socket, find_socket_by_start_key};
 use rootline_profile::{Profile, SampleType};
 use rootline_repair::RepairOptions;
 
@@ -37,6 +37,8 @@ const BUFFER_MB: u32 = 256;
 /// ticks before the session starts are not seen), then less.
 const SOCKET_POLL: Duration = Duration::from_millis(2);
 const SOCKET_POLL_LATER: Duration = Duration::from_millis(50);
+/// Polls between listings of the socket directories (see `wait_for_runtime`).
+const FULL_SCAN_EVERY: u64 = 50;
 /// How long the runtime gets to send its rundown once a session is stopped.
 const RUNDOWN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -201,7 +203,7 @@ impl DotnetAlloc {
 /// then starts a session; gives up when the process ends or `done` is set.
 fn wait_for_runtime(pid: &AtomicU32, done: &AtomicBool) -> Option<AllocTicks> {
     let started = std::time::Instant::now();
-    loop {
+    for poll in 0u64.. {
         if done.load(Ordering::Acquire) {
             return None;
         }
@@ -210,7 +212,11 @@ fn wait_for_runtime(pid: &AtomicU32, done: &AtomicBool) -> Option<AllocTicks> {
             if !std::path::Path::new(&format!("/proc/{p}")).exists() {
                 return None;
             }
-            if find_socket(p).is_ok() {
+            // Each poll looks for the socket's usual name; listing the socket directory (a
+            // busy /tmp holds thousands of entries) waits for every FULL_SCAN_EVERY-th.
+            if find_socket_by_start_key(p).is_some()
+                || (poll % FULL_SCAN_EVERY == 0 && find_socket(p).is_ok())
+            {
                 // The socket can be there a moment before the server listens: try a few times.
                 for _ in 0..50 {
                     if let Ok(s) = AllocTicks::start(p, BUFFER_MB, RUNDOWN_TIMEOUT) {
@@ -230,4 +236,5 @@ fn wait_for_runtime(pid: &AtomicU32, done: &AtomicBool) -> Option<AllocTicks> {
             SOCKET_POLL_LATER
         });
     }
+    None
 }

@@ -64,6 +64,19 @@ fn socket_dirs(proc_dir: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// The diagnostics socket of process `pid` under the name the runtime gives it (keyed by the
+/// process's start time), without listing its socket directories: cheap enough to poll for a
+/// process that may not be a .NET one. [`find_socket`] also finds sockets under other keys.
+pub fn find_socket_by_start_key(pid: u32) -> Option<PathBuf> {
+    let proc_dir = Path::new("/proc").join(pid.to_string());
+    let nspid = namespace_pid(&proc_dir, pid);
+    let start = start_time(&proc_dir)?;
+    socket_dirs(&proc_dir)
+        .into_iter()
+        .map(|dir| dir.join(format!("dotnet-diagnostic-{nspid}-{start}-socket")))
+        .find(|path| path.exists())
+}
+
 /// Finds the diagnostics socket of process `pid`.
 pub fn find_socket(pid: u32) -> Result<PathBuf, IpcError> {
     find_socket_in(Path::new("/proc"), pid)
