@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: MIT OR Apache-2.0
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
 //
 // rootline's allocation sampler for running processes (`record --alloc -p`), attached to the
 // uprobe perf events on the target's libc allocation functions. It keeps each thread's Poisson
@@ -16,6 +16,8 @@
 // mmap counts only anonymous mappings of at least `mmap_min[0]` bytes that the program asked for
 // itself: a call whose return address (at [rsp] on entry) lies in its process's libc code,
 // `libc_text[tgid]`, is libc's own (malloc mapping a large block, which counts as that malloc).
+// Reading it takes bpf_probe_read_user, which the kernel offers GPL-compatible programs only:
+// this one is dual-licensed, as stack_walk.bpf.c is.
 //
 // Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches; every
 // object in this directory is built the same way):
@@ -163,4 +165,4 @@ int mmap_anon(struct pt_regs *ctx)
     return decide(ctx, length);
 }
 
-char LICENSE[] SEC("license") = "MIT OR Apache-2.0";
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
