@@ -378,6 +378,39 @@ fn a_launched_command_s_bytes_are_attributed_to_their_true_paths() {
     assert!(!text.contains("allocated_type"), "{text}");
 }
 
+#[test]
+fn anonymous_mappings_below_the_minimum_are_not_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build(dir.path());
+    let out = dir.path().join("min.rlp");
+    // Every anonymous mapping of path_m is shorter than 4 MiB.
+    let run = rootline()
+        .args(["record", "--alloc", "--alloc-mmap-min", "4194304", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&binary)
+        .output()
+        .expect("rootline runs");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let profile = read(&out);
+    let bytes = column(&profile, "alloc-bytes");
+    let samples = profile.samples();
+    let mut leaves = std::collections::BTreeSet::new();
+    for i in 0..samples.len() {
+        if samples.values[bytes][i] == 0 {
+            continue;
+        }
+        let leaf = profile.frame_name(profile.stack(samples.stacks[i]).frame);
+        leaves.insert(leaf.to_string());
+    }
+    assert!(leaves.contains("[alloc: malloc]"), "{leaves:?}");
+    assert!(!leaves.contains("[alloc: mmap]"), "{leaves:?}");
+}
+
 /// perf events the process `pid` holds open.
 fn perf_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
