@@ -13,8 +13,8 @@
 // recorded thread and CPU: each acts only for the thread and CPU its attach cookie names
 // (`cpu << 32 | tid`), the one whose event emits the sample.
 //
-// mmap counts only anonymous mappings of at least `mmap_min[0]` bytes that the program asked for
-// itself: a call whose return address (at [rsp] on entry) lies in its process's libc code,
+// mmap counts only anonymous mappings of at least `mmap_min[0]` bytes, not PROT_NONE (address
+// space reserved, not memory), that the program asked for itself: a call whose return address (at [rsp] on entry) lies in its process's libc code,
 // `libc_text[tgid]`, is libc's own (malloc mapping a large block, which counts as that malloc).
 // Reading it takes bpf_probe_read_user, which the kernel offers GPL-compatible programs only:
 // this one is dual-licensed, as stack_walk.bpf.c is.
@@ -143,12 +143,13 @@ int size_product(struct pt_regs *ctx)
     return decide(ctx, n * size);
 }
 
-// mmap: the length (second argument) of an anonymous mapping (flags, the fourth, in rcx) of at
-// least mmap_min bytes, called from outside libc.
+// mmap: the length (second argument) of an anonymous mapping (flags, the fourth, in rcx) that
+// can be accessed (prot, the third, not PROT_NONE) of at least mmap_min bytes, called from outside
+// libc.
 SEC("uprobe")
 int mmap_anon(struct pt_regs *ctx)
 {
-    if (!mine(ctx) || !(PT_REGS_PARM4(ctx) & MAP_ANONYMOUS))
+    if (!mine(ctx) || !(PT_REGS_PARM4(ctx) & MAP_ANONYMOUS) || PT_REGS_PARM3(ctx) == 0)
         return 0;
     __u64 length = PT_REGS_PARM2(ctx);
     __u32 zero = 0;

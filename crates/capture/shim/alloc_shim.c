@@ -11,7 +11,8 @@
  *
  * Anonymous mappings the program makes with mmap (mmap64 is the same function) count toward the
  * same bytes when at least ROOTLINE_ALLOC_MMAP_MIN bytes long (64 KiB by default): a program's
- * own arenas and pools, which malloc never sees. File mappings and failed calls do not count, and
+ * own arenas and pools, which malloc never sees. File mappings, reservations of address space
+ * (PROT_NONE: a runtime's heap reserved before it is used) and failed calls do not count, and
  * neither do the mappings malloc makes for large blocks: glibc calls its internal __mmap for those,
  * never this interposer, so such a block counts once, as the malloc it is.
  */
@@ -266,13 +267,14 @@ EXPORT void *pvalloc(size_t size)
     return next_pvalloc(size);
 }
 
-/* mmap and mmap64: maps, then counts a successful anonymous mapping of mmap_min bytes or more. */
+/* mmap and mmap64: maps, then counts a successful anonymous mapping of mmap_min bytes or more
+ * that can be accessed. */
 static inline void *map(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
 {
     if (!ready())
         return (void *)syscall(SYS_mmap, addr, length, prot, flags, fd, offset);
     void *p = next_mmap(addr, length, prot, flags, fd, offset);
-    if (!(flags & MAP_ANONYMOUS) || p == MAP_FAILED)
+    if (!(flags & MAP_ANONYMOUS) || prot == PROT_NONE || p == MAP_FAILED)
         return p;
     size_t min = mmap_min;
     if (__builtin_expect(min == MMAP_MIN_UNREAD, 0))

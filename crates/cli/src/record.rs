@@ -94,8 +94,8 @@ pub struct Args {
     /// (pick one with `report/convert --value alloc-bytes`), each sample's stack ending in
     /// [alloc: …]. Native code: malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign,
     /// valloc, pvalloc (C++ operator new through malloc), and mmap of anonymous memory of at least
-    /// --alloc-mmap-min bytes (not file mappings, nor the mappings malloc makes for large blocks:
-    /// those count once, as their malloc), sampled by bytes (--alloc-rate), the leaf naming the
+    /// --alloc-mmap-min bytes (not file mappings, PROT_NONE reservations, nor the mappings malloc
+    /// makes for large blocks: those count once, as their malloc), sampled by bytes (--alloc-rate), the leaf naming the
     /// function ([alloc: malloc], [alloc: mmap]); a launched command gets a sampler library in
     /// LD_PRELOAD so only sampled calls trap; with -p, uprobes on the target's libc and a BPF
     /// program keep the count in the kernel (threads the process starts are probed once found,

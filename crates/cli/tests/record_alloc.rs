@@ -2,11 +2,12 @@
 //! `path_a` asks for three quarters of its malloc'd bytes and `path_b` a quarter, through malloc,
 //! calloc, realloc and `new`, sizes from 16 B to 1 MiB, `path_b` on a second thread; then `path_m`
 //! maps anonymous memory with mmap (64 KiB to 4 MiB) and mallocs 1 MiB blocks that glibc maps
-//! itself, beside a file mapping and (launched) a failing mmap; it prints the bytes each path
+//! itself, beside a file mapping, a reservation of address space (`PROT_NONE`) and (launched) a
+//! failing mmap; it prints the bytes each path
 //! asked for. The estimated bytes under each path, and under `path_m` for each function, are
 //! within 10% of the truth, for a launched command (sampler library) and for `-p` (uprobes on libc
-//! filtered by the BPF sampler): malloc's own mappings count once, as malloc, and the file and
-//! failed mappings not at all. Every allocation stack is whole from `_start` to the program's call
+//! filtered by the BPF sampler): malloc's own mappings count once, as malloc, and the file,
+//! reserved and failed mappings not at all. Every allocation stack is whole from `_start` to the program's call
 //! and ends in `[alloc: FUNCTION]`, with no frame of the sampler itself; the allocation columns
 //! reach folded, speedscope and pprof (`alloc_space`/`alloc_objects`, read by `go tool pprof`)
 //! with the same totals.
@@ -173,8 +174,8 @@ fn check(profile: &Profile) -> Attributed {
         leaves.insert(function.to_string());
         if path.starts_with("path_m(") {
             // The program's call, then the function: an anonymous mapping or a 1 MiB malloc
-            // (whose mapping glibc makes is not counted again); never the file mapping or the
-            // failed one.
+            // (whose mapping glibc makes is not counted again); never the file mapping, the
+            // reservation or the failed one.
             assert_eq!(names.len(), entry + 4, "{names:?}");
             match (names[entry + 2], function) {
                 (call, "mmap") if call.starts_with("map_anonymous(") => got.m_mmap += v(bytes),

@@ -14,8 +14,8 @@
 //!   and the countdown runs here, per thread, on the size read from the sampled registers. The
 //!   probed function's own entry frame is dropped.
 //!
-//! `mmap` counts only anonymous mappings of at least the recording's minimum that the program
-//! asked for itself ([`mmap_counts`]): the ones glibc's malloc makes for large blocks are that
+//! `mmap` counts only anonymous mappings of at least the recording's minimum, not `PROT_NONE`
+//! (address space reserved, not memory), that the program asked for itself ([`mmap_counts`]): the ones glibc's malloc makes for large blocks are that
 //! malloc's (the library never sees them, as glibc calls its internal `__mmap`; a uprobe on libc's
 //! `mmap` sees them, and they are told apart by their return address, inside libc).
 
@@ -38,10 +38,27 @@ pub const DEFAULT_ALLOC_MMAP_MIN: u64 = 64 * 1024;
 /// `MAP_ANONYMOUS` (x86-64 Linux).
 const MAP_ANONYMOUS: u64 = 0x20;
 
-/// Whether a call to `mmap` counts as an allocation: an anonymous mapping (`flags`) of at least
-/// `min` bytes, not made by libc itself (`from_libc`: its return address lies in libc's code).
-pub(crate) fn mmap_counts(flags: u64, length: u64, min: u64, from_libc: bool) -> bool {
-    flags & MAP_ANONYMOUS != 0 && length >= min && length > 0 && !from_libc
+/// The arguments of a call to `mmap` that say whether it allocates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MmapCall {
+    /// `prot`: `PROT_NONE` (0) reserves address space only.
+    pub prot: u64,
+    /// `flags`: only `MAP_ANONYMOUS` mappings are memory rather than a file's.
+    pub flags: u64,
+    /// Bytes mapped.
+    pub length: u64,
+    /// Its return address lies in libc's code: libc's own call (malloc mapping a block).
+    pub from_libc: bool,
+}
+
+/// Whether a call to `mmap` counts as an allocation: an anonymous mapping that can be accessed,
+/// of at least `min` bytes, that libc did not make for itself.
+pub(crate) fn mmap_counts(call: MmapCall, min: u64) -> bool {
+    call.flags & MAP_ANONYMOUS != 0
+        && call.prot != 0
+        && call.length >= min
+        && call.length > 0
+        && !call.from_libc
 }
 
 /// The sampler library's file name, by which its frames are recognised in a stack.
@@ -246,10 +263,13 @@ impl AllocSampler {
                     Some((kind, size))
                         if kind.function() == "mmap"
                             && !mmap_counts(
-                                regs.get(RCX).unwrap_or(0),
-                                size,
+                                MmapCall {
+                                    prot: regs.get(RDX).unwrap_or(0),
+                                    flags: regs.get(RCX).unwrap_or(0),
+                                    length: size,
+                                    from_libc: called_from_own_binary(s, ip, processes),
+                                },
                                 *mmap_min,
-                                called_from_own_binary(s, ip, processes),
                             ) =>
                     {
                         self.stats.unsampled_calls += 1;
@@ -349,18 +369,58 @@ mod tests {
     #[test]
     fn only_large_anonymous_mappings_the_program_asked_for_count() {
         let min = DEFAULT_ALLOC_MMAP_MIN;
-        // MAP_PRIVATE | MAP_ANONYMOUS, MAP_PRIVATE (a file), MAP_SHARED | MAP_ANONYMOUS.
-        let (anon, file, shared_anon) = (0x22, 0x02, 0x21);
-        assert!(mmap_counts(anon, min, min, false));
-        assert!(mmap_counts(shared_anon, 4 << 20, min, false));
-        assert!(!mmap_counts(anon, min - 1, min, false), "below the minimum");
-        assert!(!mmap_counts(file, 1 << 20, min, false), "a file mapping");
-        assert!(
-            !mmap_counts(anon, 1 << 20, min, true),
-            "malloc's own mapping"
+        // PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, 1 MiB, from the program.
+        let call = MmapCall {
+            prot: 3,
+            flags: 0x22,
+            length: 1 << 20,
+            from_libc: false,
+        };
+        assert!(mmap_counts(call, min));
+        assert!(mmap_counts(
+            MmapCall {
+                length: min,
+                ..call
+            },
+            min
+        ));
+        // MAP_SHARED | MAP_ANONYMOUS, PROT_READ.
+        assert!(mmap_counts(
+            MmapCall {
+                flags: 0x21,
+                prot: 1,
+                ..call
+            },
+            min
+        ));
+        let not = |c: MmapCall, why: &str| assert!(!mmap_counts(c, min), "{why}");
+        not(
+            MmapCall {
+                length: min - 1,
+                ..call
+            },
+            "below the minimum",
         );
-        assert!(!mmap_counts(anon, 0, 0, false), "nothing mapped");
-        assert!(mmap_counts(anon, 1, 0, false));
+        not(
+            MmapCall {
+                flags: 0x02,
+                ..call
+            },
+            "a file mapping",
+        );
+        not(MmapCall { prot: 0, ..call }, "address space reserved");
+        not(
+            MmapCall {
+                from_libc: true,
+                ..call
+            },
+            "malloc's own mapping",
+        );
+        assert!(
+            !mmap_counts(MmapCall { length: 0, ..call }, 0),
+            "nothing mapped"
+        );
+        assert!(mmap_counts(MmapCall { length: 1, ..call }, 0));
     }
 
     #[test]

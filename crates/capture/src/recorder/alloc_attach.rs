@@ -519,7 +519,10 @@ mod tests {
 7f20000000-7f20001000 r-xp 00000000 08:01 30 /usr/lib/x86_64-linux-gnu/libm.so.6
 ";
         let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
-        assert_eq!(text_range(maps, libc), Some((0x007f_1002_8000, 0x007f_1019_d000)));
+        assert_eq!(
+            text_range(maps, libc),
+            Some((0x007f_1002_8000, 0x007f_1019_d000))
+        );
         assert_eq!(text_range(maps, "/usr/lib/libnone.so"), None);
         assert_eq!(address_of(maps, libc, 0x29000), Some(0x007f_1002_9000));
     }

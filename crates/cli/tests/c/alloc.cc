@@ -3,7 +3,8 @@
 // `path_b` runs on a second thread, started first, taking turns with the main thread. Then
 // `path_m` maps anonymous memory with mmap (64 KiB to 4 MiB) and mallocs 1 MiB blocks, which glibc
 // maps itself (its mmap threshold is fixed at 128 KiB here), and makes mappings that are no
-// allocation: of a file, and (unless waiting) one that fails.
+// allocation: of a file, a reservation of address space (PROT_NONE), and (unless waiting) one
+// that fails.
 // Prints the bytes each path asked for. With the argument `wait` it first waits for a line on
 // stdin (so a recorder can attach with -p). ROUNDS sets the number of path_a allocations,
 // MAP_ROUNDS those of path_m.
@@ -154,6 +155,18 @@ __attribute__((noinline)) static void map_file(int fd)
     munmap(p, 1 << 20);
 }
 
+// A reservation of 64 MiB of address space, as runtimes reserve their heaps: no allocation.
+__attribute__((noinline)) static void reserve()
+{
+    size_t size = 64 << 20;
+    void *p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap of PROT_NONE");
+        exit(1);
+    }
+    munmap(p, size);
+}
+
 // An anonymous mapping that fails (neither private nor shared: EINVAL): no allocation.
 __attribute__((noinline)) static void map_failing()
 {
@@ -176,6 +189,7 @@ __attribute__((noinline)) static void path_m(unsigned n, bool failing)
         bytes_m_mmap += map_anonymous(pick_map_size());
         bytes_m_malloc += big_malloc();
         map_file(fd);
+        reserve();
         if (failing)
             map_failing();
         pace(i);
