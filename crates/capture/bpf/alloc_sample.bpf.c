@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: MIT OR Apache-2.0
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
 //
 // rootline's allocation sampler for running processes (`record --alloc -p`), attached to the
 // uprobe perf events on the target's libc allocation functions. It keeps each thread's Poisson
@@ -13,6 +13,12 @@
 // recorded thread and CPU: each acts only for the thread and CPU its attach cookie names
 // (`cpu << 32 | tid`), the one whose event emits the sample.
 //
+// mmap counts only anonymous mappings of at least `mmap_min[0]` bytes, not PROT_NONE (address
+// space reserved, not memory), that the program asked for itself: a call whose return address (at [rsp] on entry) lies in its process's libc code,
+// `libc_text[tgid]`, is libc's own (malloc mapping a large block, which counts as that malloc).
+// Reading it takes bpf_probe_read_user, which the kernel offers GPL-compatible programs only:
+// this one is dual-licensed, as stack_walk.bpf.c is.
+//
 // Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches; every
 // object in this directory is built the same way):
 //   clang -O2 -g -target bpf -D__TARGET_ARCH_x86 -fdebug-compilation-dir=. \
@@ -24,6 +30,8 @@
 #include <bpf/bpf_tracing.h>
 
 #define DRAWS 1024
+// MAP_ANONYMOUS (include/uapi/asm-generic/mman-common.h).
+#define MAP_ANONYMOUS 0x20
 
 // A map definition in the legacy `maps` section layout (no BTF needed).
 struct map_def {
@@ -48,6 +56,26 @@ struct map_def SEC("maps") countdowns = {
     .max_entries = 65536,
 };
 
+struct map_def SEC("maps") mmap_min = {
+    .type = BPF_MAP_TYPE_ARRAY,
+    .key_size = sizeof(__u32),
+    .value_size = sizeof(__u64),
+    .max_entries = 1,
+};
+
+// The executable range of each probed process's libc: [start, end).
+struct text_range {
+    __u64 start;
+    __u64 end;
+};
+
+struct map_def SEC("maps") libc_text = {
+    .type = BPF_MAP_TYPE_HASH,
+    .key_size = sizeof(__u32),
+    .value_size = sizeof(struct text_range),
+    .max_entries = 4096,
+};
+
 static __always_inline __s64 draw(void)
 {
     __u32 i = bpf_get_prandom_u32() % DRAWS;
@@ -55,11 +83,17 @@ static __always_inline __s64 draw(void)
     return d && *d > 0 ? (__s64)*d : 1;
 }
 
+// Whether this program is the one for the current thread and CPU (see the attach cookie).
+static __always_inline int mine(struct pt_regs *ctx)
+{
+    __u32 tid = (__u32)bpf_get_current_pid_tgid();
+    return bpf_get_attach_cookie(ctx) == ((__u64)bpf_get_smp_processor_id() << 32 | tid);
+}
+
 static __always_inline int decide(struct pt_regs *ctx, __u64 size)
 {
     __u32 tid = (__u32)bpf_get_current_pid_tgid();
-    __u64 me = (__u64)bpf_get_smp_processor_id() << 32 | tid;
-    if (bpf_get_attach_cookie(ctx) != me || size == 0 || (__s64)size < 0)
+    if (!mine(ctx) || size == 0 || (__s64)size < 0)
         return 0;
     __s64 *left = bpf_map_lookup_elem(&countdowns, &tid);
     if (!left) {
@@ -109,4 +143,27 @@ int size_product(struct pt_regs *ctx)
     return decide(ctx, n * size);
 }
 
-char LICENSE[] SEC("license") = "MIT OR Apache-2.0";
+// mmap: the length (second argument) of an anonymous mapping (flags, the fourth, in rcx) that
+// can be accessed (prot, the third, not PROT_NONE) of at least mmap_min bytes, called from outside
+// libc.
+SEC("uprobe")
+int mmap_anon(struct pt_regs *ctx)
+{
+    if (!mine(ctx) || !(PT_REGS_PARM4(ctx) & MAP_ANONYMOUS) || PT_REGS_PARM3(ctx) == 0)
+        return 0;
+    __u64 length = PT_REGS_PARM2(ctx);
+    __u32 zero = 0;
+    __u64 *min = bpf_map_lookup_elem(&mmap_min, &zero);
+    if (!min || length < *min)
+        return 0;
+    __u32 tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+    struct text_range *libc = bpf_map_lookup_elem(&libc_text, &tgid);
+    __u64 ret = 0;
+    if (!libc || bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)) != 0)
+        return 0;
+    if (ret >= libc->start && ret < libc->end)
+        return 0;
+    return decide(ctx, length);
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

@@ -8,6 +8,13 @@
  * A sampled allocation of `size` bytes stands for size / (1 - exp(-size / rate)) bytes, the
  * unbiased estimate. Only sampled calls reach rootline_alloc_sampled(), on which rootline places a
  * uprobe: the unsampled ones cost a subtraction, never a trap.
+ *
+ * Anonymous mappings the program makes with mmap (mmap64 is the same function) count toward the
+ * same bytes when at least ROOTLINE_ALLOC_MMAP_MIN bytes long (64 KiB by default): a program's
+ * own arenas and pools, which malloc never sees. File mappings, reservations of address space
+ * (PROT_NONE: a runtime's heap reserved before it is used) and failed calls do not count, and
+ * neither do the mappings malloc makes for large blocks: glibc calls its internal __mmap for those,
+ * never this interposer, so such a block counts once, as the malloc it is.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -16,7 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,9 +42,16 @@ enum kind {
     KIND_MEMALIGN = 6,
     KIND_VALLOC = 7,
     KIND_PVALLOC = 8,
+    KIND_MMAP = 9,
 };
 
 #define DEFAULT_RATE 524288.0
+/* Below glibc's default mmap threshold (128 KiB), so a program that maps its own arenas of that
+ * order is seen; smaller anonymous mappings (guard pages, a few pages of runtime metadata) are
+ * left out. */
+#define DEFAULT_MMAP_MIN 65536
+/* mmap_min before it is read from the environment. */
+#define MMAP_MIN_UNREAD ((size_t)-1)
 
 /* glibc's own entry points: used while dlsym itself allocates, before the next ones are known. */
 extern void *__libc_malloc(size_t);
@@ -53,11 +69,14 @@ static void *(*next_aligned_alloc)(size_t, size_t);
 static void *(*next_memalign)(size_t, size_t);
 static void *(*next_valloc)(size_t);
 static void *(*next_pvalloc)(size_t);
+static void *(*next_mmap)(void *, size_t, int, int, int, off_t);
 static volatile int resolved;
 static TLS int resolving;
 
 /* Mean bytes between samples; 0 until read from the environment. */
 static double rate;
+/* The smallest anonymous mapping counted, in bytes. */
+static size_t mmap_min = MMAP_MIN_UNREAD;
 
 /* Bytes this thread may still allocate before its next sample point. */
 static TLS int64_t until_sample;
@@ -94,9 +113,10 @@ static void resolve(void)
     next_memalign = dlsym(RTLD_NEXT, "memalign");
     next_valloc = dlsym(RTLD_NEXT, "valloc");
     next_pvalloc = dlsym(RTLD_NEXT, "pvalloc");
+    next_mmap = dlsym(RTLD_NEXT, "mmap");
     resolving = 0;
     resolved = next_malloc && next_calloc && next_realloc && next_posix_memalign &&
-               next_aligned_alloc && next_memalign && next_valloc && next_pvalloc;
+               next_aligned_alloc && next_memalign && next_valloc && next_pvalloc && next_mmap;
 }
 
 /* Whether the next functions are known (false only while dlsym runs on this thread). */
@@ -115,6 +135,20 @@ static double read_rate(void)
     const char *text = getenv("ROOTLINE_ALLOC_RATE");
     double r = text ? strtod(text, NULL) : 0.0;
     return r >= 1.0 ? r : DEFAULT_RATE;
+}
+
+/* ROOTLINE_ALLOC_MMAP_MIN: a whole number of bytes, or the default when absent or not one. */
+static size_t read_mmap_min(void)
+{
+    const char *text = getenv("ROOTLINE_ALLOC_MMAP_MIN");
+    if (!text || *text < '0' || *text > '9')
+        return DEFAULT_MMAP_MIN;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v >= MMAP_MIN_UNREAD)
+        return DEFAULT_MMAP_MIN;
+    return (size_t)v;
 }
 
 /* A uniform draw in (0, 1] from this thread's xorshift64* generator. */
@@ -242,4 +276,32 @@ EXPORT void *pvalloc(size_t size)
         return __libc_pvalloc(size);
     account(size, KIND_PVALLOC);
     return next_pvalloc(size);
+}
+
+/* mmap and mmap64: maps, then counts a successful anonymous mapping of mmap_min bytes or more
+ * that can be accessed. */
+static inline void *map(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    if (!ready())
+        return (void *)syscall(SYS_mmap, addr, length, prot, flags, fd, offset);
+    void *p = next_mmap(addr, length, prot, flags, fd, offset);
+    if (!(flags & MAP_ANONYMOUS) || prot == PROT_NONE || p == MAP_FAILED)
+        return p;
+    size_t min = mmap_min;
+    if (__builtin_expect(min == MMAP_MIN_UNREAD, 0))
+        min = mmap_min = read_mmap_min();
+    if (length >= min)
+        account(length, KIND_MMAP);
+    return p;
+}
+
+EXPORT void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    return map(addr, length, prot, flags, fd, offset);
+}
+
+/* The same function under its large-file name (an alias of mmap in glibc's x86-64 libc). */
+EXPORT void *mmap64(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    return map(addr, length, prot, flags, fd, offset);
 }

@@ -93,8 +93,10 @@ pub struct Args {
     /// Also record where memory is allocated, in the value columns alloc-bytes and alloc-count
     /// (pick one with `report/convert --value alloc-bytes`), each sample's stack ending in
     /// [alloc: …]. Native code: malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign,
-    /// valloc, pvalloc (C++ operator new through malloc), sampled by bytes (--alloc-rate), the
-    /// leaf naming the function ([alloc: malloc]); a launched command gets a sampler library in
+    /// valloc, pvalloc (C++ operator new through malloc), and mmap of anonymous memory of at least
+    /// --alloc-mmap-min bytes (not file mappings, PROT_NONE reservations, nor the mappings malloc
+    /// makes for large blocks: those count once, as their malloc), sampled by bytes (--alloc-rate), the leaf naming the
+    /// function ([alloc: malloc], [alloc: mmap]); a launched command gets a sampler library in
     /// LD_PRELOAD so only sampled calls trap; with -p, uprobes on the target's libc and a BPF
     /// program keep the count in the kernel (threads the process starts are probed once found,
     /// within a tenth of a second). .NET processes given with -p: the runtime's GC allocation
@@ -107,6 +109,12 @@ pub struct Args {
     /// tcmalloc and Go sample; default 512 KiB). .NET ticks come at the runtime's own pace.
     #[arg(long, default_value_t = rootline_capture::recorder::DEFAULT_ALLOC_RATE, value_name = "BYTES", requires = "alloc")]
     pub alloc_rate: u64,
+    /// With --alloc: the smallest anonymous mmap counted as an allocation, in bytes (default 64
+    /// KiB, below glibc's 128 KiB mmap threshold, so a program's own arenas and pools are seen
+    /// while guard pages and small runtime maps are not). A launched command counts successful
+    /// calls only; with -p a call is counted as it starts.
+    #[arg(long, default_value_t = rootline_capture::recorder::DEFAULT_ALLOC_MMAP_MIN, value_name = "BYTES", requires = "alloc")]
+    pub alloc_mmap_min: u64,
     /// Show the recording in the viewer (as `rootline view` does) once recording ends.
     #[arg(long)]
     pub view: bool,
@@ -192,6 +200,7 @@ pub fn run(args: Args) -> Result<()> {
         if args.alloc_rate == 0 {
             bail!("--alloc-rate must be at least 1 byte");
         }
+        opts.alloc_mmap_min = args.alloc_mmap_min;
         record_alloc::start(&mut opts, args.alloc_rate)?
     } else {
         None

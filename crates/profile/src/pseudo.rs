@@ -60,8 +60,9 @@ pub const ALLOC_UNKNOWN_TYPE: &str = "unknown type";
 
 /// The C allocation functions native allocation samples name, as their leaf frames do
 /// (`[alloc: malloc]`): the entry point the program called (C++ `operator new` reaches `malloc`,
-/// and its frame stays in the stack above it).
-pub const NATIVE_ALLOC_FUNCTIONS: [&str; 8] = [
+/// and its frame stays in the stack above it). `mmap` counts only anonymous mappings above a
+/// size that the program asked for itself (not those `malloc` makes for large blocks).
+pub const NATIVE_ALLOC_FUNCTIONS: [&str; 9] = [
     "malloc",
     "calloc",
     "realloc",
@@ -70,6 +71,7 @@ pub const NATIVE_ALLOC_FUNCTIONS: [&str; 8] = [
     "memalign",
     "valloc",
     "pvalloc",
+    "mmap",
 ];
 
 /// The leaf frame name of an allocation of `type_name` (`None`: not known): `[alloc: TYPE]`.

@@ -13,6 +13,11 @@
 //! - A running process (`-p`) gets uprobes on its libc's allocation functions; every call traps,
 //!   and the countdown runs here, per thread, on the size read from the sampled registers. The
 //!   probed function's own entry frame is dropped.
+//!
+//! `mmap` counts only anonymous mappings of at least the recording's minimum, not `PROT_NONE`
+//! (address space reserved, not memory), that the program asked for itself ([`mmap_counts`]): the ones glibc's malloc makes for large blocks are that
+//! malloc's (the library never sees them, as glibc calls its internal `__mmap`; a uprobe on libc's
+//! `mmap` sees them, and they are told apart by their return address, inside libc).
 
 use foldhash::{HashMap as FastMap, HashMapExt};
 use rootline_profile::pseudo::{NATIVE_ALLOC_FUNCTIONS, alloc_frame_name};
@@ -20,10 +25,41 @@ use rootline_profile::pseudo::{NATIVE_ALLOC_FUNCTIONS, alloc_frame_name};
 use crate::perf_event::Sample;
 use crate::process::Processes;
 use crate::unwind::Registers;
-use crate::unwind::regs::{RDI, RDX, RSI};
+use crate::unwind::regs::{RCX, RDI, RDX, RSI};
 
 /// Default mean bytes between allocation samples (as Go's `MemProfileRate` and tcmalloc).
 pub const DEFAULT_ALLOC_RATE: u64 = 512 * 1024;
+
+/// Default smallest anonymous `mmap` counted as an allocation: below glibc's default mmap
+/// threshold (128 KiB), so a program that maps its own arenas of that order is seen, while the
+/// few pages runtimes map for guard pages and metadata are not.
+pub const DEFAULT_ALLOC_MMAP_MIN: u64 = 64 * 1024;
+
+/// `MAP_ANONYMOUS` (x86-64 Linux).
+const MAP_ANONYMOUS: u64 = 0x20;
+
+/// The arguments of a call to `mmap` that say whether it allocates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MmapCall {
+    /// `prot`: `PROT_NONE` (0) reserves address space only.
+    pub prot: u64,
+    /// `flags`: only `MAP_ANONYMOUS` mappings are memory rather than a file's.
+    pub flags: u64,
+    /// Bytes mapped.
+    pub length: u64,
+    /// Its return address lies in libc's code: libc's own call (malloc mapping a block).
+    pub from_libc: bool,
+}
+
+/// Whether a call to `mmap` counts as an allocation: an anonymous mapping that can be accessed,
+/// of at least `min` bytes, that libc did not make for itself.
+pub(crate) fn mmap_counts(call: MmapCall, min: u64) -> bool {
+    call.flags & MAP_ANONYMOUS != 0
+        && call.prot != 0
+        && call.length >= min
+        && call.length > 0
+        && !call.from_libc
+}
 
 /// The sampler library's file name, by which its frames are recognised in a stack.
 pub(super) const SHIM_NAME: &str = "librootline_alloc.so";
@@ -38,7 +74,7 @@ impl AllocKind {
         (i < NATIVE_ALLOC_FUNCTIONS.len()).then_some(AllocKind(i as u8))
     }
 
-    /// From the sampler library's kind number (1 = malloc … 8 = pvalloc).
+    /// From the sampler library's kind number (1 = malloc … 8 = pvalloc, 9 = mmap).
     pub(super) fn from_shim(kind: u64) -> Option<AllocKind> {
         (1..=NATIVE_ALLOC_FUNCTIONS.len() as u64)
             .contains(&kind)
@@ -62,6 +98,7 @@ impl AllocKind {
             "calloc" => arg(RDI)?.checked_mul(arg(RSI)?),
             "realloc" | "aligned_alloc" | "memalign" => arg(RSI),
             "posix_memalign" => arg(RDX),
+            "mmap" => arg(RSI),
             _ => arg(RDI),
         }
     }
@@ -121,6 +158,8 @@ pub(crate) enum AllocSource {
     Libc {
         sites: Vec<(u64, AllocKind)>,
         addresses: FastMap<u64, AllocKind>,
+        /// The smallest anonymous `mmap` counted.
+        mmap_min: u64,
         /// The BPF program already decided: every sample that arrives is sampled.
         kernel_decides: bool,
     },
@@ -204,6 +243,7 @@ impl AllocSampler {
             AllocSource::Libc {
                 sites,
                 addresses,
+                mmap_min,
                 kernel_decides,
             } => {
                 let ip = regs.ip();
@@ -220,6 +260,21 @@ impl AllocSampler {
                         unbiased_bytes(size, self.rate),
                         kind,
                     )),
+                    Some((kind, size))
+                        if kind.function() == "mmap"
+                            && !mmap_counts(
+                                MmapCall {
+                                    prot: regs.get(RDX).unwrap_or(0),
+                                    flags: regs.get(RCX).unwrap_or(0),
+                                    length: size,
+                                    from_libc: called_from_own_binary(s, ip, processes),
+                                },
+                                *mmap_min,
+                            ) =>
+                    {
+                        self.stats.unsampled_calls += 1;
+                        return None;
+                    }
                     Some((kind, size)) => {
                         let rate = self.rate;
                         let countdown = self
@@ -262,6 +317,22 @@ impl AllocSampler {
     }
 }
 
+/// Whether the call that trapped at `ip`, the entry of a probed function, came from the binary
+/// that function is in: its return address, the first word of the stack, lies there.
+fn called_from_own_binary(s: &Sample<'_>, ip: u64, processes: &Processes) -> bool {
+    let Some(ret) = s.stack.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+        return false;
+    };
+    let ret = u64::from_ne_bytes(ret);
+    match (
+        processes.binary_at(s.pid, ip),
+        processes.binary_at(s.pid, ret),
+    ) {
+        (Some((callee, _)), Some((caller, _))) => callee.path == caller.path,
+        _ => false,
+    }
+}
+
 /// Adds the allocation counts to the profile's metadata.
 pub(crate) fn describe_stats(
     stats: &AllocStats,
@@ -293,6 +364,63 @@ mod tests {
         let big = 64 * 1024 * 1024;
         assert!((unbiased_bytes(big, rate) - big as f64).abs() < 1.0);
         assert_eq!(unbiased_bytes(100, 0.0), 100.0);
+    }
+
+    #[test]
+    fn only_large_anonymous_mappings_the_program_asked_for_count() {
+        let min = DEFAULT_ALLOC_MMAP_MIN;
+        // PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, 1 MiB, from the program.
+        let call = MmapCall {
+            prot: 3,
+            flags: 0x22,
+            length: 1 << 20,
+            from_libc: false,
+        };
+        assert!(mmap_counts(call, min));
+        assert!(mmap_counts(
+            MmapCall {
+                length: min,
+                ..call
+            },
+            min
+        ));
+        // MAP_SHARED | MAP_ANONYMOUS, PROT_READ.
+        assert!(mmap_counts(
+            MmapCall {
+                flags: 0x21,
+                prot: 1,
+                ..call
+            },
+            min
+        ));
+        let not = |c: MmapCall, why: &str| assert!(!mmap_counts(c, min), "{why}");
+        not(
+            MmapCall {
+                length: min - 1,
+                ..call
+            },
+            "below the minimum",
+        );
+        not(
+            MmapCall {
+                flags: 0x02,
+                ..call
+            },
+            "a file mapping",
+        );
+        not(MmapCall { prot: 0, ..call }, "address space reserved");
+        not(
+            MmapCall {
+                from_libc: true,
+                ..call
+            },
+            "malloc's own mapping",
+        );
+        assert!(
+            !mmap_counts(MmapCall { length: 0, ..call }, 0),
+            "nothing mapped"
+        );
+        assert!(mmap_counts(MmapCall { length: 1, ..call }, 0));
     }
 
     #[test]

@@ -89,10 +89,20 @@ impl Shim {
 /// A probed libc function: its file offset, what it is, and its address in the process.
 type LibcFunction = (u64, AllocKind, u64);
 
+/// The probe sites of one process's libc.
+pub(crate) struct LibcSites {
+    /// The uprobe site of each allocation function.
+    pub sites: Vec<UprobeSite>,
+    /// `(file offset, kind, address in the process)` of each, to tell their samples apart.
+    pub kinds: Vec<LibcFunction>,
+    /// The addresses of libc's code in the process, `[start, end)`.
+    pub text: Option<(u64, u64)>,
+}
+
 /// The allocation functions of the libc process `pid` runs: their uprobe sites (through
-/// `/proc/PID/root`, so a process in another mount namespace is probed in its own file) and
-/// `(file offset, kind, address in the process)` triples to tell their samples apart.
-pub(crate) fn libc_sites(pid: u32) -> io::Result<(Vec<UprobeSite>, Vec<LibcFunction>)> {
+/// `/proc/PID/root`, so a process in another mount namespace is probed in its own file), what
+/// each is, and where libc's code lies.
+pub(crate) fn libc_sites(pid: u32) -> io::Result<LibcSites> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let libc = maps
         .lines()
@@ -131,7 +141,30 @@ pub(crate) fn libc_sites(pid: u32) -> io::Result<(Vec<UprobeSite>, Vec<LibcFunct
             "{libc} of process {pid} exports no allocation function"
         )));
     }
-    Ok((sites, kinds))
+    Ok(LibcSites {
+        sites,
+        kinds,
+        text: text_range(&maps, libc),
+    })
+}
+
+/// The lowest and highest addresses of the executable mappings of `path`, per the `maps` text.
+fn text_range(maps: &str, path: &str) -> Option<(u64, u64)> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let range = fields.next()?;
+            let perms = fields.next()?;
+            if fields.nth(3)? != path || !perms.contains('x') {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .reduce(|(s0, e0), (s1, e1)| (s0.min(s1), e0.max(e1)))
 }
 
 /// The address at which file offset `offset` of `path` is mapped, per the `maps` text.
@@ -205,6 +238,8 @@ pub(crate) fn open_alloc_events(
 /// command, uprobes on libc for `-p`; inert when allocations are not recorded.
 pub(crate) struct Attach {
     rate: Option<u64>,
+    /// The smallest anonymous mmap counted.
+    mmap_min: u64,
     /// Kept (and its file) until the recording ends.
     shim: Option<Shim>,
     source: Option<AllocSource>,
@@ -241,6 +276,7 @@ impl Attach {
         };
         Ok(Attach {
             rate: opts.alloc_rate.map(|r| r.max(1)),
+            mmap_min: opts.alloc_mmap_min,
             shim,
             source: None,
             kernel: None,
@@ -257,6 +293,10 @@ impl Attach {
         if let (Some(shim), Some(rate)) = (&self.shim, self.rate) {
             env.push(("LD_PRELOAD".into(), shim.preload()));
             env.push(("ROOTLINE_ALLOC_RATE".into(), rate.to_string().into()));
+            env.push((
+                "ROOTLINE_ALLOC_MMAP_MIN".into(),
+                self.mmap_min.to_string().into(),
+            ));
         }
         env
     }
@@ -312,19 +352,31 @@ impl Attach {
         };
         if !self.kernel_tried {
             self.kernel_tried = true;
-            match KernelSampler::load(rate) {
+            match KernelSampler::load(rate, self.mmap_min) {
                 Ok(k) => self.kernel = Some(k),
                 Err(e) => self.notes.push(format!(
                     "allocations are sampled in user space, every call trapping ({e})"
                 )),
             }
         }
-        let (sites, kinds) = libc_sites(pid).map_err(|e| {
+        let LibcSites { sites, kinds, text } = libc_sites(pid).map_err(|e| {
             RecordError::Open(OpenError::Other(io::Error::other(format!(
                 "allocations of process {pid} cannot be probed: {e}"
             ))))
         })?;
         let tids = crate::process::thread_ids(pid).map_err(|_| RecordError::TargetGone(pid))?;
+        if let Some(kernel) = self.kernel.as_mut() {
+            let told = text
+                .ok_or_else(|| "its libc's code was not found in its maps".to_string())
+                .and_then(|(start, end)| kernel.set_libc_text(pid, start, end));
+            if let Err(e) = told {
+                self.kernel = None;
+                self.notes.push(format!(
+                    "allocations are sampled in user space, every call trapping (the BPF \
+                     sampler cannot tell process {pid}'s own mmaps from malloc's: {e})"
+                ));
+            }
+        }
         let mut probed = Probed {
             pid,
             sites,
@@ -351,6 +403,7 @@ impl Attach {
             self.source = Some(AllocSource::Libc {
                 sites: Vec::new(),
                 addresses: FastMap::new(),
+                mmap_min: self.mmap_min,
                 kernel_decides: false,
             });
         }
@@ -461,6 +514,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn libc_s_code_is_its_executable_mappings() {
+        let maps = "\
+55d0a000-55d0b000 r--p 00000000 08:01 10 /usr/bin/prog
+7f10000000-7f10028000 r--p 00000000 08:01 20 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f10028000-7f1019d000 r-xp 00028000 08:01 20 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1019d000-7f101f5000 r--p 0019d000 08:01 20 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f20000000-7f20001000 r-xp 00000000 08:01 30 /usr/lib/x86_64-linux-gnu/libm.so.6
+";
+        let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+        assert_eq!(
+            text_range(maps, libc),
+            Some((0x007f_1002_8000, 0x007f_1019_d000))
+        );
+        assert_eq!(text_range(maps, "/usr/lib/libnone.so"), None);
+        assert_eq!(address_of(maps, libc, 0x29000), Some(0x007f_1002_9000));
+    }
+
+    #[test]
     fn the_library_s_marker_is_found_in_its_file() {
         let offset = symbol_file_offset(SHIM, MARKER).unwrap();
         assert!(offset > 0 && (offset as usize) < SHIM.len());
@@ -468,7 +539,11 @@ mod tests {
             AllocKind::from_shim(1).unwrap().frame_name(),
             "[alloc: malloc]"
         );
-        assert_eq!(AllocKind::from_shim(9), None);
+        assert_eq!(
+            AllocKind::from_shim(9).unwrap().frame_name(),
+            "[alloc: mmap]"
+        );
+        assert_eq!(AllocKind::from_shim(10), None);
         assert_eq!(AllocKind::from_shim(0), None);
     }
 }

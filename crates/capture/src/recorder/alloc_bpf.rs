@@ -2,7 +2,9 @@
 //! committed compiled) attached to each uprobe event on the target's libc allocation functions.
 //! It keeps each thread's byte countdown and lets the kernel emit a sample only for the call that
 //! crosses it, so unsampled calls pay the uprobe trap but no stack copy, ring write or unwind.
-//! User space weighs each sample from its size and the rate alone.
+//! User space weighs each sample from its size and the rate alone. For `mmap` it also says which
+//! mappings count: the minimum length, and each process's libc code range (a call returning there
+//! is libc's own, malloc mapping a large block).
 //!
 //! A hit runs the programs of every event of its process (the kernel filters uprobe events by
 //! address space), one per recorded thread: each program is linked with its thread's id as attach
@@ -11,7 +13,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
-use aya::maps::Array;
+use aya::maps::{Array, HashMap};
 use aya::programs::UProbe;
 
 use super::alloc::AllocKind;
@@ -43,6 +45,7 @@ fn program_for(kind: AllocKind) -> &'static str {
         "calloc" => "size_product",
         "realloc" | "aligned_alloc" | "memalign" => "size_arg2",
         "posix_memalign" => "size_arg3",
+        "mmap" => "mmap_anon",
         _ => "size_arg1",
     }
 }
@@ -55,8 +58,9 @@ fn draw(i: u32, rate: u64) -> u64 {
 }
 
 impl KernelSampler {
-    /// Loads the programs, their table filled for a mean of `rate` bytes between samples.
-    pub fn load(rate: u64) -> Result<KernelSampler, String> {
+    /// Loads the programs, their table filled for a mean of `rate` bytes between samples, and
+    /// anonymous mappings counted from `mmap_min` bytes.
+    pub fn load(rate: u64, mmap_min: u64) -> Result<KernelSampler, String> {
         let mut ebpf = aya::EbpfLoader::new()
             .load(&OBJECT.0)
             .map_err(|e| format!("loading the BPF object: {e}"))?;
@@ -70,7 +74,20 @@ impl KernelSampler {
                 .set(i, draw(i, rate), 0)
                 .map_err(|e| format!("filling the draws map: {e}"))?;
         }
-        for name in ["size_arg1", "size_arg2", "size_arg3", "size_product"] {
+        let mut min: Array<_, u64> = ebpf
+            .map_mut("mmap_min")
+            .ok_or("the BPF object has no mmap_min map")?
+            .try_into()
+            .map_err(|e| format!("the mmap_min map: {e}"))?;
+        min.set(0, mmap_min, 0)
+            .map_err(|e| format!("setting the mmap minimum: {e}"))?;
+        for name in [
+            "size_arg1",
+            "size_arg2",
+            "size_arg3",
+            "size_product",
+            "mmap_anon",
+        ] {
             let program: &mut UProbe = ebpf
                 .program_mut(name)
                 .ok_or_else(|| format!("the BPF object has no {name} program"))?
@@ -84,6 +101,18 @@ impl KernelSampler {
             ebpf,
             links: Vec::new(),
         })
+    }
+
+    /// Tells the `mmap` program the executable range `[start, end)` of process `pid`'s libc.
+    pub fn set_libc_text(&mut self, pid: u32, start: u64, end: u64) -> Result<(), String> {
+        let mut text: HashMap<_, u32, [u64; 2]> = self
+            .ebpf
+            .map_mut("libc_text")
+            .ok_or("the BPF object has no libc_text map")?
+            .try_into()
+            .map_err(|e| format!("the libc_text map: {e}"))?;
+        text.insert(pid, [start, end], 0)
+            .map_err(|e| format!("setting process {pid}'s libc range: {e}"))
     }
 
     /// Attaches the program for `kind` to `event`, a uprobe event of one thread on one CPU,

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use rootline_profile::{Profile, SampleType};
 
 pub use crate::perf_event::monotonic_ns;
-pub use alloc::{AllocStats, DEFAULT_ALLOC_RATE, unbiased_bytes};
+pub use alloc::{AllocStats, DEFAULT_ALLOC_MMAP_MIN, DEFAULT_ALLOC_RATE, unbiased_bytes};
 pub use off_cpu::OffCpuStats;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, DEFAULT_OFF_CPU_MAX_RATE, KernelWalkMode,

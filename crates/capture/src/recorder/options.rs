@@ -86,11 +86,14 @@ pub struct RecordOptions {
     /// Whether the user stack is also walked in the kernel at each sample
     /// ([`crate::kernel_walk`]).
     pub kernel_walk: KernelWalkMode,
-    /// Also record where memory is allocated (malloc, calloc, realloc and the aligned
-    /// variants), sampled by bytes at a mean of this many bytes between samples (value columns
-    /// `alloc-bytes` and `alloc-count`, estimates of every allocation). A command or `-p`
-    /// target only. None: off.
+    /// Also record where memory is allocated (malloc, calloc, realloc, the aligned variants and
+    /// large anonymous mmaps), sampled by bytes at a mean of this many bytes between samples
+    /// (value columns `alloc-bytes` and `alloc-count`, estimates of every allocation). A command
+    /// or `-p` target only. None: off.
     pub alloc_rate: Option<u64>,
+    /// With [`RecordOptions::alloc_rate`]: the smallest anonymous mapping a program makes with
+    /// `mmap` that counts as an allocation, in bytes (file mappings never count).
+    pub alloc_mmap_min: u64,
     /// Processes of a `-p` target whose allocations another source records (e.g. a .NET
     /// process's GC allocation ticks): with [`RecordOptions::alloc_rate`], their libc is not
     /// probed.
@@ -157,6 +160,7 @@ impl RecordOptions {
             launched_pid: None,
             injector: None,
             alloc_rate: None,
+            alloc_mmap_min: super::alloc::DEFAULT_ALLOC_MMAP_MIN,
             alloc_skip_pids: Vec::new(),
             off_cpu_max_rate: DEFAULT_OFF_CPU_MAX_RATE,
         }
