@@ -26,6 +26,7 @@ use super::NoCfiRule;
 use super::decode::State;
 use super::epilogue::epilogue_scan;
 use super::prologue::{fixed_frame, prologue_state};
+use super::teardown::frame_pointer_teardown;
 use crate::Memory;
 
 /// The leaf rule at offset `ip_offset` of a function whose code starts at `start` (bytes from
@@ -41,6 +42,31 @@ pub fn leaf_rule(start: &[u8], ip_offset: usize, at_ip: &[u8]) -> Option<NoCfiRu
 /// The rule for a caller frame stopped at a call whose return address is at `ra_offset`.
 pub fn caller_rule(start: &[u8], ra_offset: usize) -> Option<NoCfiRule> {
     prologue_state(start, ra_offset).map(State::rule)
+}
+
+/// The leaf rule at offset `ip_offset` of code that may build its frame off the straight path
+/// from its start (V8's embedded builtins, whose frames live in deferred code): the epilogue
+/// scan, then the [frame-teardown scan](super::teardown), then the prologue simulation. `code`
+/// holds the function's bytes from its start to past `ip_offset` (the teardown scan follows the
+/// path within them).
+pub fn leaf_rule_on_path(code: &[u8], ip_offset: usize) -> Option<NoCfiRule> {
+    if let Some(s) = epilogue_scan(code.get(ip_offset..)?) {
+        return Some(s.rule());
+    }
+    if frame_pointer_teardown(code, ip_offset) {
+        return Some(NoCfiRule::FramePointer);
+    }
+    prologue_state(code, ip_offset).map(State::rule)
+}
+
+/// The caller rule at a call returning to offset `ra_offset` of such code (see
+/// [`leaf_rule_on_path`]): the frame-teardown scan from the return address, then the prologue
+/// simulation.
+pub fn caller_rule_on_path(code: &[u8], ra_offset: usize) -> Option<NoCfiRule> {
+    if frame_pointer_teardown(code, ra_offset) {
+        return Some(NoCfiRule::FramePointer);
+    }
+    caller_rule(code, ra_offset)
 }
 
 /// The Tier-0 frame under a .NET OSR method, from the return address `ret` of the Tier-0

@@ -5,7 +5,8 @@
 //!   patterns that decide a frame's state (`endbr64`, `push %rbp`, `mov %rsp,%rbp`, `ret`).
 //! - [`jit`]: JIT code, whose function bounds come from the runtime's perf map or jitdump: the
 //!   instructions are decoded (iced-x86) and the frame is rebuilt by the [`prologue`] simulation
-//!   and the [`epilogue`] scan.
+//!   and the [`epilogue`] scan; code whose frame is built off the path from its start (V8's
+//!   builtins) also by the [`teardown`] scan along the path to its return.
 //! - [`is_after_call`]: the check every recovered return address passes.
 //!
 //! Both analyses answer with one [`NoCfiRule`], which `nocfi` executes.
@@ -15,6 +16,7 @@ pub mod epilogue;
 pub mod jit;
 pub mod native;
 pub mod prologue;
+pub mod teardown;
 
 /// How to find the caller of a frame in code without CFI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
