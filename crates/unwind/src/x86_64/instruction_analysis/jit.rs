@@ -56,6 +56,15 @@ pub fn leaf_rule_on_path(code: &[u8], ip_offset: usize) -> Option<NoCfiRule> {
     if frame_pointer_teardown(code, ip_offset) {
         return Some(NoCfiRule::FramePointer);
     }
+    // About to set the frame pointer (`mov rbp, rsp`): the frame the path tears down will have
+    // its saved `rbp` at `[rsp]` and the return address above it.
+    if code
+        .get(ip_offset..ip_offset + 3)
+        .is_some_and(|b| MOV_RBP_RSP.contains(&b))
+        && frame_pointer_teardown(code, ip_offset + 3)
+    {
+        return Some(NoCfiRule::ReturnAtSpPlus8);
+    }
     prologue_state(code, ip_offset).map(State::rule)
 }
 
@@ -93,6 +102,9 @@ pub fn tier0_frame_in_memory<M: Memory + ?Sized>(
     }
     fixed_frame(&start)
 }
+
+/// `mov rbp, rsp` (both encodings).
+const MOV_RBP_RSP: [&[u8]; 2] = [&[0x48, 0x89, 0xe5], &[0x48, 0x8b, 0xec]];
 
 /// Bytes of a function's start read for the prologue simulation.
 const PROLOGUE_BYTES: u64 = 512;

@@ -10,23 +10,29 @@
 //! frame of the baseline code that calls it). The prologue simulation from the function's start
 //! cannot see those frames; the path from the instruction to the return can.
 //!
-//! The path follows the fall-through of conditional branches and the targets of direct jumps.
-//! After the frame is popped, the return address may be popped into a register, the arguments
-//! dropped (`add`/`lea rsp` upwards) and the register pushed back before `ret` (V8's
-//! `DropArguments`); a jump, or a pushed address returned to (`push rcx; ret`), is a tail call
-//! whose callee returns to the same address. Anything else that touches `rsp` or `rbp` (or the
-//! frame's two slots) on the way, any other control flow, or a path longer than the budget
-//! decides nothing.
+//! Every path from the instruction is followed (both sides of conditional branches, the targets
+//! of direct jumps, over calls, within a budget of instructions): the rule holds when one path
+//! returns through the frame pointer and none returns with `rbp` untouched (which would show that
+//! `rbp` frames no frame of this function: code on a frameless path). Before the teardown `rsp`
+//! may move freely (it is reset from `rbp`), but `rbp` and the frame's two slots may not be
+//! written. After it, a small model of the slots under the return address follows the path: the
+//! return address may be popped into a register, the arguments above it dropped (`add`/`lea rsp`)
+//! and the register pushed back before `ret` (V8's `DropArguments`); arguments may be slid under
+//! a copy of it before a jump (a tail call with stack arguments), or an address pushed and
+//! returned into (`push rcx; ret`, a tail call whose callee returns to the address under it).
+//! A path through anything else that touches `rsp` or `rbp` decides nothing.
+
+use std::collections::BTreeSet;
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
     OpKind, Register,
 };
 
-use super::decode::{is_rbp, is_sp, op0_is_rsp};
+use super::decode::{is_sp, op0_is_rsp};
 
-/// Instructions followed on one path at most.
-const MAX_PATH: usize = 256;
+/// Instructions decoded over all paths at most.
+const MAX_INSTRUCTIONS: usize = 1024;
 
 /// Where the path is relative to the frame's teardown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,66 +77,130 @@ impl Popped {
     }
 }
 
-/// Whether the path from offset `at` in `code` (bytes from the function's start, or from any
-/// point before `at`, for jumps backwards) tears down a frame-pointer frame and returns through
-/// it (see the module documentation).
+/// How one path from the instruction ends.
+enum PathEnd {
+    /// Through the frame pointer, as the rule needs.
+    Proven,
+    /// At a return with the frame still in place: `rbp` frames no frame of this function.
+    NoFrame,
+    /// Somewhere the scan does not follow (a path it leaves to the others).
+    Unknown,
+}
+
+/// Whether the paths from offset `at` in `code` (bytes from the function's start, or from any
+/// point before `at`, for jumps backwards) tear down a frame-pointer frame and return through
+/// it (see the module documentation): at least one path does, and no path returns with the
+/// frame in place.
 pub fn frame_pointer_teardown(code: &[u8], at: usize) -> bool {
     if at >= code.len() {
         return false;
     }
-    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
-    if decoder.set_position(at).is_err() {
-        return false;
+    let mut scan = Scan {
+        code,
+        info: InstructionInfoFactory::new(),
+        budget: MAX_INSTRUCTIONS,
+        framed_seen: BTreeSet::new(),
+        pending: vec![(at, Phase::Framed)],
+    };
+    let mut proven = false;
+    while let Some((start, phase)) = scan.pending.pop() {
+        match scan.follow(start, phase) {
+            PathEnd::Proven => proven = true,
+            PathEnd::NoFrame => return false,
+            PathEnd::Unknown => {}
+        }
     }
-    decoder.set_ip(at as u64);
-    let mut info = InstructionInfoFactory::new();
-    let mut phase = Phase::Framed;
-    let mut instr = Instruction::default();
-    for _ in 0..MAX_PATH {
-        if !decoder.can_decode() {
-            return false;
+    proven
+}
+
+/// The state of one scan: the paths still to follow and what was seen.
+struct Scan<'c> {
+    code: &'c [u8],
+    info: InstructionInfoFactory,
+    /// Instructions left to decode over all paths.
+    budget: usize,
+    /// Offsets already reached with the frame in place (their paths are followed once).
+    framed_seen: BTreeSet<usize>,
+    /// Branch targets still to follow, with the phase there.
+    pending: Vec<(usize, Phase)>,
+}
+
+impl Scan<'_> {
+    /// Follows one path from `start`, queueing the targets of its conditional branches.
+    fn follow(&mut self, start: usize, mut phase: Phase) -> PathEnd {
+        let mut decoder = Decoder::with_ip(64, self.code, 0, DecoderOptions::NONE);
+        if decoder.set_position(start).is_err() {
+            return PathEnd::Unknown;
         }
-        decoder.decode_out(&mut instr);
-        if instr.is_invalid() {
-            return false;
-        }
-        match instr.flow_control() {
-            FlowControl::Return => {
-                let Phase::Popped(p) = &phase else {
-                    return false;
-                };
-                // `ret`, or `push X; ret` (a tail call to X, which returns to the address under).
-                return p.top_is_return() || p.slots.len() >= 2 && p.slots[p.slots.len() - 2];
+        decoder.set_ip(start as u64);
+        let mut instr = Instruction::default();
+        loop {
+            if self.budget == 0 || !decoder.can_decode() {
+                return PathEnd::Unknown;
             }
-            FlowControl::UnconditionalBranch if instr.op0_kind() == OpKind::NearBranch64 => {
-                let Ok(target) = usize::try_from(instr.near_branch_target()) else {
-                    return false;
-                };
-                if target >= code.len() {
-                    // A tail call out of the function.
-                    return matches!(&phase, Phase::Popped(p) if p.top_is_return());
+            self.budget -= 1;
+            let at = decoder.position();
+            if phase == Phase::Framed && !self.framed_seen.insert(at) {
+                return PathEnd::Unknown;
+            }
+            decoder.decode_out(&mut instr);
+            if instr.is_invalid() {
+                return PathEnd::Unknown;
+            }
+            match instr.flow_control() {
+                FlowControl::Return => {
+                    return match &phase {
+                        // `ret`, or `push X; ret` (a tail call to X, which returns to the
+                        // address under it).
+                        Phase::Popped(p)
+                            if p.top_is_return()
+                                || p.slots.len() >= 2 && p.slots[p.slots.len() - 2] =>
+                        {
+                            PathEnd::Proven
+                        }
+                        Phase::Popped(_) => PathEnd::Unknown,
+                        Phase::Framed | Phase::AtSavedBp => PathEnd::NoFrame,
+                    };
                 }
-                if decoder.set_position(target).is_err() {
-                    return false;
+                FlowControl::UnconditionalBranch
+                    if instr.op0_kind() == OpKind::NearBranch64
+                        && usize::try_from(instr.near_branch_target())
+                            .is_ok_and(|t| t < self.code.len()) =>
+                {
+                    let target = instr.near_branch_target();
+                    if decoder.set_position(target as usize).is_err() {
+                        return PathEnd::Unknown;
+                    }
+                    decoder.set_ip(target);
+                    continue;
                 }
-                decoder.set_ip(target as u64);
-                continue;
+                // A tail call: the callee returns to the address at `[rsp]`.
+                FlowControl::UnconditionalBranch | FlowControl::IndirectBranch => {
+                    return match &phase {
+                        Phase::Popped(p) if p.top_is_return() => PathEnd::Proven,
+                        _ => PathEnd::Unknown,
+                    };
+                }
+                // A call returns with `rsp` and `rbp` as they were (both are callee-saved).
+                FlowControl::Call | FlowControl::IndirectCall if phase == Phase::Framed => {
+                    continue;
+                }
+                FlowControl::ConditionalBranch => {
+                    if let Ok(target) = usize::try_from(instr.near_branch_target())
+                        && target < self.code.len()
+                    {
+                        self.pending.push((target, phase.clone()));
+                    }
+                }
+                FlowControl::Next => {}
+                _ => return PathEnd::Unknown,
             }
-            // A tail call: the callee returns to the address at `[rsp]`.
-            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch => {
-                return matches!(&phase, Phase::Popped(p) if p.top_is_return());
-            }
-            // A call returns with `rsp` and `rbp` as they were (both are callee-saved).
-            FlowControl::Call | FlowControl::IndirectCall if phase == Phase::Framed => continue,
-            FlowControl::Next | FlowControl::ConditionalBranch => {}
-            _ => return false,
+            phase = match step(phase, &instr, &mut self.info) {
+                Some(p) => p,
+                None => return PathEnd::Unknown,
+            };
         }
-        phase = match step(phase, &instr, &mut info) {
-            Some(p) => p,
-            None => return false,
-        };
     }
-    false
 }
 
 /// The phase after one straight-line instruction; None when it breaks the pattern.
@@ -148,11 +218,8 @@ fn step(phase: Phase, instr: &Instruction, info: &mut InstructionInfoFactory) ->
             if writes_rbp || writes_frame_slot(instr) {
                 return None;
             }
-            // `rsp` is reset from `rbp` at the teardown: pushes, pops and adjustments before it
-            // do not matter, as long as they are the usual ones.
-            if touches_rsp && !moves_rsp_plainly(instr) {
-                return None;
-            }
+            // `rsp` is reset from `rbp` at the teardown: what happens to it before (pushes,
+            // pops, the alignment for a C call and its undoing) does not matter.
             Some(Phase::Framed)
         }
         Phase::AtSavedBp => {
@@ -283,25 +350,6 @@ fn is_pop_of(instr: &Instruction, reg: Register) -> bool {
     instr.mnemonic() == Mnemonic::Pop
         && instr.op0_kind() == OpKind::Register
         && instr.op0_register() == reg
-}
-
-/// `push`, `pop` (of a register other than `rsp`/`rbp`), `add`/`sub rsp, imm`, `lea rsp, [rsp+…]`.
-fn moves_rsp_plainly(instr: &Instruction) -> bool {
-    match instr.mnemonic() {
-        Mnemonic::Push => !(instr.op0_kind() == OpKind::Register && is_sp(instr.op0_register())),
-        Mnemonic::Pop => {
-            instr.op0_kind() == OpKind::Register
-                && !is_sp(instr.op0_register())
-                && !is_rbp(instr.op0_register())
-        }
-        Mnemonic::Add | Mnemonic::Sub => {
-            op0_is_rsp(instr)
-                && instr.op1_kind() != OpKind::Register
-                && instr.op1_kind() != OpKind::Memory
-        }
-        Mnemonic::Lea => op0_is_rsp(instr) && is_sp(instr.memory_base()),
-        _ => false,
-    }
 }
 
 /// A store to memory addressed from `rsp` other than a plain `mov` (which the model follows).

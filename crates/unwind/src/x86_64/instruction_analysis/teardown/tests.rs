@@ -37,6 +37,11 @@ fn deferred_frame_is_found_on_the_path_to_ret() {
         leaf_rule_on_path(DEFERRED_FRAME, 3),
         Some(NoCfiRule::ReturnAtSp)
     );
+    // At the deferred frame's `mov rbp,rsp`: the frame the path tears down is half built.
+    assert_eq!(
+        leaf_rule_on_path(DEFERRED_FRAME, 10),
+        Some(NoCfiRule::ReturnAtSpPlus8)
+    );
     // Inside the deferred frame, before and after the call.
     assert_eq!(
         leaf_rule_on_path(DEFERRED_FRAME, 19),
@@ -149,4 +154,32 @@ fn frame_slots_and_rbp_must_survive_until_the_teardown() {
     assert!(!frame_pointer_teardown(&[0x90, 0xc3], 0));
     assert!(!frame_pointer_teardown(&[0x90], 0));
     assert!(!frame_pointer_teardown(&[0x90], 5));
+}
+
+/// A C call from inside a frame (`and rsp,-16` to align, `mov rsp,[rsp]` after), a loop, and a
+/// branch to each side: every path is followed.
+const ALIGNED_C_CALL: &[u8] = &[
+    0x49, 0x89, 0xe2, // 0 mov r10,rsp
+    0x48, 0x83, 0xe4, 0xf0, // 3 and rsp,-16
+    0x4c, 0x89, 0x14, 0x24, // 7 mov [rsp],r10
+    0xe8, 0, 0, 0, 0, // 11 call
+    0x48, 0x8b, 0x24, 0x24, // 16 mov rsp,[rsp]
+    0xff, 0xc9, // 20 dec ecx
+    0x75, 0xfc, // 22 jnz 20
+    0x85, 0xc0, // 24 test eax,eax
+    0x74, 0x01, // 26 jz 29
+    0xcc, // 28 int3
+    0x48, 0x89, 0xec, // 29 mov rsp,rbp
+    0x5d, // 32 pop rbp
+    0xc3, // 33 ret
+];
+
+#[test]
+fn every_path_is_followed() {
+    assert!(frame_pointer_teardown(ALIGNED_C_CALL, 0));
+    // A path that returns with `rbp` untouched shows there is no frame, whatever other paths
+    // do: `jz 3; ret; mov rsp,rbp; pop rbp; ret`.
+    let mixed = [0x74, 0x01, 0xc3, 0x48, 0x89, 0xec, 0x5d, 0xc3];
+    assert!(!frame_pointer_teardown(&mixed, 0));
+    assert!(frame_pointer_teardown(&mixed, 3));
 }
