@@ -189,6 +189,10 @@ pub(crate) fn exec(
             let new_bp = read(mem, tier0_sp.wrapping_add(u64::from(saved_bp)))?;
             (read(mem, ra_at)?, ra_at.checked_add(8), Some(new_bp))
         }
+        NoCfiRule::ReturnInRegister { reg } => {
+            let ra = regs.get(reg).ok_or(TruncateReason::UnwindRuleMissing)?;
+            (ra, Some(sp), bp)
+        }
         NoCfiRule::ReturnAt { ra, saved_bp } => {
             let new_bp = match saved_bp {
                 Some(o) => Some(read(mem, sp.wrapping_add(u64::from(o)))?),

@@ -25,6 +25,7 @@
 use super::NoCfiRule;
 use super::decode::State;
 use super::epilogue::epilogue_scan;
+use super::leaf_return::leaf_return;
 use super::prologue::{fixed_frame, prologue_state};
 use super::teardown::frame_pointer_teardown;
 use crate::Memory;
@@ -46,7 +47,8 @@ pub fn caller_rule(start: &[u8], ra_offset: usize) -> Option<NoCfiRule> {
 
 /// The leaf rule at offset `ip_offset` of code that may build its frame off the straight path
 /// from its start (V8's embedded builtins, whose frames live in deferred code): the epilogue
-/// scan, then the [frame-teardown scan](super::teardown), then the prologue simulation. `code`
+/// scan, then the [frame-teardown scan](super::teardown), then the
+/// [values returned to](super::leaf_return), then the prologue simulation. `code`
 /// holds the function's bytes from its start to past `ip_offset` (the teardown scan follows the
 /// path within them).
 pub fn leaf_rule_on_path(code: &[u8], ip_offset: usize) -> Option<NoCfiRule> {
@@ -64,6 +66,9 @@ pub fn leaf_rule_on_path(code: &[u8], ip_offset: usize) -> Option<NoCfiRule> {
         && frame_pointer_teardown(code, ip_offset + 3)
     {
         return Some(NoCfiRule::ReturnAtSpPlus8);
+    }
+    if let Some(rule) = leaf_return(code, ip_offset) {
+        return rule;
     }
     prologue_state(code, ip_offset).map(State::rule)
 }

@@ -6,7 +6,8 @@
 //! - [`jit`]: JIT code, whose function bounds come from the runtime's perf map or jitdump: the
 //!   instructions are decoded (iced-x86) and the frame is rebuilt by the [`prologue`] simulation
 //!   and the [`epilogue`] scan; code whose frame is built off the path from its start (V8's
-//!   builtins) also by the [`teardown`] scan along the path to its return.
+//!   builtins) also by the [`teardown`] scan along the path to its return, and a leaf that
+//!   keeps its return address in a register by [`leaf_return`].
 //! - [`is_after_call`]: the check every recovered return address passes.
 //!
 //! Both analyses answer with one [`NoCfiRule`], which `nocfi` executes.
@@ -14,6 +15,7 @@
 mod decode;
 pub mod epilogue;
 pub mod jit;
+pub mod leaf_return;
 pub mod native;
 pub mod prologue;
 pub mod teardown;
@@ -36,6 +38,14 @@ pub enum NoCfiRule {
         ra: u32,
         /// Offset of the saved caller's `rbp` from `sp`, once pushed.
         saved_bp: Option<u32>,
+    },
+    /// The leaf keeps the return address in a register (DWARF number `reg`) while it rearranges
+    /// the stack (V8's `BaselineOutOfLinePrologue`, `BaselineLeaveFrame`: see
+    /// [`leaf_return`]); `rbp` is still the caller's. The caller's stack pointer is taken as the
+    /// leaf's (it is not known exactly; the frames above are found through `rbp`).
+    ReturnInRegister {
+        /// DWARF number of the register.
+        reg: u16,
     },
     /// A .NET On-Stack-Replacement method: its frame sits on the frame of the Tier-0 method it
     /// continues, which it leaves in place and returns through. Its own return-address slot holds
