@@ -115,25 +115,32 @@ pub(crate) fn frame<M: Binary>(
             (at_ip, prev, None)
         }
     };
-    let rule = if first {
-        native::leaf_rule(at_ip, prev, function)
-    } else {
-        native::caller_rule(function.map(|(code, _)| code))
-    };
     // Code in a file without CFI whose prologue is not at its start (e.g. V8's embedded
-    // builtins in node, which build their frames in deferred code): the path from the
-    // instruction to the return, else the prologue simulation as for JIT code.
-    let rule = rule.or_else(|| {
+    // builtins in node, which build their frames in deferred code, and are entered by jumps as
+    // well as calls): the paths from the instruction to the return, else the prologue
+    // simulation as for JIT code.
+    let on_path = |path_buf: &mut [u8]| {
         let (_, offset) = function?;
         let m = region.module.as_ref()?;
         let start = m.function_start(region.svma(lookup))?;
-        let path = read_path(m.as_ref(), start, offset, &mut path_buf)?;
+        let path = read_path(m.as_ref(), start, offset, path_buf)?;
         if first {
             jit::leaf_rule_on_path(path, offset)
         } else {
             jit::caller_rule_on_path(path, offset + 1)
         }
-    });
+    };
+    let keeps_frame_pointer =
+        function.is_some_and(|(code, _)| native::caller_rule(Some(code)).is_some());
+    let rule = if first && function.is_some() && !keeps_frame_pointer {
+        // Even at its first instruction: such code may be entered by a jump in its caller's
+        // frame, or build its caller's frame (V8's BaselineOutOfLinePrologue).
+        on_path(&mut path_buf).or_else(|| native::leaf_rule(at_ip, prev, function))
+    } else if first {
+        native::leaf_rule(at_ip, prev, function).or_else(|| on_path(&mut path_buf))
+    } else {
+        native::caller_rule(function.map(|(code, _)| code)).or_else(|| on_path(&mut path_buf))
+    };
     let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;
     Ok(Frame { rule, may_end })
 }
@@ -188,6 +195,10 @@ pub(crate) fn exec(
             let ra_at = tier0_sp.wrapping_add(u64::from(ra));
             let new_bp = read(mem, tier0_sp.wrapping_add(u64::from(saved_bp)))?;
             (read(mem, ra_at)?, ra_at.checked_add(8), Some(new_bp))
+        }
+        NoCfiRule::OutOfLinePrologue { ra } => {
+            let ra_at = sp.wrapping_add(u64::from(ra));
+            (read(mem, ra_at)?, ra_at.checked_add(8), bp)
         }
         NoCfiRule::ReturnInRegister { reg } => {
             let ra = regs.get(reg).ok_or(TruncateReason::UnwindRuleMissing)?;

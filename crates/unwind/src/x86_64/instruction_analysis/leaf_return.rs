@@ -9,9 +9,11 @@
 //! return address is there; the values that reach the final `ret` can: the leaf's value of a
 //! register (the return address is in that register now) or the leaf's stack word at `[rsp+n]`.
 //!
-//! The caller's `rbp` is the value `rbp` holds at that `ret`, which must also be one of the
-//! leaf's: while `BaselineOutOfLinePrologue` has not yet pointed `rbp` at the frame it builds for
-//! its caller, the caller's frame rule (through `rbp`) would skip a frame, so there is no answer.
+//! The caller's `rbp` is the value `rbp` holds at that `ret`. Where that is a frame the path
+//! builds (`BaselineOutOfLinePrologue` before its `mov rbp, rsp`), the caller was stopped at the
+//! call that begins its code and has pushed nothing ([`NoCfiRule::OutOfLinePrologue`]): its own
+//! frame rule, which counts on that frame, would skip a frame. With the return address in a
+//! register meanwhile (after `pop r15`) no rule is right and there is no answer.
 //!
 //! Every path is followed (both sides of conditional branches, direct jumps) within a budget;
 //! the answer holds when the paths that reach a `ret` into one of the leaf's values agree. A path
@@ -156,11 +158,13 @@ pub fn leaf_return(code: &[u8], at: usize) -> Option<Option<NoCfiRule>> {
         }
     }
     let (ra, bp) = answer?;
-    let saved_bp = match bp {
-        Value::Leaf(Register::RBP) => None,
-        Value::Stack(n) => Some(n),
-        _ if matches!(ra, Value::Leaf(_)) => return Some(None),
-        _ => return None,
+    let saved_bp = match (bp, ra) {
+        (Value::Leaf(Register::RBP), _) => None,
+        (Value::Stack(n), _) => Some(n),
+        // Returning with `rbp` pointed at a frame built on the stack for the caller: an
+        // out-of-line prologue, before the frame is built.
+        (_, Value::Stack(n)) => return Some(Some(NoCfiRule::OutOfLinePrologue { ra: n })),
+        _ => return Some(None),
     };
     match ra {
         Value::Leaf(r) if saved_bp.is_none() => {

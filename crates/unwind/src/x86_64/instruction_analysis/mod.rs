@@ -47,6 +47,15 @@ pub enum NoCfiRule {
         /// DWARF number of the register.
         reg: u16,
     },
+    /// An out-of-line prologue its caller called first thing, before it built the caller's frame
+    /// (V8's `BaselineOutOfLinePrologue` before its `mov rbp, rsp`; see [`leaf_return`]): the
+    /// return address at `[sp+ra]`, `rbp` the caller's caller's, and the caller, stopped at that
+    /// call, has pushed nothing (its frame rule there, which counts on the frame being built, is
+    /// replaced by [`NoCfiRule::ReturnAtSp`]).
+    OutOfLinePrologue {
+        /// Offset of the return address from `sp`.
+        ra: u32,
+    },
     /// A .NET On-Stack-Replacement method: its frame sits on the frame of the Tier-0 method it
     /// continues, which it leaves in place and returns through. Its own return-address slot holds
     /// the return address of the Tier-0 method's patchpoint call (the runtime enters the OSR
