@@ -7,6 +7,7 @@ mod jit;
 use std::process::Command;
 
 use jit::{Rate, Running, Setup, node, record_and_check};
+use rootline_profile::FrameKind;
 
 const DEEP: usize = 20;
 const RATE: Rate = Rate {
@@ -82,4 +83,76 @@ fn node_jitdump_frames_are_named_whole_and_true() {
         "{perf_map} appeared while recording"
     );
     v.assert_whole_and_true();
+}
+
+/// Code kept in Sparkplug's baseline tier (`--no-opt --always-sparkplug`): every call enters
+/// `Builtins_BaselineOutOfLinePrologue` (which pops its return address into a register and builds
+/// its caller's frame) and every return leaves through `Builtins_BaselineLeaveFrame` (which drops
+/// the arguments under a return address held in a register) or the interpreter's bytecode
+/// handlers, whose frames are built in deferred code. Samples in those builtins must unwind
+/// through them, not end at `[truncated: not-after-call]`: at least 99 in 100 stacks whole.
+#[test]
+fn node_baseline_builtins_unwind_whole() {
+    let Some(node) = node::node("node_baseline_builtins_unwind_whole") else {
+        return;
+    };
+    let setup = Setup::new();
+    let mut cmd = Command::new(node);
+    cmd.current_dir(setup.path()).args(node::args(
+        &[
+            "--perf-basic-prof",
+            "--no-opt",
+            "--always-sparkplug",
+            "--no-use-osr",
+        ],
+        DEEP,
+        60,
+    ));
+    let target = Running::start(cmd);
+    let (recording, v) = record_and_check(
+        "node --no-opt --always-sparkplug",
+        target.pid(),
+        RATE,
+        &node::graph(DEEP),
+        20_000,
+    );
+    assert_eq!(v.impossible_edges, 0, "impossible caller edges");
+    assert_eq!(v.invented, 0, "invented frames");
+    assert_eq!(v.unnamed, 0, "unnamed frames");
+    assert_eq!(v.wrong_recursion, 0, "wrong recursion counts");
+    assert_eq!(v.not_rooted, 0, "unmarked stacks not reaching the root");
+    assert_eq!(v.not_reaching_entry, 0, "unmarked stacks not reaching main");
+    assert!(
+        v.truncated * 100 <= v.program_samples,
+        "{} of {} stacks truncated",
+        v.truncated,
+        v.program_samples
+    );
+    // The workload does run in the builtins: leaves there, unwound to the thread's root.
+    let profile = &recording.profile;
+    let samples = profile.samples();
+    let mut frames = Vec::new();
+    let mut whole_in_builtins = 0;
+    for i in 0..samples.len() {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let Some(&leaf) = frames.last() else {
+            continue;
+        };
+        let in_builtin = matches!(
+            profile.frame_name(leaf),
+            "Builtins_BaselineOutOfLinePrologue" | "Builtins_BaselineLeaveFrame"
+        );
+        let truncated = frames
+            .iter()
+            .any(|&f| profile.frame(f).kind == FrameKind::Truncated);
+        if in_builtin && !truncated {
+            whole_in_builtins += 1;
+        }
+    }
+    println!("whole stacks with their leaf in the baseline builtins: {whole_in_builtins}");
+    assert!(
+        whole_in_builtins * 200 >= v.program_samples,
+        "only {whole_in_builtins} whole stacks of {} end in the baseline builtins",
+        v.program_samples
+    );
 }

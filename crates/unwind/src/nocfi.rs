@@ -12,7 +12,29 @@ use crate::memory::Memory;
 use crate::policy::{self, TruncateReason};
 use crate::region::Region;
 use crate::regs::{self, Registers};
-use crate::x86_64::instruction_analysis::{NoCfiRule, OsrSlot, native};
+use crate::x86_64::instruction_analysis::{NoCfiRule, OsrSlot, jit, native};
+
+/// Bytes past the instruction read for the path to the function's return.
+const PATH_BYTES: usize = 1024;
+
+/// The function's code from `start` through `PATH_BYTES` past `offset` (less where the code
+/// ends sooner; at least through the instruction at `offset`).
+fn read_path<'b, M: Binary + ?Sized>(
+    m: &M,
+    start: u64,
+    offset: usize,
+    buf: &'b mut [u8],
+) -> Option<&'b [u8]> {
+    let mut len = (offset + PATH_BYTES).min(buf.len());
+    while len > offset + 16 {
+        if m.code(start, &mut buf[..len]).is_some() {
+            return Some(&buf[..len]);
+        }
+        len = (offset + 16).max(len / 2);
+    }
+    let len = (offset + 16).min(buf.len());
+    m.code(start, &mut buf[..len])
+}
 
 /// The rule for one frame without CFI, and whether a zero frame pointer or return address may
 /// mark the thread's root there.
@@ -35,7 +57,7 @@ pub(crate) fn frame<M: Binary>(
     let mut at_ip_buf = [0u8; 16];
     let mut prev_buf = [0u8; 2];
     let mut function_buf = [0u8; WINDOW + 16];
-    let mut leaf_buf = [0u8; 384];
+    let mut path_buf = [0u8; WINDOW + PATH_BYTES];
     type Analysis<'c> = (&'c [u8], [Option<u8>; 2], Option<(&'c [u8], usize)>);
     // A zero frame pointer or return address may end the stack in a thread entry, or where no
     // symbol says which function this is.
@@ -93,23 +115,32 @@ pub(crate) fn frame<M: Binary>(
             (at_ip, prev, None)
         }
     };
-    let rule = if first {
-        native::leaf_rule(at_ip, prev, function)
-    } else {
-        native::caller_rule(function.map(|(code, _)| code))
-    };
     // Code in a file without CFI whose prologue is not at its start (e.g. V8's embedded
-    // builtins in node): simulate the prologue as for JIT code.
-    let rule = rule.or_else(|| {
-        let (code, offset) = function?;
+    // builtins in node, which build their frames in deferred code, and are entered by jumps as
+    // well as calls): the paths from the instruction to the return, else the prologue
+    // simulation as for JIT code.
+    let on_path = |path_buf: &mut [u8]| {
+        let (_, offset) = function?;
+        let m = region.module.as_ref()?;
+        let start = m.function_start(region.svma(lookup))?;
+        let path = read_path(m.as_ref(), start, offset, path_buf)?;
         if first {
-            let m = region.module.as_ref()?;
-            let at = m.code(region.svma(lookup), &mut leaf_buf)?;
-            crate::x86_64::instruction_analysis::jit::leaf_rule(code, offset, at)
+            jit::leaf_rule_on_path(path, offset)
         } else {
-            crate::x86_64::instruction_analysis::jit::caller_rule(code, offset + 1)
+            jit::caller_rule_on_path(path, offset + 1)
         }
-    });
+    };
+    let keeps_frame_pointer =
+        function.is_some_and(|(code, _)| native::caller_rule(Some(code)).is_some());
+    let rule = if first && function.is_some() && !keeps_frame_pointer {
+        // Even at its first instruction: such code may be entered by a jump in its caller's
+        // frame, or build its caller's frame (V8's BaselineOutOfLinePrologue).
+        on_path(&mut path_buf).or_else(|| native::leaf_rule(at_ip, prev, function))
+    } else if first {
+        native::leaf_rule(at_ip, prev, function).or_else(|| on_path(&mut path_buf))
+    } else {
+        native::caller_rule(function.map(|(code, _)| code)).or_else(|| on_path(&mut path_buf))
+    };
     let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;
     Ok(Frame { rule, may_end })
 }
@@ -164,6 +195,14 @@ pub(crate) fn exec(
             let ra_at = tier0_sp.wrapping_add(u64::from(ra));
             let new_bp = read(mem, tier0_sp.wrapping_add(u64::from(saved_bp)))?;
             (read(mem, ra_at)?, ra_at.checked_add(8), Some(new_bp))
+        }
+        NoCfiRule::OutOfLinePrologue { ra } => {
+            let ra_at = sp.wrapping_add(u64::from(ra));
+            (read(mem, ra_at)?, ra_at.checked_add(8), bp)
+        }
+        NoCfiRule::ReturnInRegister { reg } => {
+            let ra = regs.get(reg).ok_or(TruncateReason::UnwindRuleMissing)?;
+            (ra, Some(sp), bp)
         }
         NoCfiRule::ReturnAt { ra, saved_bp } => {
             let new_bp = match saved_bp {

@@ -22,7 +22,7 @@ use crate::policy::{self, StackEnd, TruncateReason};
 use crate::region::Region;
 use crate::regs::{self, Registers};
 use crate::sections::SectionBytes;
-use crate::x86_64::instruction_analysis::is_after_call;
+use crate::x86_64::instruction_analysis::{NoCfiRule, is_after_call};
 
 /// The executable regions of one process, with their unwind data loaded into framehop.
 pub struct AddressSpace<M> {
@@ -39,6 +39,9 @@ pub struct AddressSpace<M> {
     /// Indices into the last unwind's output of frames whose address is an instruction, not a
     /// return address (see [`AddressSpace::instruction_frames`]).
     instruction_frames: Vec<usize>,
+    /// The frame just unwound was an out-of-line prologue that has not built its caller's frame
+    /// yet ([`NoCfiRule::OutOfLinePrologue`]): the caller has pushed nothing.
+    caller_at_entry: bool,
 }
 
 impl<M> Default for AddressSpace<M> {
@@ -53,6 +56,7 @@ impl<M> Default for AddressSpace<M> {
             roots: HashMap::new(),
             full_register_unwinds: 0,
             instruction_frames: Vec::new(),
+            caller_at_entry: false,
         }
     }
 }
@@ -213,6 +217,7 @@ impl<M: Binary> AddressSpace<M> {
         out.clear();
         out.push(regs.ip());
         self.instruction_frames.clear();
+        self.caller_at_entry = false;
         if let Some(sps) = sps.as_mut() {
             sps.clear();
             sps.push(regs.sp());
@@ -295,6 +300,7 @@ impl<M: Binary> AddressSpace<M> {
         regs: &mut Registers,
         mem: &mut dyn Memory,
     ) -> Result<Option<(u64, bool)>, Stop> {
+        let caller_at_entry = std::mem::take(&mut self.caller_at_entry);
         let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
         let cfi = region.module.as_deref().and_then(|m| {
@@ -311,7 +317,16 @@ impl<M: Binary> AddressSpace<M> {
             if region.refused {
                 return Err(TruncateReason::ModuleMemoryLimit.into());
             }
-            let frame = nocfi::frame(region, first, lookup, mem)?;
+            let frame = if caller_at_entry {
+                // Stopped at the call that begins its code, before the callee built its frame.
+                nocfi::Frame {
+                    rule: NoCfiRule::ReturnAtSp,
+                    may_end: false,
+                }
+            } else {
+                nocfi::frame(region, first, lookup, mem)?
+            };
+            self.caller_at_entry = matches!(frame.rule, NoCfiRule::OutOfLinePrologue { .. });
             return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| (ra, false)));
         };
         let sections = module.unwind_sections();

@@ -25,7 +25,9 @@
 use super::NoCfiRule;
 use super::decode::State;
 use super::epilogue::epilogue_scan;
+use super::leaf_return::leaf_return;
 use super::prologue::{fixed_frame, prologue_state};
+use super::teardown::frame_pointer_teardown;
 use crate::Memory;
 
 /// The leaf rule at offset `ip_offset` of a function whose code starts at `start` (bytes from
@@ -41,6 +43,44 @@ pub fn leaf_rule(start: &[u8], ip_offset: usize, at_ip: &[u8]) -> Option<NoCfiRu
 /// The rule for a caller frame stopped at a call whose return address is at `ra_offset`.
 pub fn caller_rule(start: &[u8], ra_offset: usize) -> Option<NoCfiRule> {
     prologue_state(start, ra_offset).map(State::rule)
+}
+
+/// The leaf rule at offset `ip_offset` of code that may build its frame off the straight path
+/// from its start (V8's embedded builtins, whose frames live in deferred code): the epilogue
+/// scan, then the [frame-teardown scan](super::teardown), then the
+/// [values returned to](super::leaf_return), then the prologue simulation. `code`
+/// holds the function's bytes from its start to past `ip_offset` (the teardown scan follows the
+/// path within them).
+pub fn leaf_rule_on_path(code: &[u8], ip_offset: usize) -> Option<NoCfiRule> {
+    if let Some(s) = epilogue_scan(code.get(ip_offset..)?) {
+        return Some(s.rule());
+    }
+    if frame_pointer_teardown(code, ip_offset) {
+        return Some(NoCfiRule::FramePointer);
+    }
+    // About to set the frame pointer (`mov rbp, rsp`): the frame the path tears down will have
+    // its saved `rbp` at `[rsp]` and the return address above it.
+    if code
+        .get(ip_offset..ip_offset + 3)
+        .is_some_and(|b| MOV_RBP_RSP.contains(&b))
+        && frame_pointer_teardown(code, ip_offset + 3)
+    {
+        return Some(NoCfiRule::ReturnAtSpPlus8);
+    }
+    if let Some(rule) = leaf_return(code, ip_offset) {
+        return rule;
+    }
+    prologue_state(code, ip_offset).map(State::rule)
+}
+
+/// The caller rule at a call returning to offset `ra_offset` of such code (see
+/// [`leaf_rule_on_path`]): the frame-teardown scan from the return address, then the prologue
+/// simulation.
+pub fn caller_rule_on_path(code: &[u8], ra_offset: usize) -> Option<NoCfiRule> {
+    if frame_pointer_teardown(code, ra_offset) {
+        return Some(NoCfiRule::FramePointer);
+    }
+    caller_rule(code, ra_offset)
 }
 
 /// The Tier-0 frame under a .NET OSR method, from the return address `ret` of the Tier-0
@@ -67,6 +107,9 @@ pub fn tier0_frame_in_memory<M: Memory + ?Sized>(
     }
     fixed_frame(&start)
 }
+
+/// `mov rbp, rsp` (both encodings).
+const MOV_RBP_RSP: [&[u8]; 2] = [&[0x48, 0x89, 0xe5], &[0x48, 0x8b, 0xec]];
 
 /// Bytes of a function's start read for the prologue simulation.
 const PROLOGUE_BYTES: u64 = 512;

@@ -5,7 +5,9 @@
 //!   patterns that decide a frame's state (`endbr64`, `push %rbp`, `mov %rsp,%rbp`, `ret`).
 //! - [`jit`]: JIT code, whose function bounds come from the runtime's perf map or jitdump: the
 //!   instructions are decoded (iced-x86) and the frame is rebuilt by the [`prologue`] simulation
-//!   and the [`epilogue`] scan.
+//!   and the [`epilogue`] scan; code whose frame is built off the path from its start (V8's
+//!   builtins) also by the [`teardown`] scan along the path to its return, and a leaf that
+//!   keeps its return address in a register by [`leaf_return`].
 //! - [`is_after_call`]: the check every recovered return address passes.
 //!
 //! Both analyses answer with one [`NoCfiRule`], which `nocfi` executes.
@@ -13,8 +15,10 @@
 mod decode;
 pub mod epilogue;
 pub mod jit;
+pub mod leaf_return;
 pub mod native;
 pub mod prologue;
+pub mod teardown;
 
 /// How to find the caller of a frame in code without CFI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +38,23 @@ pub enum NoCfiRule {
         ra: u32,
         /// Offset of the saved caller's `rbp` from `sp`, once pushed.
         saved_bp: Option<u32>,
+    },
+    /// The leaf keeps the return address in a register (DWARF number `reg`) while it rearranges
+    /// the stack (V8's `BaselineOutOfLinePrologue`, `BaselineLeaveFrame`: see
+    /// [`leaf_return`]); `rbp` is still the caller's. The caller's stack pointer is taken as the
+    /// leaf's (it is not known exactly; the frames above are found through `rbp`).
+    ReturnInRegister {
+        /// DWARF number of the register.
+        reg: u16,
+    },
+    /// An out-of-line prologue its caller called first thing, before it built the caller's frame
+    /// (V8's `BaselineOutOfLinePrologue` before its `mov rbp, rsp`; see [`leaf_return`]): the
+    /// return address at `[sp+ra]`, `rbp` the caller's caller's, and the caller, stopped at that
+    /// call, has pushed nothing (its frame rule there, which counts on the frame being built, is
+    /// replaced by [`NoCfiRule::ReturnAtSp`]).
+    OutOfLinePrologue {
+        /// Offset of the return address from `sp`.
+        ra: u32,
     },
     /// A .NET On-Stack-Replacement method: its frame sits on the frame of the Tier-0 method it
     /// continues, which it leaves in place and returns through. Its own return-address slot holds
