@@ -60,6 +60,9 @@ pub enum KernelWalkError {
 /// frames, about 0.5 ms of interrupt at 999 Hz sampling.
 pub const DEFAULT_MAX_FRAMES: u32 = 1536;
 
+/// Default [`KernelWalkOptions::ring_bytes`].
+pub const DEFAULT_RING_BYTES: u32 = 32 << 20;
+
 /// Sizes of the walk's maps.
 #[derive(Debug, Clone)]
 pub struct KernelWalkOptions {
@@ -85,7 +88,7 @@ impl Default for KernelWalkOptions {
         KernelWalkOptions {
             copy_bytes: 16 * 1024,
             rows: 4 << 20,
-            ring_bytes: 32 << 20,
+            ring_bytes: DEFAULT_RING_BYTES,
             max_frames: DEFAULT_MAX_FRAMES,
             modules: rootline_image::ModuleBudget::new(),
             module_limit: None,

@@ -15,18 +15,23 @@ use super::layout::Row;
 use super::row_cache;
 
 /// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
-/// when large).
+/// when large). None: more than `max_rows` (they could never be placed; kept rows that many are
+/// not even read).
 fn rows_of(
     sections: &UnwindSections,
     cache: Option<&std::path::Path>,
-) -> Vec<rootline_unwind::kernel_rows::KernelRow> {
+    max_rows: usize,
+) -> Option<Vec<rootline_unwind::kernel_rows::KernelRow>> {
     let large = sections.eh_frame_bytes().map_or(0, <[u8]>::len) > row_cache::MIN_ROWS * 2;
     let cache = cache.filter(|_| large);
     let key = cache.map(|_| row_cache::key(sections));
-    if let (Some(dir), Some(key)) = (cache, key)
-        && let Some(rows) = row_cache::load(dir, key)
-    {
-        return rows;
+    if let (Some(dir), Some(key)) = (cache, key) {
+        if row_cache::count(dir, key).is_some_and(|n| n > max_rows) {
+            return None;
+        }
+        if let Some(rows) = row_cache::load(dir, key) {
+            return Some(rows);
+        }
     }
     let rows = kernel_rows(sections);
     if let (Some(dir), Some(key)) = (cache, key)
@@ -34,7 +39,7 @@ fn rows_of(
     {
         row_cache::store(dir, key, &rows);
     }
-    rows
+    (rows.len() <= max_rows).then_some(rows)
 }
 
 /// A binary's rows in the table.
@@ -77,23 +82,41 @@ pub(super) struct RowTable {
 struct Compiled {
     key: usize,
     sections: Weak<UnwindSections>,
-    rows: Vec<rootline_unwind::kernel_rows::KernelRow>,
+    /// None: more than the table holds.
+    rows: Option<Vec<rootline_unwind::kernel_rows::KernelRow>>,
 }
 
 /// Compiles the rows of the binaries `requests` names, each on a thread of its own (a process
 /// maps its large libraries at once), reading them from the on-disk cache where it has them.
+/// `serial` (a memory limit applies): one binary at a time on this thread, so that at most one
+/// binary's rows wait to be placed.
 fn compile_rows(
     requests: std::sync::mpsc::Receiver<(usize, Arc<UnwindSections>)>,
-    compiled: std::sync::mpsc::Sender<Compiled>,
+    compiled: std::sync::mpsc::SyncSender<Compiled>,
+    serial: bool,
+    max_rows: usize,
 ) {
     let cache = row_cache::dir();
     for (key, sections) in requests {
+        if serial {
+            let rows = rows_of(&sections, cache.as_deref(), max_rows);
+            let sections = Arc::downgrade(&sections);
+            let sent = compiled.send(Compiled {
+                key,
+                sections,
+                rows,
+            });
+            if sent.is_err() {
+                return;
+            }
+            continue;
+        }
         let compiled = compiled.clone();
         let cache = cache.clone();
         let spawned = std::thread::Builder::new()
             .name("rootline-rows".into())
             .spawn(move || {
-                let rows = rows_of(&sections, cache.as_deref());
+                let rows = rows_of(&sections, cache.as_deref(), max_rows);
                 let sections = Arc::downgrade(&sections);
                 let _ = compiled.send(Compiled {
                     key,
@@ -165,11 +188,13 @@ impl RowTable {
     pub fn new(map: MappedRows, budget: ModuleBudget, limit: Option<usize>) -> RowTable {
         let len = u32::try_from(map.len).unwrap_or(u32::MAX);
         let (requests, to_compile) = std::sync::mpsc::channel();
-        let (done, compiled) = std::sync::mpsc::channel();
+        // A rendezvous: compiled rows wait on their thread until they are placed.
+        let (done, compiled) = std::sync::mpsc::sync_channel(0);
         // Without the thread, no rows are ever placed: those binaries are walked by guesswork.
+        let serial = limit.is_some();
         let _ = std::thread::Builder::new()
             .name("rootline-rows".into())
-            .spawn(move || compile_rows(to_compile, done));
+            .spawn(move || compile_rows(to_compile, done, serial, len as usize));
         RowTable {
             compiling: Default::default(),
             requests,
@@ -206,7 +231,7 @@ impl RowTable {
         while let Ok(c) = self.compiled.try_recv() {
             self.compiling.remove(&c.key);
             if c.sections.strong_count() > 0 {
-                self.install(c.key, c.sections, &c.rows);
+                self.install(c.key, c.sections, c.rows.as_deref());
                 any = true;
             }
         }
@@ -221,7 +246,7 @@ impl RowTable {
                 Ok(c) => {
                     self.compiling.remove(&c.key);
                     if c.sections.strong_count() > 0 {
-                        self.install(c.key, c.sections, &c.rows);
+                        self.install(c.key, c.sections, c.rows.as_deref());
                     }
                 }
                 Err(_) => return,
@@ -233,13 +258,17 @@ impl RowTable {
         &mut self,
         key: usize,
         sections: Weak<UnwindSections>,
-        rows: &[rootline_unwind::kernel_rows::KernelRow],
+        rows: Option<&[rootline_unwind::kernel_rows::KernelRow]>,
     ) {
-        let bytes = rows.len() * std::mem::size_of::<Row>();
+        let rows_len = rows.map_or(0, <[_]>::len);
+        let bytes = rows_len * std::mem::size_of::<Row>();
         let fits = self.limit.is_none_or(|l| self.budget.fits(bytes, l));
-        let placed = if fits { self.store(rows) } else { None };
+        let placed = match rows {
+            Some(rows) if fits => self.store(rows),
+            _ => None,
+        };
         let charge = placed.map(|_| self.budget.charge(bytes));
-        if placed.is_none() && !rows.is_empty() {
+        if placed.is_none() && rows.is_none_or(|r| !r.is_empty()) {
             self.refused += 1;
         }
         if let Some(old) = self.binaries.insert(
