@@ -3,6 +3,7 @@
 //! process using it goes). A binary's rows are compiled on a thread of their own (a compiler's
 //! largest library has millions), and placed once they are ready.
 
+use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use foldhash::HashMap;
@@ -19,11 +20,10 @@ use super::row_cache;
 /// not even read).
 fn rows_of(
     sections: &UnwindSections,
-    cache: Option<&std::path::Path>,
+    cache: Option<&Path>,
     max_rows: usize,
 ) -> Option<Vec<rootline_unwind::kernel_rows::KernelRow>> {
-    let large = sections.eh_frame_bytes().map_or(0, <[u8]>::len) > row_cache::MIN_ROWS * 2;
-    let cache = cache.filter(|_| large);
+    let cache = cache.filter(|_| is_large(sections));
     let key = cache.map(|_| row_cache::key(sections));
     if let (Some(dir), Some(key)) = (cache, key) {
         if row_cache::count(dir, key).is_some_and(|n| n > max_rows) {
@@ -86,10 +86,16 @@ struct Compiled {
     rows: Option<Vec<rootline_unwind::kernel_rows::KernelRow>>,
 }
 
+/// Whether `sections` are a large binary's (their rows are kept in the on-disk cache).
+fn is_large(sections: &UnwindSections) -> bool {
+    sections.eh_frame_bytes().map_or(0, <[u8]>::len) > row_cache::MIN_ROWS * 2
+}
+
 /// Compiles the rows of the binaries `requests` names, each on a thread of its own (a process
 /// maps its large libraries at once), reading them from the on-disk cache where it has them.
-/// `serial` (a memory limit applies): one binary at a time on this thread, so that at most one
-/// binary's rows wait to be placed.
+/// `serial` (a memory limit applies): large binaries one at a time on one thread, so that at
+/// most one large binary's rows wait to be placed (small ones still go at once: a new process's
+/// own binary is not kept waiting behind a compiler's library).
 fn compile_rows(
     requests: std::sync::mpsc::Receiver<(usize, Arc<UnwindSections>)>,
     compiled: std::sync::mpsc::SyncSender<Compiled>,
@@ -97,16 +103,37 @@ fn compile_rows(
     max_rows: usize,
 ) {
     let cache = row_cache::dir();
-    for (key, sections) in requests {
-        if serial {
-            let rows = rows_of(&sections, cache.as_deref(), max_rows);
-            let sections = Arc::downgrade(&sections);
-            let sent = compiled.send(Compiled {
-                key,
-                sections,
-                rows,
+    let compile = move |key: usize, sections: Arc<UnwindSections>, cache: Option<&Path>| {
+        let rows = rows_of(&sections, cache, max_rows);
+        Compiled {
+            key,
+            sections: Arc::downgrade(&sections),
+            rows,
+        }
+    };
+    let large = serial.then(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Arc<UnwindSections>)>();
+        let compiled = compiled.clone();
+        let cache = cache.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rootline-rows".into())
+            .spawn(move || {
+                for (key, sections) in rx {
+                    if compiled
+                        .send(compile(key, sections, cache.as_deref()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
             });
-            if sent.is_err() {
+        spawned.ok().map(|_| tx)
+    });
+    for (key, sections) in requests {
+        if let Some(Some(large)) = &large
+            && is_large(&sections)
+        {
+            if large.send((key, sections)).is_err() {
                 return;
             }
             continue;
@@ -116,13 +143,7 @@ fn compile_rows(
         let spawned = std::thread::Builder::new()
             .name("rootline-rows".into())
             .spawn(move || {
-                let rows = rows_of(&sections, cache.as_deref(), max_rows);
-                let sections = Arc::downgrade(&sections);
-                let _ = compiled.send(Compiled {
-                    key,
-                    sections,
-                    rows,
-                });
+                let _ = compiled.send(compile(key, sections, cache.as_deref()));
             });
         if spawned.is_err() {
             return;
