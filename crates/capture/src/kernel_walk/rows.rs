@@ -74,7 +74,7 @@ pub(super) struct RowTable {
     limit: Option<usize>,
     /// Binaries sent to the compiling thread, and what it sends back.
     compiling: foldhash::HashSet<usize>,
-    requests: std::sync::mpsc::Sender<(usize, Arc<UnwindSections>)>,
+    requests: std::sync::mpsc::Sender<(usize, Weak<UnwindSections>)>,
     compiled: std::sync::mpsc::Receiver<Compiled>,
 }
 
@@ -97,22 +97,26 @@ fn is_large(sections: &UnwindSections) -> bool {
 /// most one large binary's rows wait to be placed (small ones still go at once: a new process's
 /// own binary is not kept waiting behind a compiler's library).
 fn compile_rows(
-    requests: std::sync::mpsc::Receiver<(usize, Arc<UnwindSections>)>,
+    requests: std::sync::mpsc::Receiver<(usize, Weak<UnwindSections>)>,
     compiled: std::sync::mpsc::SyncSender<Compiled>,
     serial: bool,
     max_rows: usize,
 ) {
     let cache = row_cache::dir();
-    let compile = move |key: usize, sections: Arc<UnwindSections>, cache: Option<&Path>| {
-        let rows = rows_of(&sections, cache, max_rows);
+    // Requests hold the sections weakly: a binary whose processes all exited while it waited
+    // is freed, not compiled (and not placed: its `Compiled` has no strong owner left).
+    let compile = move |key: usize, weak: Weak<UnwindSections>, cache: Option<&Path>| {
+        let rows = weak
+            .upgrade()
+            .and_then(|sections| rows_of(&sections, cache, max_rows));
         Compiled {
             key,
-            sections: Arc::downgrade(&sections),
+            sections: weak,
             rows,
         }
     };
     let large = serial.then(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<(usize, Arc<UnwindSections>)>();
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Weak<UnwindSections>)>();
         let compiled = compiled.clone();
         let cache = cache.clone();
         let spawned = std::thread::Builder::new()
@@ -131,7 +135,7 @@ fn compile_rows(
     });
     for (key, sections) in requests {
         if let Some(Some(large)) = &large
-            && is_large(&sections)
+            && sections.upgrade().is_some_and(|s| is_large(&s))
         {
             if large.send((key, sections)).is_err() {
                 return;
@@ -240,7 +244,7 @@ impl RowTable {
             return e.placed;
         }
         if self.compiling.insert(key) {
-            let _ = self.requests.send((key, Arc::clone(sections)));
+            let _ = self.requests.send((key, Arc::downgrade(sections)));
         }
         None
     }
