@@ -83,11 +83,17 @@ fn agent_during_a_rust_build() {
     let growth = peak.saturating_sub(rss_before);
     let mut by: BTreeMap<&str, (u64, u64, BTreeMap<String, u64>)> = BTreeMap::new();
     for ((_, names), &n) in &collected.lock().unwrap().stacks {
-        let kind = if names.iter().any(|f| f.contains("llvm::") || f.starts_with("LLVM")) {
+        let kind = if names
+            .iter()
+            .any(|f| f.contains("llvm::") || f.starts_with("LLVM"))
+        {
             "llvm"
         } else if names.iter().any(|f| f.contains("rustc_")) {
             "rustc"
-        } else if names.iter().any(|f| f == "toplev::main" || f == "compile_file") {
+        } else if names
+            .iter()
+            .any(|f| f == "toplev::main" || f == "compile_file")
+        {
             "cc1"
         } else {
             continue;

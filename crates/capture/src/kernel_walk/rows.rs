@@ -4,6 +4,7 @@
 //! largest library has millions), and placed once they are ready.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use foldhash::HashMap;
@@ -16,8 +17,8 @@ use super::layout::Row;
 use super::row_cache;
 
 /// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
-/// when large). None: more than `max_rows` (they could never be placed; kept rows that many are
-/// not even read).
+/// when large). None: more than `max_rows`, the table's largest free range (they could not be
+/// placed; kept rows that many are not even read).
 fn rows_of(
     sections: &UnwindSections,
     cache: Option<&Path>,
@@ -76,14 +77,35 @@ pub(super) struct RowTable {
     compiling: foldhash::HashSet<usize>,
     requests: std::sync::mpsc::Sender<(usize, Weak<UnwindSections>)>,
     compiled: std::sync::mpsc::Receiver<Compiled>,
+    /// The largest free range, for the compiling thread (rows that cannot fit it are not read).
+    room: Arc<AtomicUsize>,
 }
 
 /// A binary's rows, compiled.
 struct Compiled {
     key: usize,
     sections: Weak<UnwindSections>,
-    /// None: more than the table holds.
+    /// None: more than the table had room for, or the binary is gone.
     rows: Option<Vec<rootline_unwind::kernel_rows::KernelRow>>,
+}
+
+/// Compiles (or reads) one binary's rows. Requests hold the sections weakly: a binary whose
+/// processes all exited while it waited is freed, not compiled (and not placed: its
+/// `Compiled` has no strong owner left).
+fn compile_one(
+    key: usize,
+    weak: Weak<UnwindSections>,
+    cache: Option<&Path>,
+    room: &AtomicUsize,
+) -> Compiled {
+    let rows = weak
+        .upgrade()
+        .and_then(|sections| rows_of(&sections, cache, room.load(Ordering::Relaxed)));
+    Compiled {
+        key,
+        sections: weak,
+        rows,
+    }
 }
 
 /// Whether `sections` are a large binary's (their rows are kept in the on-disk cache).
@@ -100,31 +122,20 @@ fn compile_rows(
     requests: std::sync::mpsc::Receiver<(usize, Weak<UnwindSections>)>,
     compiled: std::sync::mpsc::SyncSender<Compiled>,
     serial: bool,
-    max_rows: usize,
+    room: Arc<AtomicUsize>,
 ) {
     let cache = row_cache::dir();
-    // Requests hold the sections weakly: a binary whose processes all exited while it waited
-    // is freed, not compiled (and not placed: its `Compiled` has no strong owner left).
-    let compile = move |key: usize, weak: Weak<UnwindSections>, cache: Option<&Path>| {
-        let rows = weak
-            .upgrade()
-            .and_then(|sections| rows_of(&sections, cache, max_rows));
-        Compiled {
-            key,
-            sections: weak,
-            rows,
-        }
-    };
     let large = serial.then(|| {
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Weak<UnwindSections>)>();
         let compiled = compiled.clone();
         let cache = cache.clone();
+        let room = Arc::clone(&room);
         let spawned = std::thread::Builder::new()
             .name("rootline-rows".into())
             .spawn(move || {
                 for (key, sections) in rx {
                     if compiled
-                        .send(compile(key, sections, cache.as_deref()))
+                        .send(compile_one(key, sections, cache.as_deref(), &room))
                         .is_err()
                     {
                         return;
@@ -144,10 +155,11 @@ fn compile_rows(
         }
         let compiled = compiled.clone();
         let cache = cache.clone();
+        let room = Arc::clone(&room);
         let spawned = std::thread::Builder::new()
             .name("rootline-rows".into())
             .spawn(move || {
-                let _ = compiled.send(compile(key, sections, cache.as_deref()));
+                let _ = compiled.send(compile_one(key, sections, cache.as_deref(), &room));
             });
         if spawned.is_err() {
             return;
@@ -212,6 +224,7 @@ impl RowTable {
     /// when they would take the tables it counts past `limit`.
     pub fn new(map: MappedRows, budget: ModuleBudget, limit: Option<usize>) -> RowTable {
         let len = u32::try_from(map.len).unwrap_or(u32::MAX);
+        let room = Arc::new(AtomicUsize::new(len as usize));
         let (requests, to_compile) = std::sync::mpsc::channel();
         // A rendezvous: compiled rows wait on their thread until they are placed.
         let (done, compiled) = std::sync::mpsc::sync_channel(0);
@@ -219,7 +232,10 @@ impl RowTable {
         let serial = limit.is_some();
         let _ = std::thread::Builder::new()
             .name("rootline-rows".into())
-            .spawn(move || compile_rows(to_compile, done, serial, len as usize));
+            .spawn({
+                let room = Arc::clone(&room);
+                move || compile_rows(to_compile, done, serial, room)
+            });
         RowTable {
             compiling: Default::default(),
             requests,
@@ -231,7 +247,14 @@ impl RowTable {
             refused: 0,
             budget,
             limit,
+            room,
         }
+    }
+
+    /// Tells the compiling thread the largest free range.
+    fn update_room(&self) {
+        let largest = self.free.iter().map(|&(_, len)| len).max().unwrap_or(0);
+        self.room.store(largest as usize, Ordering::Relaxed);
     }
 
     /// Where the rows of `sections` are; None while they are being compiled (the first call
@@ -347,6 +370,7 @@ impl RowTable {
             table[start as usize + i] = Row::new(r, base);
         }
         self.used += u64::from(count);
+        self.update_room();
         Some(Placed { start, count, base })
     }
 
@@ -363,5 +387,6 @@ impl RowTable {
             self.free[at - 1].1 += self.free[at].1;
             self.free.remove(at);
         }
+        self.update_room();
     }
 }
