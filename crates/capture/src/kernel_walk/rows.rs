@@ -56,8 +56,9 @@ struct Entry {
     sections: Weak<UnwindSections>,
     /// None: being compiled, or compiled without room (or rows).
     placed: Option<Placed>,
-    /// The rows' memory, counted in the module budget while placed.
-    _charge: Option<TableCharge>,
+    /// The rows' memory, counted in the module budget while placed (held by one of the
+    /// entries that share a placement).
+    charge: Option<TableCharge>,
 }
 
 /// The shared rows table.
@@ -266,6 +267,18 @@ impl RowTable {
         {
             return e.placed;
         }
+        if let Some(placed) = self.same_rows(sections) {
+            // The same binary loaded again: its rows are already in the table.
+            let entry = Entry {
+                sections: Arc::downgrade(sections),
+                placed: Some(placed),
+                charge: None,
+            };
+            if let Some(old) = self.binaries.insert(key, entry) {
+                self.let_go(old);
+            }
+            return Some(placed);
+        }
         if self.compiling.insert(key) {
             let _ = self.requests.send((key, Arc::downgrade(sections)));
         }
@@ -324,11 +337,50 @@ impl RowTable {
             Entry {
                 sections,
                 placed,
-                _charge: charge,
+                charge,
             },
-        ) && let Some(p) = old.placed
-        {
-            self.release(p);
+        ) {
+            self.let_go(old);
+        }
+    }
+
+    /// The placement of a live binary whose CFI is the same as that of `sections` (the same
+    /// file loaded again while its earlier load is still held), if any.
+    fn same_rows(&self, sections: &UnwindSections) -> Option<Placed> {
+        let same = |other: &UnwindSections| {
+            other.eh_frame_bytes() == sections.eh_frame_bytes()
+                && other.debug_frame_bytes() == sections.debug_frame_bytes()
+                && format!("{:?}", other.cfi_bases(false))
+                    == format!("{:?}", sections.cfi_bases(false))
+                && format!("{:?}", other.cfi_bases(true))
+                    == format!("{:?}", sections.cfi_bases(true))
+        };
+        let len = |s: &UnwindSections| {
+            (
+                s.eh_frame_bytes().map(<[u8]>::len),
+                s.debug_frame_bytes().map(<[u8]>::len),
+            )
+        };
+        self.binaries.values().find_map(|e| {
+            let placed = e.placed?;
+            let other = e.sections.upgrade()?;
+            (len(&other) == len(sections) && same(&other)).then_some(placed)
+        })
+    }
+
+    /// Drops an entry: its rows are freed unless another entry shares them (which then holds
+    /// their charge).
+    fn let_go(&mut self, entry: Entry) {
+        let Some(p) = entry.placed else {
+            return;
+        };
+        match self.binaries.values_mut().find(|o| o.placed == Some(p)) {
+            Some(heir) => {
+                if heir.charge.is_none() {
+                    heir.charge = entry.charge;
+                }
+            }
+            None => self.release(p),
         }
     }
 
@@ -341,11 +393,8 @@ impl RowTable {
             .map(|(&k, _)| k)
             .collect();
         for k in dead {
-            if let Some(Entry {
-                placed: Some(p), ..
-            }) = self.binaries.remove(&k)
-            {
-                self.release(p);
+            if let Some(entry) = self.binaries.remove(&k) {
+                self.let_go(entry);
             }
         }
     }
