@@ -6,7 +6,7 @@
 //! stack_bytes = "16KiB"  # user stack copied per sample, at most 65528
 //! export_interval = "10s"
 //! export_timeout = "5s"
-//! memory_limit = "224MiB"
+//! memory_limit = "272MiB"
 //! shutdown_timeout = "20s"
 //! kernel_walk = "auto"  # walk user stacks in the kernel at sample time: auto, on or off
 //!
@@ -22,9 +22,9 @@
 //! bytes = "1MiB"       # each of the two
 //!
 //! [modules]            # unwind tables and symbols of the binaries being profiled
-//! byte_budget = "48MiB"
+//! byte_budget = "64MiB"
 //! dwarf_budget = "24MiB" # parsed DWARF (inlined frames, lines) held at once
-//! kernel_rows = "32MiB"  # the in-kernel walk's rules for those binaries
+//! kernel_rows = "64MiB"  # the in-kernel walk's rules for those binaries
 //!
 //! [off_cpu]            # where threads wait, besides where they run; off by default
 //! enabled = true
@@ -95,8 +95,8 @@ pub struct AgentConfig {
     /// Hard cap on the agent's memory: the stack cache, the sample buffers, the exporter's working
     /// set, the loaded binaries' tables and DWARF (`modules`) and the sampler's working set
     /// ([`CAPTURE_ALLOWANCE`]), and the in-kernel walk's tables and ring
-    /// ([`AgentConfig::kernel_walk_memory`], 76 MiB by default). Checked against
-    /// [`AgentConfig::memory_estimate`] at start. Default 224 MiB (142 MiB fits the defaults
+    /// ([`AgentConfig::kernel_walk_memory`], 108 MiB by default). Checked against
+    /// [`AgentConfig::memory_estimate`] at start. Default 272 MiB (158 MiB fits the defaults
     /// with `kernel_walk = "off"`).
     #[serde(deserialize_with = "de_bytes")]
     pub memory_limit: usize,
@@ -240,7 +240,7 @@ pub struct ModulesConfig {
     /// ReadyToRun images' method tables, JIT runtimes' perf map and jitdump symbols). A binary
     /// that does not fit is not loaded; its frames end their stacks as
     /// `[truncated: module-memory-limit]` until there is room (binaries of exited processes are
-    /// freed). Default 48 MiB (rustc's 150 MB driver library needs 16 and libLLVM 24, .NET
+    /// freed). Default 64 MiB (rustc's 150 MB driver library needs 16 and libLLVM 24, .NET
     /// 3.1's CoreLib 4).
     #[serde(deserialize_with = "de_bytes")]
     pub byte_budget: usize,
@@ -254,8 +254,9 @@ pub struct ModulesConfig {
     /// binaries being profiled, allocated whole when the agent starts (resident from the start,
     /// not counted when the walk is off). A binary whose rows do not fit is walked no further
     /// than its frames; its stacks continue the usual way (counted as
-    /// `kernel_walk.binaries_refused`). Default 32 MiB (rustc's driver library has 1.4 million
-    /// rows, 23 MiB).
+    /// `kernel_walk.binaries_refused`), as is a binary with more rows than half the table.
+    /// Default 64 MiB (rustc's driver library has 1.4 million rows, 23 MiB; a shared build host
+    /// running several toolchains, node and cargo used 54 MiB).
     #[serde(deserialize_with = "de_bytes")]
     pub kernel_rows: usize,
 }
@@ -263,9 +264,9 @@ pub struct ModulesConfig {
 impl Default for ModulesConfig {
     fn default() -> ModulesConfig {
         ModulesConfig {
-            byte_budget: 48 << 20,
+            byte_budget: 64 << 20,
             dwarf_budget: 24 << 20,
-            kernel_rows: 32 << 20,
+            kernel_rows: 64 << 20,
         }
     }
 }
@@ -345,7 +346,7 @@ impl Default for AgentConfig {
             stack_bytes: DEFAULT_STACK_BYTES,
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
-            memory_limit: 224 << 20,
+            memory_limit: 272 << 20,
             shutdown_timeout: Duration::from_secs(20),
             target_refresh: Duration::from_secs(1),
             kernel_walk: KernelWalkSetting::Auto,
@@ -419,7 +420,7 @@ pub const CAPTURE_ALLOWANCE: usize = 40 << 20;
 pub const KERNEL_WALK_RING_BYTES: usize = 4 << 20;
 
 /// The in-kernel walk's working set besides its ring, its rows table and the binary's rows
-/// waiting to be placed (counted as a second table, see [`AgentConfig::kernel_walk_memory`]):
+/// waiting to be placed (see [`AgentConfig::kernel_walk_memory`]):
 /// walks being assembled and kept for their samples.
 pub const KERNEL_WALK_ALLOWANCE: usize = 4 << 20;
 
@@ -481,16 +482,19 @@ impl AgentConfig {
     }
 
     /// What the in-kernel walk adds to the agent's memory: its rows table
-    /// (`modules.kernel_rows`, resident whole); one binary's rows read or compiled and waiting
-    /// to be placed (one binary at a time in the agent, and kept rows that could not fit the
-    /// table are not read: at most the table again); its ring buffer (whose data pages the
+    /// (`modules.kernel_rows`, resident whole); one large binary's rows read or compiled and
+    /// waiting to be placed (one at a time in the agent, and a binary with more rows than half
+    /// the table is refused: at most half the table); its ring buffer (whose data pages the
     /// kernel maps twice, both counted in RSS); and its working set
     /// ([`KERNEL_WALK_ALLOWANCE`]). 0 when it is off.
     pub fn kernel_walk_memory(&self) -> usize {
         match self.kernel_walk {
             KernelWalkSetting::Off => 0,
             KernelWalkSetting::Auto | KernelWalkSetting::On => {
-                2 * self.modules.kernel_rows + 2 * KERNEL_WALK_RING_BYTES + KERNEL_WALK_ALLOWANCE
+                self.modules.kernel_rows
+                    + self.modules.kernel_rows / 2
+                    + 2 * KERNEL_WALK_RING_BYTES
+                    + KERNEL_WALK_ALLOWANCE
             }
         }
     }
@@ -555,7 +559,7 @@ impl AgentConfig {
         if self.modules.byte_budget < 2 * page_cache {
             return Err(ConfigError::Invalid(format!(
                 "modules.byte_budget = {} bytes is too small: {page_cache} bytes of it are the code \
-                 page cache; use at least {} (\"8MiB\"), 48MiB is the default",
+                 page cache; use at least {} (\"8MiB\"), 64MiB is the default",
                 self.modules.byte_budget,
                 2 * page_cache
             )));

@@ -7,7 +7,8 @@
 //!
 //! `ROOTLINE_BENCH_KERNEL_WALK=off` runs the same with `kernel_walk = "off"`, for comparison;
 //! `ROOTLINE_BENCH_MODULES_MIB=N` raises `modules.byte_budget` (and `memory_limit` with it) to
-//! N MiB: the budget is shared by every process on the host.
+//! N MiB: the budget is shared by every process on the host; `ROOTLINE_BENCH_KERNEL_ROWS_MIB=N`
+//! raises `modules.kernel_rows` (and `memory_limit` with it) to N MiB.
 
 mod common;
 
@@ -49,6 +50,15 @@ fn agent_during_a_rust_build() {
         let more = (mib << 20).saturating_sub(config.modules.byte_budget);
         config.modules.byte_budget += more;
         config.memory_limit += more;
+    }
+    if let Some(mib) = std::env::var("ROOTLINE_BENCH_KERNEL_ROWS_MIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        // The table and a binary's rows waiting to be placed.
+        let more = (mib << 20).saturating_sub(config.modules.kernel_rows);
+        config.modules.kernel_rows += more;
+        config.memory_limit += 2 * more;
     }
     let (exporter, collected, _) = CollectingExporter::new();
     let source = rootline_agent::default_source(&config).expect("sampler");

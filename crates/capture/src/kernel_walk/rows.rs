@@ -78,8 +78,10 @@ pub(super) struct RowTable {
     compiling: foldhash::HashSet<usize>,
     requests: std::sync::mpsc::Sender<(usize, Weak<UnwindSections>)>,
     compiled: std::sync::mpsc::Receiver<Compiled>,
-    /// The largest free range, for the compiling thread (rows that cannot fit it are not read).
+    /// The most rows a binary may have now, for the compiling thread (more are not read).
     room: Arc<AtomicUsize>,
+    /// Whether the process's memory is limited (see [`RowTable::new`]).
+    bounded: bool,
 }
 
 /// A binary's rows, compiled.
@@ -222,15 +224,22 @@ impl Drop for MappedRows {
 
 impl RowTable {
     /// A table over `map`, all of it free; placed rows are counted in `budget`, and refused
-    /// when they would take the tables it counts past `limit`.
-    pub fn new(map: MappedRows, budget: ModuleBudget, limit: Option<usize>) -> RowTable {
+    /// when they would take the tables it counts past `limit`. `bounded` (the process's memory
+    /// is limited): large binaries' rows are read or compiled one at a time, each at most half
+    /// the table.
+    pub fn new(
+        map: MappedRows,
+        budget: ModuleBudget,
+        limit: Option<usize>,
+        bounded: bool,
+    ) -> RowTable {
         let len = u32::try_from(map.len).unwrap_or(u32::MAX);
         let room = Arc::new(AtomicUsize::new(len as usize));
         let (requests, to_compile) = std::sync::mpsc::channel();
         // A rendezvous: compiled rows wait on their thread until they are placed.
         let (done, compiled) = std::sync::mpsc::sync_channel(0);
         // Without the thread, no rows are ever placed: those binaries are walked by guesswork.
-        let serial = limit.is_some();
+        let serial = bounded;
         let _ = std::thread::Builder::new()
             .name("rootline-rows".into())
             .spawn({
@@ -249,13 +258,21 @@ impl RowTable {
             budget,
             limit,
             room,
+            bounded,
         }
     }
 
-    /// Tells the compiling thread the largest free range.
+    /// Tells the compiling thread the most rows a binary may have now: the largest free range,
+    /// and under a memory limit no more than half the table (so that a binary's rows waiting
+    /// to be placed take at most that).
     fn update_room(&self) {
-        let largest = self.free.iter().map(|&(_, len)| len).max().unwrap_or(0);
-        self.room.store(largest as usize, Ordering::Relaxed);
+        let largest = self.free.iter().map(|&(_, len)| len).max().unwrap_or(0) as usize;
+        let cap = if self.bounded {
+            self.map.len / 2
+        } else {
+            self.map.len
+        };
+        self.room.store(largest.min(cap), Ordering::Relaxed);
     }
 
     /// Where the rows of `sections` are; None while they are being compiled (the first call

@@ -206,6 +206,7 @@ fn load_kernel_walk(
         modules: opts.modules.clone(),
         module_limit: opts.module_budget,
         ring_bytes: opts.kernel_walk_ring_bytes,
+        bounded: opts.kernel_walk_rows.is_some() || opts.module_budget.is_some(),
         ..KernelWalkOptions::default()
     };
     if let Some(rows) = opts.kernel_walk_rows {

@@ -92,8 +92,9 @@ pub struct RecordOptions {
     /// Rows (16 bytes each) of the in-kernel walk's rules table. The kernel allocates the table
     /// whole and this process maps it whole, so it is resident from the start. Some: a table of
     /// that many rows, counted by the caller (binaries' rows are placed while they fit it, and
-    /// not counted in [`RecordOptions::modules`]). None: up to 4 Mi rows, no larger than
-    /// [`RecordOptions::module_budget`], placed rows counted in `modules`.
+    /// not counted in [`RecordOptions::modules`]; a binary with more rows than half the table
+    /// is refused, so that one waiting to be placed takes at most that). None: up to 4 Mi rows,
+    /// no larger than [`RecordOptions::module_budget`], placed rows counted in `modules`.
     pub kernel_walk_rows: Option<u32>,
     /// Also record where memory is allocated (malloc, calloc, realloc and the aligned
     /// variants), sampled by bytes at a mean of this many bytes between samples (value columns
