@@ -15,7 +15,7 @@ use common::{CollectingExporter, rss_bytes, stats_or_skip_without_perf_events};
 use rootline_agent::{Agent, AgentConfig, TargetConfig};
 
 /// Bytes of padding added to the target's file (a section that is never loaded).
-const PADDING: u64 = 512 << 20;
+const PADDING: u64 = 640 << 20;
 
 /// The ground-truth call graph program, with `PADDING` bytes of unloaded section added.
 fn padded_target() -> PathBuf {
