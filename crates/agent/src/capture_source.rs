@@ -24,7 +24,7 @@ use rootline_capture::recorder::{self, ChunkSink, RecordError, RecordOptions, Re
 use rootline_profile::{FrameId, Profile, StackId};
 
 use crate::config::AgentConfig;
-use crate::source::{PollStats, RawSample, SampleSource, SourceError};
+use crate::source::{KernelWalkCounts, PollStats, RawSample, SampleSource, SourceError};
 use crate::stacks::{CodeDetail, FrameDesc, StackTable};
 
 /// Distinct frames, stack nodes and threads the capture profile holds before it starts over
@@ -74,6 +74,8 @@ impl Flush {
 #[derive(Default)]
 struct Shared {
     lost: AtomicU64,
+    /// The in-kernel walk's totals, from the recording's metadata.
+    kernel_walk: Mutex<Option<KernelWalkCounts>>,
     stop: AtomicBool,
     error: Mutex<Option<SourceError>>,
 }
@@ -108,9 +110,11 @@ impl CaptureSource {
         options.module_budget = Some(config.modules.byte_budget);
         let modules = options.modules.clone();
         options.dwarf_budget = Some(config.modules.dwarf_budget);
-        // The in-kernel stack walk's ring and rows (tens of MiB) are not yet counted in the
-        // agent's memory limit: off until they are.
-        options.kernel_walk = recorder::KernelWalkMode::Off;
+        // The in-kernel stack walk: its rows table, ring and working set are counted in the
+        // memory estimate (`AgentConfig::kernel_walk_memory`).
+        options.kernel_walk = config.kernel_walk.mode();
+        options.kernel_walk_ring_bytes = crate::config::KERNEL_WALK_RING_BYTES as u32;
+        options.kernel_walk_rows = Some(config.kernel_rows());
         // The agent does not profile itself: its samples are not even unwound.
         options.skip_own_process = true;
         let dotnet = if config.dotnet.allocation_ticks {
@@ -231,6 +235,11 @@ impl CaptureSource {
         let lost = self.shared.lost.load(Relaxed);
         let stats = PollStats {
             lost: lost - self.reported_lost,
+            kernel_walk: *self
+                .shared
+                .kernel_walk
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
         };
         self.reported_lost = lost;
         stats
@@ -263,6 +272,8 @@ struct Forward {
     names: HashMap<String, Arc<str>>,
     /// Unix time minus monotonic time, to stamp samples in Unix nanoseconds.
     clock_offset: i128,
+    /// Whether the in-kernel walk's state was logged.
+    walk_logged: bool,
 }
 
 impl Forward {
@@ -277,7 +288,51 @@ impl Forward {
             mirrored: (0, 0),
             names: HashMap::new(),
             clock_offset: unix - mono,
+            walk_logged: false,
         }
+    }
+
+    /// Logs once whether the in-kernel walk runs (with the fix when it cannot), and keeps its
+    /// totals from the recording's metadata.
+    fn note_kernel_walk(&mut self, profile: &Profile) {
+        let extra = &profile.metadata.extra;
+        let state = extra.get("kernel_walk").map(String::as_str);
+        if !self.walk_logged {
+            self.walk_logged = true;
+            match state {
+                Some("on") => tracing::info!("walking sampled user stacks in the kernel"),
+                Some("unavailable") => tracing::warn!(
+                    "{}; set kernel_walk = \"off\" to stop trying",
+                    extra
+                        .get("kernel_walk.note")
+                        .map_or("in-kernel stack walk off", String::as_str)
+                ),
+                _ => {}
+            }
+        }
+        if state != Some("on") {
+            return;
+        }
+        let n = |key: &str| {
+            extra
+                .get(&format!("kernel_walk.{key}"))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let counts = KernelWalkCounts {
+            walks: n("walks"),
+            unwound: n("unwound"),
+            fell_back: n("fell_back"),
+            no_walk: n("no_walk"),
+            lost_chunks: n("lost_chunks"),
+            rows_used: n("rows_used"),
+            binaries_refused: n("binaries_refused"),
+        };
+        *self
+            .shared
+            .kernel_walk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(counts);
     }
 
     fn intern(names: &mut HashMap<String, Arc<str>>, text: &str) -> Arc<str> {
@@ -351,6 +406,7 @@ impl ChunkSink for Forward {
             self.shared.lost.fetch_add(lost - self.lost_seen, Relaxed);
             self.lost_seen = lost;
         }
+        self.note_kernel_walk(profile);
         self.mirror(profile);
         let samples = profile.samples();
         let column = |name: &str| {

@@ -66,6 +66,7 @@ impl Capture {
             if stats.lost > 0 {
                 self.shared.counters.lost.fetch_add(stats.lost, Relaxed);
             }
+            self.publish_kernel_walk(&stats);
             self.shared.counters.publish_cache(&self.cache.stats());
             if Instant::now() >= next_refresh {
                 next_refresh = Instant::now() + self.refresh;
@@ -77,7 +78,20 @@ impl Capture {
         }
         let stats = source.finish(&mut |sample| self.handle(sample))?;
         self.shared.counters.lost.fetch_add(stats.lost, Relaxed);
+        self.publish_kernel_walk(&stats);
         Ok(())
+    }
+
+    /// Keeps the in-kernel walk's latest totals, when the source reported any.
+    fn publish_kernel_walk(&self, stats: &crate::source::PollStats) {
+        if let Some(w) = stats.kernel_walk {
+            *self
+                .shared
+                .counters
+                .kernel_walk
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(w);
+        }
     }
 
     /// Drops the facts of processes that no longer exist, so churn does not grow the table.

@@ -6,8 +6,9 @@
 //! stack_bytes = "16KiB"  # user stack copied per sample, at most 65528
 //! export_interval = "10s"
 //! export_timeout = "5s"
-//! memory_limit = "160MiB"
+//! memory_limit = "272MiB"
 //! shutdown_timeout = "20s"
+//! kernel_walk = "auto"  # walk user stacks in the kernel at sample time: auto, on or off
 //!
 //! [targets]            # nothing set: the whole host
 //! regex = ["^java$"]
@@ -21,8 +22,9 @@
 //! bytes = "1MiB"       # each of the two
 //!
 //! [modules]            # unwind tables and symbols of the binaries being profiled
-//! byte_budget = "48MiB"
+//! byte_budget = "64MiB"
 //! dwarf_budget = "24MiB" # parsed DWARF (inlined frames, lines) held at once
+//! kernel_rows = "64MiB"  # the in-kernel walk's rules for those binaries
 //!
 //! [off_cpu]            # where threads wait, besides where they run; off by default
 //! enabled = true
@@ -92,8 +94,10 @@ pub struct AgentConfig {
     pub export_timeout: Duration,
     /// Hard cap on the agent's memory: the stack cache, the sample buffers, the exporter's working
     /// set, the loaded binaries' tables and DWARF (`modules`) and the sampler's working set
-    /// ([`CAPTURE_ALLOWANCE`]). Checked against [`AgentConfig::memory_estimate`] at start.
-    /// Default 160 MiB.
+    /// ([`CAPTURE_ALLOWANCE`]), and the in-kernel walk's tables and ring
+    /// ([`AgentConfig::kernel_walk_memory`], 108 MiB by default). Checked against
+    /// [`AgentConfig::memory_estimate`] at start. Default 272 MiB (158 MiB fits the defaults
+    /// with `kernel_walk = "off"`).
     #[serde(deserialize_with = "de_bytes")]
     pub memory_limit: usize,
     /// Longest the final export may take after a stop request (SIGTERM): exports still trying a
@@ -104,6 +108,14 @@ pub struct AgentConfig {
     /// How often target rules are re-evaluated for sources that sample per process. Default 1 s.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub target_refresh: Duration,
+    /// Whether each sampled user stack is also walked in the kernel at sample time (a BPF
+    /// program; deep stacks rebuilt between samples, such as a compiler's, then stay whole):
+    /// `auto` (default) walks when the program loads and otherwise logs one line with the fix
+    /// and unwinds the usual way; `on` fails to start without it; `off` never walks. Its ring
+    /// buffer and working set are counted in `memory_limit`
+    /// ([`AgentConfig::kernel_walk_memory`]: `modules.kernel_rows`, [`KERNEL_WALK_RING_BYTES`],
+    /// [`KERNEL_WALK_ALLOWANCE`]).
+    pub kernel_walk: KernelWalkSetting,
     /// What to profile.
     pub targets: TargetConfig,
     /// Stack cache shape.
@@ -118,6 +130,31 @@ pub struct AgentConfig {
     pub exporters: ExportersConfig,
     /// .NET processes.
     pub dotnet: DotnetConfig,
+}
+
+/// The `kernel_walk` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelWalkSetting {
+    /// Walk when the BPF program loads; otherwise one log line and the usual unwind.
+    #[default]
+    Auto,
+    /// Walk, or fail to start.
+    On,
+    /// Never walk.
+    Off,
+}
+
+impl KernelWalkSetting {
+    /// The recorder's mode for this setting.
+    pub fn mode(self) -> rootline_capture::recorder::KernelWalkMode {
+        use rootline_capture::recorder::KernelWalkMode;
+        match self {
+            KernelWalkSetting::Auto => KernelWalkMode::Auto,
+            KernelWalkSetting::On => KernelWalkMode::On,
+            KernelWalkSetting::Off => KernelWalkMode::Off,
+        }
+    }
 }
 
 /// What the agent collects from the .NET processes among its targets.
@@ -203,7 +240,7 @@ pub struct ModulesConfig {
     /// ReadyToRun images' method tables, JIT runtimes' perf map and jitdump symbols). A binary
     /// that does not fit is not loaded; its frames end their stacks as
     /// `[truncated: module-memory-limit]` until there is room (binaries of exited processes are
-    /// freed). Default 48 MiB (rustc's 150 MB driver library needs 16 and libLLVM 24, .NET
+    /// freed). Default 64 MiB (rustc's 150 MB driver library needs 16 and libLLVM 24, .NET
     /// 3.1's CoreLib 4).
     #[serde(deserialize_with = "de_bytes")]
     pub byte_budget: usize,
@@ -213,13 +250,23 @@ pub struct ModulesConfig {
     /// 67 MB Rust binary with debug info needs about 16; Debian's `libc6-dbg` about 34).
     #[serde(deserialize_with = "de_bytes")]
     pub dwarf_budget: usize,
+    /// The in-kernel stack walk's rules table (`kernel_walk`): 16 bytes per CFI row of the
+    /// binaries being profiled, allocated whole when the agent starts (resident from the start,
+    /// not counted when the walk is off). A binary whose rows do not fit is walked no further
+    /// than its frames; its stacks continue the usual way (counted as
+    /// `kernel_walk.binaries_refused`), as is a binary with more rows than half the table.
+    /// Default 64 MiB (rustc's driver library has 1.4 million rows, 23 MiB; a shared build host
+    /// running several toolchains, node and cargo used 54 MiB).
+    #[serde(deserialize_with = "de_bytes")]
+    pub kernel_rows: usize,
 }
 
 impl Default for ModulesConfig {
     fn default() -> ModulesConfig {
         ModulesConfig {
-            byte_budget: 48 << 20,
+            byte_budget: 64 << 20,
             dwarf_budget: 24 << 20,
+            kernel_rows: 64 << 20,
         }
     }
 }
@@ -299,9 +346,10 @@ impl Default for AgentConfig {
             stack_bytes: DEFAULT_STACK_BYTES,
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
-            memory_limit: 160 << 20,
+            memory_limit: 272 << 20,
             shutdown_timeout: Duration::from_secs(20),
             target_refresh: Duration::from_secs(1),
+            kernel_walk: KernelWalkSetting::Auto,
             targets: TargetConfig::default(),
             cache: CacheConfig::default(),
             buffers: BufferConfig::default(),
@@ -366,6 +414,16 @@ pub const WORKING_ALLOWANCE: usize = 4 << 20;
 /// the default stack copy, the symbolizer's working set and the batches in flight.
 pub const CAPTURE_ALLOWANCE: usize = 40 << 20;
 
+/// The in-kernel walk's ring buffer in the agent: it is drained every few milliseconds (a
+/// 1,000-frame walk sends about 50 KiB), so a few MiB ride out a pause of the sampler thread;
+/// walks that find it full end early, counted (`kernel_walk.lost_chunks`).
+pub const KERNEL_WALK_RING_BYTES: usize = 4 << 20;
+
+/// The in-kernel walk's working set besides its ring, its rows table and the binary's rows
+/// waiting to be placed (see [`AgentConfig::kernel_walk_memory`]):
+/// walks being assembled and kept for their samples.
+pub const KERNEL_WALK_ALLOWANCE: usize = 4 << 20;
+
 /// The default `stack_bytes`.
 pub const DEFAULT_STACK_BYTES: usize = 16 << 10;
 
@@ -412,13 +470,38 @@ impl AgentConfig {
 
     /// Memory the whole agent may use at most: the pipeline's
     /// ([`AgentConfig::pipeline_memory_estimate`]), the binaries' budgets (tables and DWARF) and
-    /// the sampler's allowance ([`CAPTURE_ALLOWANCE`]).
+    /// the sampler's allowance ([`CAPTURE_ALLOWANCE`]) and the in-kernel walk's
+    /// ([`AgentConfig::kernel_walk_memory`]).
     pub fn memory_estimate(&self) -> usize {
         self.pipeline_memory_estimate()
             + self.modules.byte_budget
             + self.modules.dwarf_budget
             + CAPTURE_ALLOWANCE
             + self.ring_growth()
+            + self.kernel_walk_memory()
+    }
+
+    /// What the in-kernel walk adds to the agent's memory: its rows table
+    /// (`modules.kernel_rows`, resident whole); one large binary's rows read or compiled and
+    /// waiting to be placed (one at a time in the agent, and a binary with more rows than half
+    /// the table is refused: at most half the table); its ring buffer (whose data pages the
+    /// kernel maps twice, both counted in RSS); and its working set
+    /// ([`KERNEL_WALK_ALLOWANCE`]). 0 when it is off.
+    pub fn kernel_walk_memory(&self) -> usize {
+        match self.kernel_walk {
+            KernelWalkSetting::Off => 0,
+            KernelWalkSetting::Auto | KernelWalkSetting::On => {
+                self.modules.kernel_rows
+                    + self.modules.kernel_rows / 2
+                    + 2 * KERNEL_WALK_RING_BYTES
+                    + KERNEL_WALK_ALLOWANCE
+            }
+        }
+    }
+
+    /// The rows of the in-kernel walk's table (`modules.kernel_rows` in rows of 16 bytes).
+    pub fn kernel_rows(&self) -> u32 {
+        u32::try_from(self.modules.kernel_rows / 16).unwrap_or(u32::MAX)
     }
 
     /// What the per-CPU ring buffers take beyond the allowance's (made for the default stack
@@ -476,7 +559,7 @@ impl AgentConfig {
         if self.modules.byte_budget < 2 * page_cache {
             return Err(ConfigError::Invalid(format!(
                 "modules.byte_budget = {} bytes is too small: {page_cache} bytes of it are the code \
-                 page cache; use at least {} (\"8MiB\"), 48MiB is the default",
+                 page cache; use at least {} (\"8MiB\"), 64MiB is the default",
                 self.modules.byte_budget,
                 2 * page_cache
             )));
@@ -485,8 +568,8 @@ impl AgentConfig {
         if estimate > self.memory_limit {
             return Err(ConfigError::Invalid(format!(
                 "cache.byte_budget, buffers.bytes and the modules budgets need up to {} bytes with \
-                 the sampler's working set, more than memory_limit = {} bytes; raise memory_limit \
-                 or lower them",
+                 the sampler's working set (and the in-kernel walk's, unless kernel_walk = \"off\"), \
+                 more than memory_limit = {} bytes; raise memory_limit or lower them",
                 estimate, self.memory_limit
             )));
         }

@@ -50,7 +50,7 @@ pub use config::{AgentConfig, ConfigError};
 pub use export::{ExportError, ExportOutcome, Exporter, RequestCounts, build_exporters};
 pub use pipeline::{Agent, AgentError};
 pub use process::ProcessInfo;
-pub use source::{PollStats, RawSample, SampleSource, SourceError};
+pub use source::{KernelWalkCounts, PollStats, RawSample, SampleSource, SourceError};
 pub use stacks::{CodeDetail, FrameDesc, StackRef, StackTable, StackView};
 pub use stats::{ExporterStats, Stats};
 pub use synthetic::{SyntheticConfig, SyntheticCounters, SyntheticSource};

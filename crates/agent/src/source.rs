@@ -38,6 +38,28 @@ pub struct RawSample<'a> {
 pub struct PollStats {
     /// Samples the kernel (or the source) lost before the agent saw them (e.g. `PERF_RECORD_LOST`).
     pub lost: u64,
+    /// The in-kernel stack walk's counts so far (None: the source has none, or the walk is off).
+    pub kernel_walk: Option<KernelWalkCounts>,
+}
+
+/// How the sampler's in-kernel stack walk went since the agent started (totals).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelWalkCounts {
+    /// Walks the BPF program made.
+    pub walks: u64,
+    /// Samples unwound with their walk's words.
+    pub unwound: u64,
+    /// Samples whose unwind needed more than their walk read, unwound again the usual way.
+    pub fell_back: u64,
+    /// Samples of tracked processes that found no walk.
+    pub no_walk: u64,
+    /// Walk chunks lost because the ring buffer was full.
+    pub lost_chunks: u64,
+    /// Rows in the shared table (16 bytes each, counted in `modules.byte_budget`).
+    pub rows_used: u64,
+    /// Binaries whose rows did not fit `modules.byte_budget` (their frames are unwound the usual
+    /// way).
+    pub binaries_refused: u64,
 }
 
 /// A failure of the capture side.

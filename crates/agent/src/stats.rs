@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::cache::CacheStats;
+use crate::source::KernelWalkCounts;
 
 /// Counters of one exporter.
 #[derive(Debug, Default)]
@@ -40,6 +41,8 @@ pub(crate) struct Counters {
     pub cache_rundown: AtomicU64,
     pub cache_entries: AtomicU64,
     pub cache_bytes: AtomicU64,
+    /// The sampler's in-kernel walk, when it runs.
+    pub kernel_walk: std::sync::Mutex<Option<KernelWalkCounts>>,
     pub exporters: Vec<ExporterCounters>,
 }
 
@@ -88,6 +91,8 @@ pub struct Stats {
     pub unresolved: u64,
     /// Stack cache counters.
     pub cache: CacheStats,
+    /// The sampler's in-kernel stack walk (None: off or unavailable).
+    pub kernel_walk: Option<KernelWalkCounts>,
     /// Per-exporter counters.
     pub exporters: Vec<ExporterStats>,
 }
@@ -134,6 +139,7 @@ impl Counters {
                 entries: self.cache_entries.load(Relaxed),
                 bytes: self.cache_bytes.load(Relaxed),
             },
+            kernel_walk: *self.kernel_walk.lock().unwrap_or_else(|e| e.into_inner()),
             exporters: self
                 .exporters
                 .iter()
@@ -169,6 +175,19 @@ impl Stats {
             self.cache.entries,
             self.cache.bytes
         );
+        if let Some(w) = &self.kernel_walk {
+            line.push_str(&format!(
+                " kernel_walk: walks={} unwound={} fell_back={} no_walk={} lost_chunks={} rows={} \
+                 binaries_refused={}",
+                w.walks,
+                w.unwound,
+                w.fell_back,
+                w.no_walk,
+                w.lost_chunks,
+                w.rows_used,
+                w.binaries_refused
+            ));
+        }
         for e in &self.exporters {
             line.push_str(&format!(
                 " {}: exported={} failed={} latency_ms={:.1}",

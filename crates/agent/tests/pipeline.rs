@@ -16,7 +16,7 @@ fn config(interval_ms: u64, cache_budget: usize, buffer_bytes: usize) -> AgentCo
         export_interval: Duration::from_millis(interval_ms),
         target_refresh: Duration::from_millis(200),
         // Room for the largest buffers these tests ask for.
-        memory_limit: 256 << 20,
+        memory_limit: 384 << 20,
         ..AgentConfig::default()
     };
     config.cache.byte_budget = cache_budget;

@@ -40,7 +40,8 @@ fn full_file_parses() {
         frequency_hz = 49
         export_interval = "500ms"
         export_timeout = 2
-        memory_limit = "128MiB"
+        memory_limit = "144MiB"
+        kernel_walk = "off"
         [targets]
         regex = ["^java$"]
         cgroups = ["/kubepods/pod1"]
@@ -69,6 +70,34 @@ fn full_file_parses() {
         "unset: the environment or the default decides"
     );
     assert_eq!(c.exporters.pprof.unwrap().max_bytes, 10 << 20);
+    assert_eq!(c.kernel_walk, KernelWalkSetting::Off);
+}
+
+#[test]
+fn the_kernel_walk_is_on_by_default_and_counted_in_the_memory_limit() {
+    let on = AgentConfig::default();
+    assert_eq!(on.kernel_walk, KernelWalkSetting::Auto);
+    assert!(on.memory_estimate() <= on.memory_limit);
+    let off = AgentConfig::from_toml("kernel_walk = \"off\"", Path::new("a.toml")).unwrap();
+    // Its rows table, a binary's rows waiting to be placed (at most half the table), its ring
+    // (mapped twice) and its working set.
+    assert_eq!(
+        on.memory_estimate() - off.memory_estimate(),
+        on.modules.kernel_rows * 3 / 2 + 2 * KERNEL_WALK_RING_BYTES + KERNEL_WALK_ALLOWANCE
+    );
+    assert_eq!(on.kernel_rows(), (64 << 20) / 16);
+    // A larger rows table needs a larger limit, or the walk off.
+    let text = "[modules]\nkernel_rows = \"128MiB\"\n";
+    let err = AgentConfig::from_toml(text, Path::new("a.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("raise memory_limit"), "{err}");
+    let off = format!("kernel_walk = \"off\"\n{text}");
+    AgentConfig::from_toml(&off, Path::new("a.toml")).unwrap();
+    let bad = AgentConfig::from_toml("kernel_walk = \"sometimes\"", Path::new("a.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("line 1") && bad.contains("`off`"), "{bad}");
 }
 
 #[test]

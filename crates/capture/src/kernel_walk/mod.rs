@@ -60,6 +60,9 @@ pub enum KernelWalkError {
 /// frames, about 0.5 ms of interrupt at 999 Hz sampling.
 pub const DEFAULT_MAX_FRAMES: u32 = 1536;
 
+/// Default [`KernelWalkOptions::ring_bytes`].
+pub const DEFAULT_RING_BYTES: u32 = 32 << 20;
+
 /// Sizes of the walk's maps.
 #[derive(Debug, Clone)]
 pub struct KernelWalkOptions {
@@ -78,6 +81,9 @@ pub struct KernelWalkOptions {
     /// The most the tables counted in `modules` may hold; rows that would pass it are not placed
     /// (that binary's frames end the walk, counted).
     pub module_limit: Option<usize>,
+    /// The process's memory is limited: large binaries' rows are read or compiled one at a
+    /// time, and none with more rows than half the table is (it is refused, counted).
+    pub bounded: bool,
 }
 
 impl Default for KernelWalkOptions {
@@ -85,10 +91,11 @@ impl Default for KernelWalkOptions {
         KernelWalkOptions {
             copy_bytes: 16 * 1024,
             rows: 4 << 20,
-            ring_bytes: 32 << 20,
+            ring_bytes: DEFAULT_RING_BYTES,
             max_frames: DEFAULT_MAX_FRAMES,
             modules: rootline_image::ModuleBudget::new(),
             module_limit: None,
+            bounded: false,
         }
     }
 }
@@ -176,7 +183,12 @@ impl KernelWalk {
             ring: take(&mut ebpf, "chunks")?.try_into().map_err(maps)?,
             counters: take(&mut ebpf, "counters")?.try_into().map_err(maps)?,
             ebpf,
-            rows: RowTable::new(mapped, opts.modules.clone(), opts.module_limit),
+            rows: RowTable::new(
+                mapped,
+                opts.modules.clone(),
+                opts.module_limit,
+                opts.bounded,
+            ),
             synced: HashMap::default(),
             join: Join::default(),
             stops: Default::default(),

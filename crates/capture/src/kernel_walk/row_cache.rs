@@ -47,33 +47,60 @@ fn file(dir: &Path, key: u64) -> PathBuf {
     dir.join(format!("{key:016x}.rows"))
 }
 
-/// The rows kept under `key`, if any (and well formed).
+/// How many rows are kept under `key`, if a file is there (not checked further).
+pub(super) fn count(dir: &Path, key: u64) -> Option<usize> {
+    let len = std::fs::metadata(file(dir, key)).ok()?.len();
+    let body = usize::try_from(len).ok()?.checked_sub(MAGIC.len())?;
+    Some(body / 16)
+}
+
+/// The rows kept under `key`, if any (and well formed). The file is read a little at a time:
+/// only the rows themselves are held.
 pub(super) fn load(dir: &Path, key: u64) -> Option<Vec<KernelRow>> {
-    let bytes = std::fs::read(file(dir, key)).ok()?;
-    let body = bytes.strip_prefix(MAGIC.as_slice())?;
-    if body.len() % 16 != 0 {
+    use std::io::Read;
+    let f = std::fs::File::open(file(dir, key)).ok()?;
+    let len = usize::try_from(f.metadata().ok()?.len()).ok()?;
+    let body = len.checked_sub(MAGIC.len())?;
+    if body % 16 != 0 {
         return None;
     }
-    body.chunks_exact(16)
-        .map(|r| {
-            let kind = match r[14] {
-                0 => RowKind::None,
-                1 => RowKind::Rsp,
-                2 => RowKind::Rbp,
-                3 => RowKind::Plt,
-                4 => RowKind::Root,
-                5 => RowKind::Stop,
-                _ => return None,
-            };
-            Some(KernelRow {
-                svma: u64::from_le_bytes(r[0..8].try_into().ok()?),
-                cfa_offset: i32::from_le_bytes(r[8..12].try_into().ok()?),
-                rbp_offset: i16::from_le_bytes(r[12..14].try_into().ok()?),
-                kind,
-                arg: r[15],
-            })
-        })
-        .collect()
+    let mut r = std::io::BufReader::with_capacity(64 << 10, f);
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic).ok()?;
+    if &magic != MAGIC {
+        return None;
+    }
+    let mut rows = Vec::with_capacity(body / 16);
+    let mut row = [0u8; 16];
+    for _ in 0..body / 16 {
+        r.read_exact(&mut row).ok()?;
+        rows.push(parse_row(&row)?);
+    }
+    // The file must end where its length said.
+    if r.read(&mut row).ok()? != 0 {
+        return None;
+    }
+    Some(rows)
+}
+
+/// One row as [`store`] writes it.
+fn parse_row(r: &[u8; 16]) -> Option<KernelRow> {
+    let kind = match r[14] {
+        0 => RowKind::None,
+        1 => RowKind::Rsp,
+        2 => RowKind::Rbp,
+        3 => RowKind::Plt,
+        4 => RowKind::Root,
+        5 => RowKind::Stop,
+        _ => return None,
+    };
+    Some(KernelRow {
+        svma: u64::from_le_bytes(r[0..8].try_into().ok()?),
+        cfa_offset: i32::from_le_bytes(r[8..12].try_into().ok()?),
+        rbp_offset: i16::from_le_bytes(r[12..14].try_into().ok()?),
+        kind,
+        arg: r[15],
+    })
 }
 
 /// Keeps `rows` under `key` (written aside, then renamed), and drops the oldest files past

@@ -3,6 +3,8 @@
 //! process using it goes). A binary's rows are compiled on a thread of their own (a compiler's
 //! largest library has millions), and placed once they are ready.
 
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use foldhash::HashMap;
@@ -15,18 +17,22 @@ use super::layout::Row;
 use super::row_cache;
 
 /// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
-/// when large).
+/// when large). None: more than `max_rows`, the table's largest free range (they could not be
+/// placed; kept rows that many are not even read).
 fn rows_of(
     sections: &UnwindSections,
-    cache: Option<&std::path::Path>,
-) -> Vec<rootline_unwind::kernel_rows::KernelRow> {
-    let large = sections.eh_frame_bytes().map_or(0, <[u8]>::len) > row_cache::MIN_ROWS * 2;
-    let cache = cache.filter(|_| large);
+    cache: Option<&Path>,
+    max_rows: usize,
+) -> Option<Vec<rootline_unwind::kernel_rows::KernelRow>> {
+    let cache = cache.filter(|_| is_large(sections));
     let key = cache.map(|_| row_cache::key(sections));
-    if let (Some(dir), Some(key)) = (cache, key)
-        && let Some(rows) = row_cache::load(dir, key)
-    {
-        return rows;
+    if let (Some(dir), Some(key)) = (cache, key) {
+        if row_cache::count(dir, key).is_some_and(|n| n > max_rows) {
+            return None;
+        }
+        if let Some(rows) = row_cache::load(dir, key) {
+            return Some(rows);
+        }
     }
     let rows = kernel_rows(sections);
     if let (Some(dir), Some(key)) = (cache, key)
@@ -34,7 +40,7 @@ fn rows_of(
     {
         row_cache::store(dir, key, &rows);
     }
-    rows
+    (rows.len() <= max_rows).then_some(rows)
 }
 
 /// A binary's rows in the table.
@@ -50,8 +56,9 @@ struct Entry {
     sections: Weak<UnwindSections>,
     /// None: being compiled, or compiled without room (or rows).
     placed: Option<Placed>,
-    /// The rows' memory, counted in the module budget while placed.
-    _charge: Option<TableCharge>,
+    /// The rows' memory, counted in the module budget while placed (held by one of the
+    /// entries that share a placement).
+    charge: Option<TableCharge>,
 }
 
 /// The shared rows table.
@@ -69,37 +76,93 @@ pub(super) struct RowTable {
     limit: Option<usize>,
     /// Binaries sent to the compiling thread, and what it sends back.
     compiling: foldhash::HashSet<usize>,
-    requests: std::sync::mpsc::Sender<(usize, Arc<UnwindSections>)>,
+    requests: std::sync::mpsc::Sender<(usize, Weak<UnwindSections>)>,
     compiled: std::sync::mpsc::Receiver<Compiled>,
+    /// The most rows a binary may have now, for the compiling thread (more are not read).
+    room: Arc<AtomicUsize>,
+    /// Whether the process's memory is limited (see [`RowTable::new`]).
+    bounded: bool,
 }
 
 /// A binary's rows, compiled.
 struct Compiled {
     key: usize,
     sections: Weak<UnwindSections>,
-    rows: Vec<rootline_unwind::kernel_rows::KernelRow>,
+    /// None: more than the table had room for, or the binary is gone.
+    rows: Option<Vec<rootline_unwind::kernel_rows::KernelRow>>,
+}
+
+/// Compiles (or reads) one binary's rows. Requests hold the sections weakly: a binary whose
+/// processes all exited while it waited is freed, not compiled (and not placed: its
+/// `Compiled` has no strong owner left).
+fn compile_one(
+    key: usize,
+    weak: Weak<UnwindSections>,
+    cache: Option<&Path>,
+    room: &AtomicUsize,
+) -> Compiled {
+    let rows = weak
+        .upgrade()
+        .and_then(|sections| rows_of(&sections, cache, room.load(Ordering::Relaxed)));
+    Compiled {
+        key,
+        sections: weak,
+        rows,
+    }
+}
+
+/// Whether `sections` are a large binary's (their rows are kept in the on-disk cache).
+fn is_large(sections: &UnwindSections) -> bool {
+    sections.eh_frame_bytes().map_or(0, <[u8]>::len) > row_cache::MIN_ROWS * 2
 }
 
 /// Compiles the rows of the binaries `requests` names, each on a thread of its own (a process
 /// maps its large libraries at once), reading them from the on-disk cache where it has them.
+/// `serial` (a memory limit applies): large binaries one at a time on one thread, so that at
+/// most one large binary's rows wait to be placed (small ones still go at once: a new process's
+/// own binary is not kept waiting behind a compiler's library).
 fn compile_rows(
-    requests: std::sync::mpsc::Receiver<(usize, Arc<UnwindSections>)>,
-    compiled: std::sync::mpsc::Sender<Compiled>,
+    requests: std::sync::mpsc::Receiver<(usize, Weak<UnwindSections>)>,
+    compiled: std::sync::mpsc::SyncSender<Compiled>,
+    serial: bool,
+    room: Arc<AtomicUsize>,
 ) {
     let cache = row_cache::dir();
-    for (key, sections) in requests {
+    let large = serial.then(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Weak<UnwindSections>)>();
         let compiled = compiled.clone();
         let cache = cache.clone();
+        let room = Arc::clone(&room);
         let spawned = std::thread::Builder::new()
             .name("rootline-rows".into())
             .spawn(move || {
-                let rows = rows_of(&sections, cache.as_deref());
-                let sections = Arc::downgrade(&sections);
-                let _ = compiled.send(Compiled {
-                    key,
-                    sections,
-                    rows,
-                });
+                for (key, sections) in rx {
+                    if compiled
+                        .send(compile_one(key, sections, cache.as_deref(), &room))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        spawned.ok().map(|_| tx)
+    });
+    for (key, sections) in requests {
+        if let Some(Some(large)) = &large
+            && sections.upgrade().is_some_and(|s| is_large(&s))
+        {
+            if large.send((key, sections)).is_err() {
+                return;
+            }
+            continue;
+        }
+        let compiled = compiled.clone();
+        let cache = cache.clone();
+        let room = Arc::clone(&room);
+        let spawned = std::thread::Builder::new()
+            .name("rootline-rows".into())
+            .spawn(move || {
+                let _ = compiled.send(compile_one(key, sections, cache.as_deref(), &room));
             });
         if spawned.is_err() {
             return;
@@ -161,15 +224,28 @@ impl Drop for MappedRows {
 
 impl RowTable {
     /// A table over `map`, all of it free; placed rows are counted in `budget`, and refused
-    /// when they would take the tables it counts past `limit`.
-    pub fn new(map: MappedRows, budget: ModuleBudget, limit: Option<usize>) -> RowTable {
+    /// when they would take the tables it counts past `limit`. `bounded` (the process's memory
+    /// is limited): large binaries' rows are read or compiled one at a time, each at most half
+    /// the table.
+    pub fn new(
+        map: MappedRows,
+        budget: ModuleBudget,
+        limit: Option<usize>,
+        bounded: bool,
+    ) -> RowTable {
         let len = u32::try_from(map.len).unwrap_or(u32::MAX);
+        let room = Arc::new(AtomicUsize::new(len as usize));
         let (requests, to_compile) = std::sync::mpsc::channel();
-        let (done, compiled) = std::sync::mpsc::channel();
+        // A rendezvous: compiled rows wait on their thread until they are placed.
+        let (done, compiled) = std::sync::mpsc::sync_channel(0);
         // Without the thread, no rows are ever placed: those binaries are walked by guesswork.
+        let serial = bounded;
         let _ = std::thread::Builder::new()
             .name("rootline-rows".into())
-            .spawn(move || compile_rows(to_compile, done));
+            .spawn({
+                let room = Arc::clone(&room);
+                move || compile_rows(to_compile, done, serial, room)
+            });
         RowTable {
             compiling: Default::default(),
             requests,
@@ -181,7 +257,22 @@ impl RowTable {
             refused: 0,
             budget,
             limit,
+            room,
+            bounded,
         }
+    }
+
+    /// Tells the compiling thread the most rows a binary may have now: the largest free range,
+    /// and under a memory limit no more than half the table (so that a binary's rows waiting
+    /// to be placed take at most that).
+    fn update_room(&self) {
+        let largest = self.free.iter().map(|&(_, len)| len).max().unwrap_or(0) as usize;
+        let cap = if self.bounded {
+            self.map.len / 2
+        } else {
+            self.map.len
+        };
+        self.room.store(largest.min(cap), Ordering::Relaxed);
     }
 
     /// Where the rows of `sections` are; None while they are being compiled (the first call
@@ -193,8 +284,20 @@ impl RowTable {
         {
             return e.placed;
         }
+        if let Some(placed) = self.same_rows(sections) {
+            // The same binary loaded again: its rows are already in the table.
+            let entry = Entry {
+                sections: Arc::downgrade(sections),
+                placed: Some(placed),
+                charge: None,
+            };
+            if let Some(old) = self.binaries.insert(key, entry) {
+                self.let_go(old);
+            }
+            return Some(placed);
+        }
         if self.compiling.insert(key) {
-            let _ = self.requests.send((key, Arc::clone(sections)));
+            let _ = self.requests.send((key, Arc::downgrade(sections)));
         }
         None
     }
@@ -206,7 +309,7 @@ impl RowTable {
         while let Ok(c) = self.compiled.try_recv() {
             self.compiling.remove(&c.key);
             if c.sections.strong_count() > 0 {
-                self.install(c.key, c.sections, &c.rows);
+                self.install(c.key, c.sections, c.rows.as_deref());
                 any = true;
             }
         }
@@ -221,7 +324,7 @@ impl RowTable {
                 Ok(c) => {
                     self.compiling.remove(&c.key);
                     if c.sections.strong_count() > 0 {
-                        self.install(c.key, c.sections, &c.rows);
+                        self.install(c.key, c.sections, c.rows.as_deref());
                     }
                 }
                 Err(_) => return,
@@ -233,13 +336,17 @@ impl RowTable {
         &mut self,
         key: usize,
         sections: Weak<UnwindSections>,
-        rows: &[rootline_unwind::kernel_rows::KernelRow],
+        rows: Option<&[rootline_unwind::kernel_rows::KernelRow]>,
     ) {
-        let bytes = rows.len() * std::mem::size_of::<Row>();
+        let rows_len = rows.map_or(0, <[_]>::len);
+        let bytes = rows_len * std::mem::size_of::<Row>();
         let fits = self.limit.is_none_or(|l| self.budget.fits(bytes, l));
-        let placed = if fits { self.store(rows) } else { None };
+        let placed = match rows {
+            Some(rows) if fits => self.store(rows),
+            _ => None,
+        };
         let charge = placed.map(|_| self.budget.charge(bytes));
-        if placed.is_none() && !rows.is_empty() {
+        if placed.is_none() && rows.is_none_or(|r| !r.is_empty()) {
             self.refused += 1;
         }
         if let Some(old) = self.binaries.insert(
@@ -247,11 +354,50 @@ impl RowTable {
             Entry {
                 sections,
                 placed,
-                _charge: charge,
+                charge,
             },
-        ) && let Some(p) = old.placed
-        {
-            self.release(p);
+        ) {
+            self.let_go(old);
+        }
+    }
+
+    /// The placement of a live binary whose CFI is the same as that of `sections` (the same
+    /// file loaded again while its earlier load is still held), if any.
+    fn same_rows(&self, sections: &UnwindSections) -> Option<Placed> {
+        let same = |other: &UnwindSections| {
+            other.eh_frame_bytes() == sections.eh_frame_bytes()
+                && other.debug_frame_bytes() == sections.debug_frame_bytes()
+                && format!("{:?}", other.cfi_bases(false))
+                    == format!("{:?}", sections.cfi_bases(false))
+                && format!("{:?}", other.cfi_bases(true))
+                    == format!("{:?}", sections.cfi_bases(true))
+        };
+        let len = |s: &UnwindSections| {
+            (
+                s.eh_frame_bytes().map(<[u8]>::len),
+                s.debug_frame_bytes().map(<[u8]>::len),
+            )
+        };
+        self.binaries.values().find_map(|e| {
+            let placed = e.placed?;
+            let other = e.sections.upgrade()?;
+            (len(&other) == len(sections) && same(&other)).then_some(placed)
+        })
+    }
+
+    /// Drops an entry: its rows are freed unless another entry shares them (which then holds
+    /// their charge).
+    fn let_go(&mut self, entry: Entry) {
+        let Some(p) = entry.placed else {
+            return;
+        };
+        match self.binaries.values_mut().find(|o| o.placed == Some(p)) {
+            Some(heir) => {
+                if heir.charge.is_none() {
+                    heir.charge = entry.charge;
+                }
+            }
+            None => self.release(p),
         }
     }
 
@@ -264,11 +410,8 @@ impl RowTable {
             .map(|(&k, _)| k)
             .collect();
         for k in dead {
-            if let Some(Entry {
-                placed: Some(p), ..
-            }) = self.binaries.remove(&k)
-            {
-                self.release(p);
+            if let Some(entry) = self.binaries.remove(&k) {
+                self.let_go(entry);
             }
         }
     }
@@ -293,6 +436,7 @@ impl RowTable {
             table[start as usize + i] = Row::new(r, base);
         }
         self.used += u64::from(count);
+        self.update_room();
         Some(Placed { start, count, base })
     }
 
@@ -309,5 +453,6 @@ impl RowTable {
             self.free[at - 1].1 += self.free[at].1;
             self.free.remove(at);
         }
+        self.update_room();
     }
 }

@@ -205,9 +205,16 @@ fn load_kernel_walk(
         copy_bytes: stack_bytes,
         modules: opts.modules.clone(),
         module_limit: opts.module_budget,
+        ring_bytes: opts.kernel_walk_ring_bytes,
+        bounded: opts.kernel_walk_rows.is_some() || opts.module_budget.is_some(),
         ..KernelWalkOptions::default()
     };
-    if let Some(limit) = opts.module_budget {
+    if let Some(rows) = opts.kernel_walk_rows {
+        // The caller counts the whole table: rows are placed while they fit it.
+        walk_opts.rows = rows;
+        walk_opts.modules = rootline_image::ModuleBudget::new();
+        walk_opts.module_limit = None;
+    } else if let Some(limit) = opts.module_budget {
         // The table is allocated whole at load: no larger than the budget it is counted in.
         walk_opts.rows = walk_opts
             .rows
@@ -223,10 +230,13 @@ fn load_kernel_walk(
     }
 }
 
+/// How the line that says the in-kernel walk could not run starts.
+const KERNEL_WALK_NOTE: &str = "in-kernel stack walk off";
+
 /// The one line that says the in-kernel walk is off, and how to get it.
 fn kernel_walk_note(e: &crate::kernel_walk::KernelWalkError) -> String {
     format!(
-        "in-kernel stack walk off: {e}; deep stacks past the stack copy need live reads with a \
+        "{KERNEL_WALK_NOTE}: {e}; deep stacks past the stack copy need live reads with a \
          proof (run as root or with CAP_BPF and CAP_PERFMON on Linux 5.17 or later)"
     )
 }
@@ -431,6 +441,18 @@ pub fn record(
     extra.insert("user_callchain".into(), cfg.user_callchain.to_string());
     if let Some(min_ns) = opts.off_cpu_min_ns {
         extra.insert("off_cpu.min_ns".into(), min_ns.to_string());
+    }
+    let walk_state = match (&kernel_walk, opts.kernel_walk) {
+        (Some(_), _) => "on",
+        (None, KernelWalkMode::Off) => "off",
+        (None, _) => "unavailable",
+    };
+    extra.insert("kernel_walk".into(), walk_state.into());
+    if let Some(note) = attach_notes_early
+        .iter()
+        .rfind(|n| n.starts_with(KERNEL_WALK_NOTE))
+    {
+        extra.insert("kernel_walk.note".into(), note.clone());
     }
     alloc.describe(extra);
     let alloc_source = alloc.take_source();
@@ -842,6 +864,21 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
             .insert("callchain.capped".into(), cc.capped.to_string());
     }
     alloc::describe_stats(&stats.alloc, &mut m.extra);
+    if let Some(kw) = &stats.kernel_walk {
+        let w = &kw.walk;
+        for (key, n) in [
+            ("kernel_walk.walks", w.walks),
+            ("kernel_walk.frames", w.frames),
+            ("kernel_walk.lost_chunks", w.lost_chunks),
+            ("kernel_walk.unwound", kw.unwound),
+            ("kernel_walk.fell_back", kw.fell_back),
+            ("kernel_walk.no_walk", kw.no_walk),
+            ("kernel_walk.rows_used", w.rows_used),
+            ("kernel_walk.binaries_refused", w.binaries_refused),
+        ] {
+            m.extra.insert(key.into(), n.to_string());
+        }
+    }
     let off = &stats.off_cpu;
     if off.switches > 0 {
         for (key, n) in [

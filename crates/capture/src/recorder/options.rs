@@ -86,6 +86,16 @@ pub struct RecordOptions {
     /// Whether the user stack is also walked in the kernel at each sample
     /// ([`crate::kernel_walk`]).
     pub kernel_walk: KernelWalkMode,
+    /// Bytes of the in-kernel walk's ring buffer (a power of two; in this process's memory once
+    /// read). A recording drained every few milliseconds (the agent) needs a few MiB.
+    pub kernel_walk_ring_bytes: u32,
+    /// Rows (16 bytes each) of the in-kernel walk's rules table. The kernel allocates the table
+    /// whole and this process maps it whole, so it is resident from the start. Some: a table of
+    /// that many rows, counted by the caller (binaries' rows are placed while they fit it, and
+    /// not counted in [`RecordOptions::modules`]; a binary with more rows than half the table
+    /// is refused, so that one waiting to be placed takes at most that). None: up to 4 Mi rows,
+    /// no larger than [`RecordOptions::module_budget`], placed rows counted in `modules`.
+    pub kernel_walk_rows: Option<u32>,
     /// Also record where memory is allocated (malloc, calloc, realloc, the aligned variants and
     /// large anonymous mmaps), sampled by bytes at a mean of this many bytes between samples
     /// (value columns `alloc-bytes` and `alloc-count`, estimates of every allocation). A command
@@ -156,6 +166,8 @@ impl RecordOptions {
             launch_env: Vec::new(),
             off_cpu_min_ns: None,
             kernel_walk: KernelWalkMode::Auto,
+            kernel_walk_ring_bytes: crate::kernel_walk::DEFAULT_RING_BYTES,
+            kernel_walk_rows: None,
             extra_columns: Vec::new(),
             launched_pid: None,
             injector: None,

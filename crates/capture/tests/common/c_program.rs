@@ -1,20 +1,17 @@
-//! Builds one of the C programs in `tests/c` for tests that record it (included by path).
+//! Builds one of the C programs in capture's `tests/c` for tests that record it (included by
+//! path, by capture's tests and the agent's).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Compiles `tests/c/SOURCE` with `flags`, `-g` and pthreads into the test target directory as
+/// Compiles capture's `tests/c/SOURCE` with `flags`, `-g` and pthreads into the test target directory as
 /// `name`, and returns its path.
 pub fn build_c(source: &str, name: &str, flags: &[&str]) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let status = Command::new("cc")
         .args(flags)
         .arg("-g")
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/c")
-                .join(source),
-        )
+        .arg(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../capture/tests/c")).join(source))
         .arg("-lpthread")
         .arg("-o")
         .arg(&out)
