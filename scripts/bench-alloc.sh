@@ -8,7 +8,8 @@
 # Both its wall-clock time and its thread's CPU time are shown: on a busy machine the recorder's
 # reader competes for the CPU, which the wall-clock time shows and the CPU time does not.
 # Usage: scripts/bench-alloc.sh [N] [ROOTLINE]   (default N=20000000, ROOTLINE=target/release/rootline;
-# RUNS=5, WORKLOAD=small|large, ALLOC_RATE=bytes passes --alloc-rate)
+# RUNS=5, WORKLOAD=small|large, ALLOC_RATE=bytes passes --alloc-rate, MODES="bare cpu_only launched by_pid"
+# picks the runs; bare must be among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20000000}
@@ -94,8 +95,11 @@ by_pid() {
 }
 
 declare -A walls cpus
-for mode in bare cpu_only launched by_pid; do
-    for _ in $(seq "$runs"); do
+# Runs interleave the modes, so a drift in the machine's speed (a virtual machine's neighbours)
+# weighs on every mode alike.
+modes=(${MODES:-bare cpu_only launched by_pid})
+for _ in $(seq "$runs"); do
+    for mode in "${modes[@]}"; do
         read -r wall cpu < <($mode)
         walls[$mode]+="$wall "
         cpus[$mode]+="$cpu "
@@ -106,7 +110,7 @@ base_wall=$(med "${walls[bare]}")
 base_cpu=$(med "${cpus[bare]}")
 echo "$n malloc/free pairs ($workload); median of $runs runs; the loop's wall-clock time and its thread's CPU time"
 printf '%-34s %9s %7s %9s %7s\n' "run" "wall s" "ratio" "cpu s" "ratio"
-for mode in bare cpu_only launched by_pid; do
+for mode in "${modes[@]}"; do
     case $mode in
         bare) label="bare";;
         cpu_only) label="record (CPU only)";;
