@@ -1,7 +1,9 @@
 //! What the prologue simulation and the epilogue scan share: the frame state they compute and
 //! the instruction predicates they test.
 
-use iced_x86::{Instruction, Mnemonic, OpKind, Register};
+use iced_x86::{
+    Decoder, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
+};
 
 use super::{NoCfiRule, OsrSlot};
 
@@ -127,4 +129,41 @@ pub(super) fn op0_is_rsp(i: &Instruction) -> bool {
 
 pub(super) fn op0_is_rbp(i: &Instruction) -> bool {
     i.op_count() > 0 && i.op_kind(0) == OpKind::Register && is_rbp(i.op0_register())
+}
+
+/// Whether `instr` writes `reg` (any part of it).
+pub(super) fn writes(
+    instr: &Instruction,
+    info: &mut InstructionInfoFactory,
+    reg: Register,
+) -> bool {
+    info.info(instr).used_registers().iter().any(|u| {
+        u.register().full_register() == reg
+            && !matches!(
+                u.access(),
+                OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess
+            )
+    })
+}
+
+/// The target of `instr` when it is a direct jump within the `code_len` bytes decoded (the
+/// scans follow those; any other jump leaves the function).
+pub(super) fn jump_within(instr: &Instruction, code_len: usize) -> Option<u64> {
+    (instr.flow_control() == FlowControl::UnconditionalBranch
+        && instr.op0_kind() == OpKind::NearBranch64
+        && usize::try_from(instr.near_branch_target()).is_ok_and(|t| t < code_len))
+    .then(|| instr.near_branch_target())
+}
+
+/// Moves `decoder` to `target` (an offset in its code, which starts at address 0); false when
+/// it cannot.
+pub(super) fn jump_to(decoder: &mut Decoder<'_>, target: u64) -> bool {
+    let Ok(position) = usize::try_from(target) else {
+        return false;
+    };
+    if decoder.set_position(position).is_err() {
+        return false;
+    }
+    decoder.set_ip(target);
+    true
 }

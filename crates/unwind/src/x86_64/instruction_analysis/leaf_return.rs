@@ -29,7 +29,7 @@ use iced_x86::{
 };
 
 use super::NoCfiRule;
-use super::decode::{is_sp, op0_is_rsp};
+use super::decode::{is_sp, jump_to, jump_within, op0_is_rsp, writes};
 
 /// Instructions decoded over all paths at most.
 const MAX_INSTRUCTIONS: usize = 512;
@@ -208,16 +208,10 @@ fn follow(
                     None => End::Unknown,
                 };
             }
-            FlowControl::UnconditionalBranch
-                if instr.op0_kind() == OpKind::NearBranch64
-                    && usize::try_from(instr.near_branch_target())
-                        .is_ok_and(|t| t < code.len()) =>
-            {
-                let target = instr.near_branch_target();
-                if decoder.set_position(target as usize).is_err() {
+            FlowControl::UnconditionalBranch if jump_within(&instr, code.len()).is_some() => {
+                if !jump_within(&instr, code.len()).is_some_and(|t| jump_to(&mut decoder, t)) {
                     return End::Unknown;
                 }
-                decoder.set_ip(target);
                 continue;
             }
             // A tail call (out of the function, or through a register): the callee returns to
@@ -364,17 +358,6 @@ fn execute(m: &mut Machine, instr: &Instruction, info: &mut InstructionInfoFacto
         }
     }
     true
-}
-
-/// Whether `instr` writes `reg` (any part of it).
-fn writes(instr: &Instruction, info: &mut InstructionInfoFactory, reg: Register) -> bool {
-    info.info(instr).used_registers().iter().any(|u| {
-        u.register().full_register() == reg
-            && !matches!(
-                u.access(),
-                OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess
-            )
-    })
 }
 
 /// The DWARF number of a 64-bit general-purpose register.

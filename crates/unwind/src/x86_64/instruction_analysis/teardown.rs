@@ -25,11 +25,11 @@
 use std::collections::BTreeSet;
 
 use iced_x86::{
-    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
-    OpKind, Register,
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpKind,
+    Register,
 };
 
-use super::decode::{is_sp, op0_is_rsp};
+use super::decode::{is_sp, jump_to, jump_within, op0_is_rsp, writes};
 
 /// Instructions decoded over all paths at most.
 const MAX_INSTRUCTIONS: usize = 1024;
@@ -163,15 +163,13 @@ impl Scan<'_> {
                     };
                 }
                 FlowControl::UnconditionalBranch
-                    if instr.op0_kind() == OpKind::NearBranch64
-                        && usize::try_from(instr.near_branch_target())
-                            .is_ok_and(|t| t < self.code.len()) =>
+                    if jump_within(&instr, self.code.len()).is_some() =>
                 {
-                    let target = instr.near_branch_target();
-                    if decoder.set_position(target as usize).is_err() {
+                    if !jump_within(&instr, self.code.len())
+                        .is_some_and(|t| jump_to(&mut decoder, t))
+                    {
                         return PathEnd::Unknown;
                     }
-                    decoder.set_ip(target);
                     continue;
                 }
                 // A tail call: the callee returns to the address at `[rsp]`.
@@ -325,17 +323,6 @@ fn popped_step(
         return None;
     }
     Some(p)
-}
-
-/// Whether `instr` writes `reg` (any part of it).
-fn writes(instr: &Instruction, info: &mut InstructionInfoFactory, reg: Register) -> bool {
-    info.info(instr).used_registers().iter().any(|u| {
-        u.register().full_register() == reg
-            && !matches!(
-                u.access(),
-                OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess
-            )
-    })
 }
 
 /// `mov rsp, rbp`.
