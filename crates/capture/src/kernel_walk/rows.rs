@@ -111,6 +111,30 @@ fn compile_one(
     }
 }
 
+/// Compiles the binaries `jobs` yields, one after the other on a thread of its own, sending
+/// each one's rows when done; false when the thread could not start.
+fn spawn_compiler(
+    jobs: impl IntoIterator<Item = (usize, Weak<UnwindSections>)> + Send + 'static,
+    compiled: &std::sync::mpsc::SyncSender<Compiled>,
+    cache: &Option<std::path::PathBuf>,
+    room: &Arc<AtomicUsize>,
+) -> bool {
+    let (compiled, cache, room) = (compiled.clone(), cache.clone(), Arc::clone(room));
+    std::thread::Builder::new()
+        .name("rootline-rows".into())
+        .spawn(move || {
+            for (key, sections) in jobs {
+                if compiled
+                    .send(compile_one(key, sections, cache.as_deref(), &room))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+        .is_ok()
+}
+
 /// Whether `sections` are a large binary's (their rows are kept in the on-disk cache).
 fn is_large(sections: &UnwindSections) -> bool {
     sections.eh_frame_bytes().map_or(0, <[u8]>::len) > row_cache::MIN_ROWS * 2
@@ -130,22 +154,7 @@ fn compile_rows(
     let cache = row_cache::dir();
     let large = serial.then(|| {
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Weak<UnwindSections>)>();
-        let compiled = compiled.clone();
-        let cache = cache.clone();
-        let room = Arc::clone(&room);
-        let spawned = std::thread::Builder::new()
-            .name("rootline-rows".into())
-            .spawn(move || {
-                for (key, sections) in rx {
-                    if compiled
-                        .send(compile_one(key, sections, cache.as_deref(), &room))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        spawned.ok().map(|_| tx)
+        spawn_compiler(rx, &compiled, &cache, &room).then_some(tx)
     });
     for (key, sections) in requests {
         if let Some(Some(large)) = &large
@@ -156,15 +165,7 @@ fn compile_rows(
             }
             continue;
         }
-        let compiled = compiled.clone();
-        let cache = cache.clone();
-        let room = Arc::clone(&room);
-        let spawned = std::thread::Builder::new()
-            .name("rootline-rows".into())
-            .spawn(move || {
-                let _ = compiled.send(compile_one(key, sections, cache.as_deref(), &room));
-            });
-        if spawned.is_err() {
+        if !spawn_compiler(std::iter::once((key, sections)), &compiled, &cache, &room) {
             return;
         }
     }
