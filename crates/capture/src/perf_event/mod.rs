@@ -211,6 +211,56 @@ fn paranoid() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// The ring `fd`'s event writes to: a ring of its own of `ring_pages` pages, or with `output`
+/// that event's (linked by `PERF_EVENT_IOC_SET_OUTPUT`, and then None).
+fn ring_or_output(
+    fd: &OwnedFd,
+    output: Option<&PerfEvent>,
+    ring_pages: usize,
+) -> Result<Option<Ring>, OpenError> {
+    let Some(out) = output else {
+        return Ring::new(fd, ring_pages)
+            .map(Some)
+            .map_err(OpenError::Other);
+    };
+    // SAFETY: both descriptors are live perf events; SET_OUTPUT only links the new event's
+    // output to the other's ring.
+    let rc = unsafe { sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), out.fd.as_raw_fd()) };
+    if rc < 0 {
+        return Err(OpenError::Other(io::Error::last_os_error()));
+    }
+    Ok(None)
+}
+
+/// Turns off the side-band records (mappings, names, forks and exits) of an event beside the
+/// sampling event, which writes them for the same threads.
+fn without_side_band(a: &mut b::perf_event_attr) {
+    a.set_mmap(0);
+    a.set_mmap2(0);
+    a.set_comm(0);
+    a.set_comm_exec(0);
+    a.set_task(0);
+}
+
+/// The error of a failed open of an event on `target`: the thread gone, no permission, or
+/// `other` (given the error).
+fn open_error(
+    e: io::Error,
+    target: EventTarget,
+    other: impl FnOnce(io::Error) -> OpenError,
+) -> OpenError {
+    match e.raw_os_error() {
+        Some(libc::ESRCH) => match target {
+            EventTarget::Thread { tid, .. } => OpenError::NoSuchThread(tid),
+            EventTarget::Cpu(_) => OpenError::Other(e),
+        },
+        Some(libc::EACCES | libc::EPERM) => OpenError::Permission {
+            paranoid: paranoid(),
+        },
+        _ => other(e),
+    }
+}
+
 fn open_raw(attr: &mut b::perf_event_attr, target: EventTarget) -> io::Result<OwnedFd> {
     let (pid, cpu) = match target {
         EventTarget::Thread { tid, cpu, .. } => (tid as i32, cpu as i32),
@@ -260,20 +310,7 @@ impl PerfEvent {
                 let mut a = attr(kind, cfg, target, exclude_kernel);
                 match open_raw(&mut a, target) {
                     Ok(fd) => {
-                        let ring = match output {
-                            Some(out) => {
-                                // SAFETY: both descriptors are live perf events; SET_OUTPUT only
-                                // links the new event's output to the other's ring.
-                                let rc = unsafe {
-                                    sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), out.fd.as_raw_fd())
-                                };
-                                if rc < 0 {
-                                    return Err(OpenError::Other(io::Error::last_os_error()));
-                                }
-                                None
-                            }
-                            None => Some(Ring::new(&fd, cfg.ring_pages).map_err(OpenError::Other)?),
-                        };
+                        let ring = ring_or_output(&fd, output, cfg.ring_pages)?;
                         return Ok(PerfEvent {
                             fd,
                             ring,

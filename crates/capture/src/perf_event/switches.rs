@@ -9,14 +9,15 @@
 //! fires at the same point but says nothing of the state (the switch records still tell a
 //! preempted thread from one that left of its own accord).
 
-use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
 
 use perf_event_open_sys as sys;
 use sys::bindings as b;
 
-use super::{EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Ring, attr, open_raw};
+use super::{
+    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, attr, open_error, open_raw,
+    ring_or_output, without_side_band,
+};
 
 /// Switch-out samples that fit below a context-switch ring's wake-up watermark.
 const SWITCHES_PER_WAKEUP: usize = 16;
@@ -219,33 +220,9 @@ impl PerfEvent {
         let few = SWITCHES_PER_WAKEUP * (cfg.stack_bytes as usize + 512);
         let half = cfg.ring_pages * super::page_size() / 2;
         a.__bindgen_anon_2.wakeup_watermark = half.min(few) as u32;
-        a.set_mmap(0);
-        a.set_mmap2(0);
-        a.set_comm(0);
-        a.set_comm_exec(0);
-        a.set_task(0);
-        let fd = open_raw(&mut a, target).map_err(|e| match e.raw_os_error() {
-            Some(libc::ESRCH) => match target {
-                EventTarget::Thread { tid, .. } => OpenError::NoSuchThread(tid),
-                EventTarget::Cpu(_) => OpenError::Other(e),
-            },
-            Some(libc::EACCES | libc::EPERM) => OpenError::Permission {
-                paranoid: super::paranoid(),
-            },
-            _ => OpenError::Other(e),
-        })?;
-        let ring = match output {
-            Some(out) => {
-                // SAFETY: both descriptors are live perf events; SET_OUTPUT only links the new
-                // event's output to the other's ring.
-                let rc = unsafe { sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), out.fd.as_raw_fd()) };
-                if rc < 0 {
-                    return Err(OpenError::Other(io::Error::last_os_error()));
-                }
-                None
-            }
-            None => Some(Ring::new(&fd, cfg.ring_pages).map_err(OpenError::Other)?),
-        };
+        without_side_band(&mut a);
+        let fd = open_raw(&mut a, target).map_err(|e| open_error(e, target, OpenError::Other))?;
+        let ring = ring_or_output(&fd, output, cfg.ring_pages)?;
         Ok(PerfEvent {
             fd,
             ring,
@@ -267,11 +244,7 @@ impl PerfEvent {
         a.type_ = b::PERF_TYPE_SOFTWARE;
         a.config = b::PERF_COUNT_SW_DUMMY as u64;
         a.__bindgen_anon_1.sample_period = 0;
-        a.set_mmap(0);
-        a.set_mmap2(0);
-        a.set_comm(0);
-        a.set_comm_exec(0);
-        a.set_task(0);
+        without_side_band(&mut a);
         a.set_context_switch(1);
         let fd = open_raw(&mut a, target).map_err(|e| match e.raw_os_error() {
             Some(libc::ESRCH) => match target {
@@ -280,12 +253,7 @@ impl PerfEvent {
             },
             _ => OpenError::Other(e),
         })?;
-        // SAFETY: both descriptors are live perf events; SET_OUTPUT only links the new event's
-        // output to the other's ring.
-        let rc = unsafe { sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), output.fd.as_raw_fd()) };
-        if rc < 0 {
-            return Err(OpenError::Other(io::Error::last_os_error()));
-        }
+        ring_or_output(&fd, Some(output), cfg.ring_pages)?;
         Ok(PerfEvent {
             fd,
             ring: None,

@@ -4,13 +4,14 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use perf_event_open_sys as sys;
-
-use super::{EventConfig, EventKind, EventTarget, OpenError, PerfEvent, Ring, attr, open_raw};
+use super::{
+    EventConfig, EventKind, EventTarget, OpenError, PerfEvent, attr, open_error, open_raw,
+    ring_or_output, without_side_band,
+};
 
 /// Where a uprobe sits: an instruction at `offset` bytes into the file `path`.
 #[derive(Debug, Clone)]
@@ -54,37 +55,17 @@ impl PerfEvent {
         a.__bindgen_anon_4.config2 = site.offset;
         a.__bindgen_anon_1.sample_period = 1;
         a.set_freq(0);
-        a.set_mmap(0);
-        a.set_mmap2(0);
-        a.set_comm(0);
-        a.set_comm_exec(0);
-        a.set_task(0);
-        let fd = open_raw(&mut a, target).map_err(|e| match e.raw_os_error() {
-            Some(libc::ESRCH) => match target {
-                EventTarget::Thread { tid, .. } => OpenError::NoSuchThread(tid),
-                EventTarget::Cpu(_) => OpenError::Other(e),
-            },
-            Some(libc::EACCES | libc::EPERM) => OpenError::Permission {
-                paranoid: super::paranoid(),
-            },
-            _ => OpenError::Other(io::Error::new(
-                e.kind(),
-                format!("uprobe at {}+0x{:x}: {e}", site.path.display(), site.offset),
-            )),
+        without_side_band(&mut a);
+        let fd = open_raw(&mut a, target).map_err(|e| {
+            open_error(e, target, |e| {
+                OpenError::Other(io::Error::new(
+                    e.kind(),
+                    format!("uprobe at {}+0x{:x}: {e}", site.path.display(), site.offset),
+                ))
+            })
         })?;
         drop(path);
-        let ring = match output {
-            Some(out) => {
-                // SAFETY: both descriptors are live perf events; SET_OUTPUT only links the new
-                // event's output to the other's ring.
-                let rc = unsafe { sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), out.fd.as_raw_fd()) };
-                if rc < 0 {
-                    return Err(OpenError::Other(io::Error::last_os_error()));
-                }
-                None
-            }
-            None => Some(Ring::new(&fd, cfg.ring_pages).map_err(OpenError::Other)?),
-        };
+        let ring = ring_or_output(&fd, output, cfg.ring_pages)?;
         Ok(PerfEvent {
             fd,
             ring,
