@@ -45,6 +45,7 @@ enum row_kind {
 	ROW_ROOT = 4, // the return address is undefined: the thread's outermost frame
 	ROW_STOP = 5, // a rule the walk does not evaluate (other registers, signal frames)
 	ROW_FP = 6, // frame-pointer frame: CFA = rbp + 16, rbp saved at CFA-16
+	ROW_PENDING = 7, // (mappings only) rows being prepared: the walk ends and sends the stack
 };
 
 // One row, for addresses from `pc` (relative to its mapping's `base`) to the next row.
@@ -65,7 +66,8 @@ struct mapping {
 	__u64 base; // link-time address rows are relative to
 	__u32 row_start; // first row in `rows`
 	__u32 row_count;
-	__u32 kind; // ROW_NONE (no table), ROW_FP (frame pointers throughout) or ROW_RSP (table)
+	__u32 kind; // ROW_NONE (no table), ROW_FP (frame pointers throughout), ROW_RSP (table) or
+		    // ROW_PENDING (its binary is still being read)
 	__u32 pad;
 };
 
@@ -78,6 +80,8 @@ struct proc {
 struct config {
 	__u32 copy_bytes; // the user stack bytes each sample copies
 	__u32 max_frames; // frames walked per sample at most (the interrupt's time is bounded)
+	__u32 dump_bytes; // stack bytes sent from a frame in a ROW_PENDING mapping (0: none)
+	__u32 pad;
 };
 
 // Why a walk ended.
@@ -90,6 +94,7 @@ enum stop {
 	STOP_NOT_OUTWARD = 6,
 	STOP_LIMIT = 7,
 	STOP_LOST = 8,
+	STOP_PENDING = 9,
 };
 
 struct chunk_header {
@@ -104,7 +109,7 @@ struct chunk_header {
 	__u8 last; // the walk's last chunk
 	__u8 stop; // with `last`: enum stop
 	__u32 frames; // with `last`: frames walked
-	__u32 pad;
+	__u32 span; // 1: `words` are values of consecutive stack words from `end_sp` (a dump)
 	__u64 end_ip; // with `last`: the address the walk stopped at
 	__u64 end_sp; // with `last`: the stack pointer there
 };
@@ -174,6 +179,8 @@ struct walk {
 	__u32 seq;
 	__u8 stop;
 	__u8 leaf;
+	__u64 dump_at; // the next stack address a dump sends
+	__u64 dump_end;
 	// The mapping and row of the last lookup (recursion repeats them).
 	__u8 have_mapping;
 	__u8 have_row;
@@ -195,6 +202,7 @@ static __always_inline int flush(struct walk *w, struct chunk *c, __u8 last)
 	c->h.frames = w->frames;
 	c->h.end_ip = w->ip;
 	c->h.end_sp = w->sp;
+	c->h.span = 0;
 	__u64 size = sizeof(struct chunk_header) + (__u64)w->words * 16;
 	if (size > sizeof(struct chunk))
 		size = sizeof(struct chunk);
@@ -400,6 +408,10 @@ __attribute__((noinline)) int step_frame(struct walk *w)
 		w->stop = STOP_UNMAPPED;
 		return 1;
 	}
+	if (w->map.kind == ROW_PENDING) {
+		w->stop = STOP_PENDING;
+		return 1;
+	}
 	if (!find_row(w, lookup)) {
 		w->stop = STOP_NO_RULE;
 		return 1;
@@ -472,6 +484,48 @@ static long step(__u32 i, void *ctx)
 	return step_frame(ctx) ? 1 : 0;
 }
 
+// Sends the stack from `dump_at` up to the next page boundary (or `dump_end`) as one span
+// chunk; nonzero when the dump ends (its end, an unreadable page: the top of the stack, or a
+// full ring).
+__attribute__((noinline)) int dump_page(struct walk *w)
+{
+	if (!w)
+		return 1;
+	__u64 at = w->dump_at;
+	if (at >= w->dump_end)
+		return 1;
+	struct chunk *c = bpf_map_lookup_elem(&scratch, &zero);
+	if (!c)
+		return 1;
+	__u64 next = (at | 4095) + 1;
+	if (next > w->dump_end)
+		next = w->dump_end;
+	__u64 len = next - at;
+	if (len == 0 || len > 4096)
+		return 1;
+	if (bpf_probe_read_user(c->words, len, (void *)at) != 0)
+		return 1;
+	c->h.seq = w->seq++;
+	c->h.words = len / 8;
+	c->h.last = 0;
+	c->h.span = 1;
+	c->h.end_sp = at;
+	if (bpf_ringbuf_output(&chunks, c, sizeof(struct chunk_header) + len, 0) != 0) {
+		struct stats *s = bpf_map_lookup_elem(&counters, &zero);
+		if (s)
+			s->lost_chunks++;
+		w->stop = STOP_LOST;
+		return 1;
+	}
+	w->dump_at = next;
+	return 0;
+}
+
+static long dump_step(__u32 i, void *ctx)
+{
+	return dump_page(ctx) ? 1 : 0;
+}
+
 SEC("perf_event")
 int walk_user_stack(struct bpf_perf_event_data *ctx)
 {
@@ -511,6 +565,23 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	c = bpf_map_lookup_elem(&scratch, &zero);
 	if (!c)
 		return 1;
+	__u32 dump = cfg->dump_bytes;
+	if (w.stop == STOP_PENDING && dump != 0 && dump <= (64 << 20) &&
+	    bpf_ringbuf_query(&chunks, BPF_RB_AVAIL_DATA) + dump <=
+		    bpf_ringbuf_query(&chunks, BPF_RB_RING_SIZE) / 4) {
+		// The frame's binary has no rows yet (it was mapped a moment ago): send its stack as
+		// it is, for user space to unwind once it has read the binary. Only while the ring
+		// is mostly empty: the other walks keep their room, and the dumps' rate is the
+		// reader's.
+		if (w.words != 0 && flush(&w, c, 0) != 0)
+			return 1;
+		w.dump_at = (w.sp > w.copy_end ? w.sp : w.copy_end) & ~7ULL;
+		w.dump_end = w.dump_at + dump;
+		bpf_loop(dump / 4096 + 2, dump_step, &w, 0);
+		c = bpf_map_lookup_elem(&scratch, &zero);
+		if (!c)
+			return 1;
+	}
 	s->chunks += w.seq + 1;
 	flush(&w, c, 1);
 	(void)n;

@@ -391,7 +391,7 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             err,
             "rootline: in-kernel stack walk: {} walks, {} frames; {} samples unwound with it, {} \
              needed more and were unwound the usual way, {} found no walk; walks ended: {}; {} \
-             chunks lost (ring full), {} walks broken; {} rows in the table{}",
+             chunks lost (ring full), {} walks broken; {} rows in the table{}{}",
             w.walks,
             w.frames,
             kw.unwound,
@@ -407,6 +407,14 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             w.rows_used,
             if w.binaries_refused > 0 {
                 format!(", {} binaries did not fit", w.binaries_refused)
+            } else {
+                String::new()
+            },
+            if kw.dumps_dropped > 0 {
+                format!(
+                    ", {} stack dumps dropped (memory bound) while their binaries were read",
+                    kw.dumps_dropped
+                )
             } else {
                 String::new()
             }

@@ -29,6 +29,9 @@ pub enum WalkStop {
     Limit,
     /// The ring buffer was full: chunks were lost.
     Lost,
+    /// A frame in a binary still being read: the stack above it was sent whole (up to a
+    /// bound) instead.
+    Pending,
     /// A value the program does not send.
     Other(u8),
 }
@@ -44,6 +47,7 @@ impl WalkStop {
             6 => WalkStop::NotOutward,
             7 => WalkStop::Limit,
             8 => WalkStop::Lost,
+            9 => WalkStop::Pending,
             c => WalkStop::Other(c),
         }
     }
@@ -59,6 +63,7 @@ impl WalkStop {
             WalkStop::NotOutward => "not-outward",
             WalkStop::Limit => "frame-limit",
             WalkStop::Lost => "ring-full",
+            WalkStop::Pending => "binary-pending",
             WalkStop::Other(_) => "other",
         }
     }
@@ -73,6 +78,9 @@ pub struct KernelStack {
     bp: u64,
     /// `(address, value)`, sorted by address.
     words: Vec<(u64, u64)>,
+    /// Stack dumps (a walk that reached a binary still being read): consecutive words from
+    /// each address.
+    spans: Vec<(u64, Vec<u64>)>,
     /// Frames the kernel walked.
     pub frames: u32,
     /// Why the walk ended.
@@ -84,20 +92,37 @@ pub struct KernelStack {
 impl KernelStack {
     /// The word at `addr`, if the walk read it.
     pub fn word(&self, addr: u64) -> Option<u64> {
-        self.words
-            .binary_search_by_key(&addr, |w| w.0)
-            .ok()
-            .map(|i| self.words[i].1)
+        if let Ok(i) = self.words.binary_search_by_key(&addr, |w| w.0) {
+            return Some(self.words[i].1);
+        }
+        self.spans.iter().find_map(|(start, values)| {
+            let at = addr.checked_sub(*start)?;
+            (at % 8 == 0).then(|| values.get(usize::try_from(at / 8).ok()?).copied())?
+        })
+    }
+
+    /// Bytes of its stack dumps.
+    pub fn dump_bytes(&self) -> usize {
+        self.spans.iter().map(|s| s.1.len() * 8).sum()
+    }
+
+    /// The same walk without its stack dumps.
+    pub fn without_dumps(&self) -> KernelStack {
+        KernelStack {
+            words: self.words.clone(),
+            spans: Vec::new(),
+            ..*self
+        }
     }
 
     /// Words held.
     pub fn len(&self) -> usize {
-        self.words.len()
+        self.words.len() + self.spans.iter().map(|s| s.1.len()).sum::<usize>()
     }
 
     /// Whether the walk read nothing past the copy.
     pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
+        self.len() == 0
     }
 
     /// A reader over the words, for [`crate::unwind::SampleStack::fallback`]: a read of any
@@ -151,10 +176,14 @@ const MATCH_NS: u64 = 200_000;
 /// Most walks kept per thread.
 const PER_THREAD: usize = 4096;
 
+/// A walk being assembled: its first chunk's header (with the last chunk's number), its words
+/// and its dumps.
+type Assembling = (ChunkHeader, Vec<(u64, u64)>, Vec<(u64, Vec<u64>)>);
+
 /// Walks being assembled and waiting for their samples.
 #[derive(Default)]
 pub struct Join {
-    assembling: HashMap<u32, (ChunkHeader, Vec<(u64, u64)>)>,
+    assembling: HashMap<u32, Assembling>,
     ready: HashMap<u32, VecDeque<Arc<KernelStack>>>,
     /// Counts.
     pub stats: JoinStats,
@@ -168,9 +197,9 @@ impl Join {
         };
         let words = &bytes[CHUNK_HEADER_BYTES.min(bytes.len())..];
         let entry = self.assembling.remove(&h.tid);
-        let (first, mut collected) = match entry {
-            Some((first, collected)) if h.seq == first.seq + 1 && h.time == first.time => {
-                (first, collected)
+        let (first, mut collected, mut spans) = match entry {
+            Some((first, collected, spans)) if h.seq == first.seq + 1 && h.time == first.time => {
+                (first, collected, spans)
             }
             other => {
                 // A walk cut short (its later chunks lost) or a chunk whose walk's first was.
@@ -184,18 +213,30 @@ impl Join {
                     }
                     return;
                 }
-                (h, Vec::new())
+                (h, Vec::new(), Vec::new())
             }
         };
-        for pair in words.chunks_exact(16).take(usize::from(h.words)) {
-            let addr = u64::from_le_bytes(pair[..8].try_into().unwrap_or_default());
-            let value = u64::from_le_bytes(pair[8..].try_into().unwrap_or_default());
-            collected.push((addr, value));
+        if h.span {
+            let values = words
+                .chunks_exact(8)
+                .take(usize::from(h.words))
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()));
+            // A dump's pages arrive in order: one that continues the last extends it.
+            match spans.last_mut() {
+                Some((start, v)) if *start + 8 * v.len() as u64 == h.end_sp => v.extend(values),
+                _ => spans.push((h.end_sp, values.collect())),
+            }
+        } else {
+            for pair in words.chunks_exact(16).take(usize::from(h.words)) {
+                let addr = u64::from_le_bytes(pair[..8].try_into().unwrap_or_default());
+                let value = u64::from_le_bytes(pair[8..].try_into().unwrap_or_default());
+                collected.push((addr, value));
+            }
         }
         if !h.last {
             let mut head = first;
             head.seq = h.seq;
-            self.assembling.insert(h.tid, (head, collected));
+            self.assembling.insert(h.tid, (head, collected, spans));
             return;
         }
         collected.sort_unstable_by_key(|w| w.0);
@@ -212,6 +253,7 @@ impl Join {
             sp: first.sp,
             bp: first.bp,
             words: collected,
+            spans,
             frames: h.frames,
             stop: WalkStop::from_code(h.stop),
             end: (h.end_ip, h.end_sp),
@@ -296,6 +338,52 @@ mod tests {
         assert_eq!(w.word(0xa000), None);
         assert_eq!(w.stop, WalkStop::Root);
         assert!(j.claim(7, 150, 0x1000, 0x7000, 0).is_none());
+    }
+
+    /// A dump chunk: `values` from `start`.
+    fn span(time: u64, tid: u32, seq: u32, start: u64, values: &[u64]) -> Vec<u8> {
+        let mut b = vec![0u8; CHUNK_HEADER_BYTES];
+        b[0..8].copy_from_slice(&time.to_le_bytes());
+        b[12..16].copy_from_slice(&tid.to_le_bytes());
+        b[16..24].copy_from_slice(&0x1000u64.to_le_bytes());
+        b[24..32].copy_from_slice(&0x7000u64.to_le_bytes());
+        b[40..44].copy_from_slice(&seq.to_le_bytes());
+        b[44..46].copy_from_slice(&(values.len() as u16).to_le_bytes());
+        b[52..56].copy_from_slice(&1u32.to_le_bytes());
+        b[64..72].copy_from_slice(&start.to_le_bytes());
+        for v in values {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn dumps_join_the_walks_words_and_can_be_dropped() {
+        let mut j = Join::default();
+        j.chunk(&chunk(100, 7, 0, false, &[(0x9008, 1)]));
+        // Two pages of a dump that continue each other, then one elsewhere.
+        j.chunk(&span(100, 7, 1, 0xa000, &[10, 11]));
+        j.chunk(&span(100, 7, 2, 0xa010, &[12]));
+        j.chunk(&span(100, 7, 3, 0xb000, &[20]));
+        let mut last = chunk(100, 7, 4, true, &[]);
+        last[47] = 9;
+        j.chunk(&last);
+        let w = j.claim(7, 150, 0x1000, 0x7000, 0).expect("matched");
+        assert_eq!(w.stop, WalkStop::Pending);
+        let words: Vec<_> = [0x9008, 0xa000, 0xa008, 0xa010, 0xa018, 0xa004, 0xb000]
+            .iter()
+            .map(|&a| w.word(a))
+            .collect();
+        assert_eq!(
+            words,
+            [Some(1), Some(10), Some(11), Some(12), None, None, Some(20)]
+        );
+        assert_eq!((w.len(), w.dump_bytes()), (5, 32));
+        let bare = w.without_dumps();
+        assert_eq!(
+            (bare.word(0x9008), bare.word(0xa000), bare.len()),
+            (Some(1), None, 1)
+        );
     }
 
     #[test]

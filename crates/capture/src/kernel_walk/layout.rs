@@ -11,6 +11,9 @@ pub(super) const MAPPING_TABLE: u32 = RowKind::Rsp as u32;
 pub(super) const MAPPING_FRAME_POINTERS: u32 = 6;
 /// `struct mapping.kind` of a mapping without rules: the walk ends there.
 pub(super) const MAPPING_NONE: u32 = RowKind::None as u32;
+/// `struct mapping.kind` of a mapping whose binary is still being read (`ROW_PENDING`): the
+/// walk ends there and sends the stack above it (`struct config.dump_bytes`).
+pub(super) const MAPPING_PENDING: u32 = 7;
 
 /// `struct row`.
 #[repr(C)]
@@ -77,6 +80,8 @@ impl Default for Proc {
 pub(super) struct Config {
     pub copy_bytes: u32,
     pub max_frames: u32,
+    pub dump_bytes: u32,
+    pub pad: u32,
 }
 
 /// `struct stats` (one per CPU).
@@ -103,6 +108,8 @@ pub(super) struct ChunkHeader {
     pub last: bool,
     pub stop: u8,
     pub frames: u32,
+    /// The words are values of consecutive stack words from `end_sp` (a dump), not pairs.
+    pub span: bool,
     pub end_ip: u64,
     pub end_sp: u64,
 }
@@ -127,6 +134,7 @@ impl ChunkHeader {
             last: *b.get(46)? != 0,
             stop: *b.get(47)?,
             frames: u32_at(48)?,
+            span: u32_at(52)? != 0,
             end_ip: u64_at(56)?,
             end_sp: u64_at(64)?,
         })
@@ -152,6 +160,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Mapping>(), 48);
         assert_eq!(std::mem::size_of::<Proc>(), 8 + 48 * MAX_MAPPINGS);
         assert_eq!(std::mem::size_of::<Counters>(), 32);
+        assert_eq!(std::mem::size_of::<Config>(), 16);
     }
 
     #[test]
@@ -167,6 +176,9 @@ mod tests {
             (h.time, h.tid, h.words, h.last, h.stop),
             (7, 42, 3, true, 2)
         );
+        assert!(!h.span);
+        b[52] = 1;
+        assert!(ChunkHeader::parse(&b).expect("parses").span);
         assert!(ChunkHeader::parse(&b[..40]).is_none());
     }
 }

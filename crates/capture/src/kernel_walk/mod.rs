@@ -33,8 +33,8 @@ use crate::unwind::AddressSpace;
 
 pub use join::{JoinStats, KernelStack, WalkStop, WordsReader};
 use layout::{
-    Config, Counters, MAPPING_FRAME_POINTERS, MAPPING_NONE, MAPPING_TABLE, MAX_MAPPINGS, Mapping,
-    Proc,
+    Config, Counters, MAPPING_FRAME_POINTERS, MAPPING_NONE, MAPPING_PENDING, MAPPING_TABLE,
+    MAX_MAPPINGS, Mapping, Proc,
 };
 use rows::{MappedRows, RowTable};
 
@@ -60,6 +60,9 @@ pub enum KernelWalkError {
 /// frames, about 0.5 ms of interrupt at 999 Hz sampling.
 pub const DEFAULT_MAX_FRAMES: u32 = 1536;
 
+/// Default [`KernelWalkOptions::pending_dump_bytes`] where memory is not bounded.
+pub const DEFAULT_PENDING_DUMP_BYTES: u32 = 1024 * 1024;
+
 /// Default [`KernelWalkOptions::ring_bytes`].
 pub const DEFAULT_RING_BYTES: u32 = 32 << 20;
 
@@ -76,6 +79,10 @@ pub struct KernelWalkOptions {
     /// well within the sampling period (about 0.3 µs a frame here). A deeper stack is unwound the
     /// usual way past the copy (live reads with a proof), so stacks still have no depth cap.
     pub max_frames: u32,
+    /// Stack bytes sent whole when the walk reaches a binary that is still being read or whose
+    /// rows are still being compiled (a process's first moments after it starts or maps a
+    /// library), so that its samples are unwound like later ones; 0: such walks just end.
+    pub pending_dump_bytes: u32,
     /// Where placed rows are counted (with the binaries' other tables).
     pub modules: rootline_image::ModuleBudget,
     /// The most the tables counted in `modules` may hold; rows that would pass it are not placed
@@ -93,6 +100,7 @@ impl Default for KernelWalkOptions {
             rows: 4 << 20,
             ring_bytes: DEFAULT_RING_BYTES,
             max_frames: DEFAULT_MAX_FRAMES,
+            pending_dump_bytes: DEFAULT_PENDING_DUMP_BYTES,
             modules: rootline_image::ModuleBudget::new(),
             module_limit: None,
             bounded: false,
@@ -134,6 +142,8 @@ pub struct KernelWalk {
     join: Join,
     stops: std::collections::BTreeMap<WalkStop, u64>,
     mappings_cut: u64,
+    /// Whether walks send the stack at a pending binary.
+    dumps: bool,
 }
 
 use join::Join;
@@ -166,6 +176,8 @@ impl KernelWalk {
                 Config {
                     copy_bytes: opts.copy_bytes,
                     max_frames: opts.max_frames,
+                    dump_bytes: opts.pending_dump_bytes,
+                    pad: 0,
                 },
                 0,
             )
@@ -193,6 +205,7 @@ impl KernelWalk {
             join: Join::default(),
             stops: Default::default(),
             mappings_cut: 0,
+            dumps: opts.pending_dump_bytes > 0,
         })
     }
 
@@ -212,7 +225,11 @@ impl KernelWalk {
     /// Sends `pid`'s executable mappings to the program when they changed since the last call:
     /// mappings with CFI get their binary's rows (compiled and placed the first time), others
     /// (JIT code, binaries without CFI) a frame-pointer rule.
-    pub fn sync(&mut self, pid: u32, space: &AddressSpace) {
+    /// With stack dumps on, regions whose binary `pending` says is still being parsed, or whose
+    /// rows are being compiled, go as pending: the walk sends the stack there (see
+    /// [`KernelWalkOptions::pending_dump_bytes`]); without, the former are walked by frame
+    /// pointers and the latter end the walk.
+    pub fn sync(&mut self, pid: u32, space: &AddressSpace, pending: impl Fn(u64) -> bool) {
         if self.rows.take_compiled() {
             // Rows arrived: every process mapping those binaries is sent again.
             self.synced.clear();
@@ -221,6 +238,7 @@ impl KernelWalk {
         for r in space.regions() {
             (r.start, r.end, r.bias).hash(&mut h);
             r.module.as_ref().map(std::sync::Arc::as_ptr).hash(&mut h);
+            pending(r.start).hash(&mut h);
         }
         let print = h.finish();
         if self.synced.get(&pid) == Some(&print) {
@@ -251,11 +269,16 @@ impl KernelWalk {
                             m.row_count = p.count;
                             m.base = p.base;
                         }
+                        None if self.dumps && self.rows.is_compiling(sections) => {
+                            m.kind = MAPPING_PENDING;
+                        }
                         None => m.kind = MAPPING_NONE,
                     }
                 }
             } else if r.refused {
                 m.kind = MAPPING_NONE;
+            } else if self.dumps && pending(r.start) {
+                m.kind = MAPPING_PENDING;
             }
             proc.m[n] = m;
             n += 1;

@@ -303,6 +303,12 @@ impl RowTable {
         None
     }
 
+    /// Whether the rows of `sections` are being compiled (sent by [`RowTable::place`], not yet
+    /// placed).
+    pub fn is_compiling(&self, sections: &Arc<UnwindSections>) -> bool {
+        self.compiling.contains(&(Arc::as_ptr(sections) as usize))
+    }
+
     /// Places the rows compiled since the last call; true when any were placed (the mappings
     /// that wait for them should be sent again).
     pub fn take_compiled(&mut self) -> bool {

@@ -121,6 +121,11 @@ pub struct ProcessState {
 }
 
 impl ProcessState {
+    /// Whether the region starting at `start` waits for its binary's parse.
+    pub fn is_pending(&self, start: u64) -> bool {
+        self.pending.contains_key(&start)
+    }
+
     /// Appends the address ranges of the regions whose binary is still being parsed.
     pub fn pending_ranges(&self, out: &mut Vec<(u64, u64)>) {
         for &start in self.pending.keys() {

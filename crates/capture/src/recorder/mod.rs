@@ -188,6 +188,11 @@ fn open_thread(
     Ok(())
 }
 
+/// Most bytes of stack dumps (see [`KernelWalkOptions::pending_dump_bytes`]) held by the walks of
+/// samples set aside until their binaries are read; past it, further samples set aside keep
+/// their walks without the dumps (and end where the copy and proven reads end), counted.
+pub const KEPT_DUMP_BYTES: usize = 128 << 20;
+
 /// Longest pause between rounds while the in-kernel walk runs.
 const KERNEL_WALK_ROUND: Duration = Duration::from_millis(10);
 
@@ -209,6 +214,10 @@ fn load_kernel_walk(
         bounded: opts.kernel_walk_rows.is_some() || opts.module_budget.is_some(),
         ..KernelWalkOptions::default()
     };
+    if walk_opts.bounded {
+        // A bounded ring (the agent's) would overflow with whole stacks from many new processes.
+        walk_opts.pending_dump_bytes = 0;
+    }
     if let Some(rows) = opts.kernel_walk_rows {
         // The caller counts the whole table: rows are placed while they fit it.
         walk_opts.rows = rows;
@@ -564,9 +573,11 @@ pub fn record(
                 if skip_own_process {
                     pipeline.skip_process(std::process::id());
                 }
-                if targeted_live {
+                if targeted_live && kernel_walk.is_none() {
                     // A few processes: their binaries are few, and parsing them as they are
-                    // mapped lets every sample arm or use a live-read proof at once.
+                    // mapped lets every sample arm or use a live-read proof at once. (With the
+                    // in-kernel walk, samples rarely need live reads, and a large binary's parse
+                    // would keep the reader from sending new mappings to the kernel meanwhile.)
                     pipeline.parse_binaries_inline();
                 }
                 pipeline.set_user_callchain(user_callchain);
@@ -779,6 +790,10 @@ impl Drain {
         for &(time, start, end) in &self.side_band {
             pipeline.side_band(time, &parse_record(&self.bytes[start..end], kernel));
         }
+        if !self.side_band.is_empty() {
+            // New mappings reach the in-kernel walk before this round's samples are unwound.
+            pipeline.sync_kernel_walk();
+        }
         for (e, &head) in events.iter_mut().zip(&self.heads) {
             let (switches, alloc) = (e.switches(), e.is_alloc());
             let Some(ring) = e.ring() else {
@@ -873,6 +888,7 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
             ("kernel_walk.unwound", kw.unwound),
             ("kernel_walk.fell_back", kw.fell_back),
             ("kernel_walk.no_walk", kw.no_walk),
+            ("kernel_walk.dumps_dropped", kw.dumps_dropped),
             ("kernel_walk.rows_used", w.rows_used),
             ("kernel_walk.binaries_refused", w.binaries_refused),
         ] {

@@ -145,12 +145,12 @@ impl Pipeline {
     }
 
     /// Sends every tracked process's mappings to the in-kernel walk where they changed.
-    fn sync_kernel_walk(&mut self) {
+    pub(crate) fn sync_kernel_walk(&mut self) {
         let Some(kw) = self.kernel_walk.as_mut() else {
             return;
         };
         for (pid, state) in self.processes.tracked() {
-            kw.sync(pid, &state.space);
+            kw.sync(pid, &state.space, |start| state.is_pending(start));
         }
         if let Some(s) = self.stats.kernel_walk.as_mut() {
             s.walk = kw.stats();

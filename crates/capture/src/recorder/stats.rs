@@ -53,6 +53,9 @@ pub struct KernelWalkUse {
     /// Samples of tracked processes that found no walk (the program had not yet seen their
     /// process's mappings, or the walk was lost).
     pub no_walk: u64,
+    /// Samples set aside whose walk's stack dump was dropped because the dumps kept already
+    /// held [`crate::recorder::KEPT_DUMP_BYTES`].
+    pub dumps_dropped: u64,
 }
 
 /// Counts of the kernel callchain cross-check (see [`crate::live::callchain`]).

@@ -10,6 +10,7 @@ use crate::process::FileKey;
 use crate::unwind::{Registers, StackEnd, TruncateReason};
 
 use super::Pipeline;
+use crate::recorder::KEPT_DUMP_BYTES;
 use crate::recorder::deferral::Deferred;
 use crate::recorder::live_proof::ProvenOuter;
 use crate::recorder::outer_cache::Plan;
@@ -215,11 +216,22 @@ impl Pipeline {
         walk
     }
 
-    /// Keeps a sample's walk while the sample is set aside.
+    /// Keeps a sample's walk while the sample is set aside; its stack dumps only while those
+    /// kept stay under [`KEPT_DUMP_BYTES`] (past it the sample is unwound without them).
     fn keep_walk(&mut self, s: &Sample<'_>, walk: Option<Arc<KernelStack>>) {
-        if let Some(w) = walk {
-            self.kept_walks.insert((s.tid, s.time), w);
+        let Some(mut w) = walk else {
+            return;
+        };
+        if w.dump_bytes() > 0 {
+            let kept: usize = self.kept_walks.values().map(|k| k.dump_bytes()).sum();
+            if kept + w.dump_bytes() > KEPT_DUMP_BYTES {
+                w = Arc::new(w.without_dumps());
+                if let Some(st) = self.stats.kernel_walk.as_mut() {
+                    st.dumps_dropped += 1;
+                }
+            }
         }
+        self.kept_walks.insert((s.tid, s.time), w);
     }
 
     fn unwind(&mut self, s: &UserSample<'_>, plan: Plan) -> StackFacts {
