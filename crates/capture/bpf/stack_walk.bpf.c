@@ -81,7 +81,13 @@ struct config {
 	__u32 copy_bytes; // the user stack bytes each sample copies
 	__u32 max_frames; // frames walked per sample at most (the interrupt's time is bounded)
 	__u32 dump_bytes; // stack bytes sent from a frame in a ROW_PENDING mapping (0: none)
-	__u32 pad;
+	__u32 dump_rate; // KiB a second each CPU may dump, after a burst of two seconds' worth
+};
+
+// Each CPU's allowance for dumps (a token bucket).
+struct dump_budget {
+	__u64 tokens;
+	__u64 last_ns;
 };
 
 // Why a walk ended.
@@ -162,6 +168,13 @@ struct {
 	__type(value, struct stats);
 	__uint(max_entries, 1);
 } counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct dump_budget);
+	__uint(max_entries, 1);
+} dump_budgets SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -526,6 +539,26 @@ static long dump_step(__u32 i, void *ctx)
 	return dump_page(ctx) ? 1 : 0;
 }
 
+// This CPU's dump allowance, refilled for the time since it was last looked at; None when
+// the map is missing.
+static __always_inline struct dump_budget *dump_budget(struct config *cfg)
+{
+	struct dump_budget *b = bpf_map_lookup_elem(&dump_budgets, &zero);
+	if (!b)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 rate = (__u64)cfg->dump_rate * 1024; // bytes a second
+	__u64 cap = rate * 2;
+	if (b->last_ns == 0 || now < b->last_ns)
+		b->tokens = cap;
+	else
+		b->tokens += (now - b->last_ns) / 1000 * rate / 1000000;
+	if (b->tokens > cap)
+		b->tokens = cap;
+	b->last_ns = now;
+	return b;
+}
+
 SEC("perf_event")
 int walk_user_stack(struct bpf_perf_event_data *ctx)
 {
@@ -566,18 +599,24 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	if (!c)
 		return 1;
 	__u32 dump = cfg->dump_bytes;
-	if (w.stop == STOP_PENDING && dump != 0 && dump <= (64 << 20) &&
+	struct dump_budget *budget = 0;
+	if (w.stop == STOP_PENDING && dump != 0 && dump <= (64 << 20))
+		budget = dump_budget(cfg);
+	if (budget && budget->tokens >= dump &&
 	    bpf_ringbuf_query(&chunks, BPF_RB_AVAIL_DATA) + dump <=
 		    bpf_ringbuf_query(&chunks, BPF_RB_RING_SIZE) / 4) {
 		// The frame's binary has no rows yet (it was mapped a moment ago): send its stack as
-		// it is, for user space to unwind once it has read the binary. Only while the ring
-		// is mostly empty: the other walks keep their room, and the dumps' rate is the
-		// reader's.
+		// it is, for user space to unwind once it has read the binary. Only within this
+		// CPU's allowance (a start-up's burst, not a steady stream: the reader has other
+		// work) and while the ring is mostly empty (the other walks keep their room).
 		if (w.words != 0 && flush(&w, c, 0) != 0)
 			return 1;
 		w.dump_at = (w.sp > w.copy_end ? w.sp : w.copy_end) & ~7ULL;
 		w.dump_end = w.dump_at + dump;
+		__u64 from = w.dump_at;
 		bpf_loop(dump / 4096 + 2, dump_step, &w, 0);
+		__u64 sent = w.dump_at - from;
+		budget->tokens = budget->tokens > sent ? budget->tokens - sent : 0;
 		c = bpf_map_lookup_elem(&scratch, &zero);
 		if (!c)
 			return 1;

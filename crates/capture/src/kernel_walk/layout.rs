@@ -81,7 +81,7 @@ pub(super) struct Config {
     pub copy_bytes: u32,
     pub max_frames: u32,
     pub dump_bytes: u32,
-    pub pad: u32,
+    pub dump_rate: u32,
 }
 
 /// `struct stats` (one per CPU).

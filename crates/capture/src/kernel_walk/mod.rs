@@ -63,6 +63,11 @@ pub const DEFAULT_MAX_FRAMES: u32 = 1536;
 /// Default [`KernelWalkOptions::pending_dump_bytes`] where memory is not bounded.
 pub const DEFAULT_PENDING_DUMP_BYTES: u32 = 1024 * 1024;
 
+/// How fast each CPU may send stack dumps (KiB a second), after a burst of two seconds' worth:
+/// a process's start-up is covered (rustc: ~150 dumps of ~600 KiB), while a stack that stays
+/// pending cannot keep the reader busy copying dumps and make the perf rings overflow.
+const DUMP_KIB_PER_SECOND: u32 = 64 * 1024;
+
 /// Default [`KernelWalkOptions::ring_bytes`].
 pub const DEFAULT_RING_BYTES: u32 = 32 << 20;
 
@@ -177,7 +182,7 @@ impl KernelWalk {
                     copy_bytes: opts.copy_bytes,
                     max_frames: opts.max_frames,
                     dump_bytes: opts.pending_dump_bytes,
-                    pad: 0,
+                    dump_rate: DUMP_KIB_PER_SECOND,
                 },
                 0,
             )

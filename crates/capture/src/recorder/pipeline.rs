@@ -134,7 +134,8 @@ impl Pipeline {
         for &pid in pids {
             self.processes.get(pid);
         }
-        self.processes.wait_loaded();
+        // Every binary they map, so that each one's rows are compiled now.
+        while self.processes.wait_loaded() {}
         self.processes.take_installed();
         self.sync_kernel_walk();
         if let Some(kw) = self.kernel_walk.as_mut() {
