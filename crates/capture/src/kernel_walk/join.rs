@@ -306,14 +306,21 @@ impl Join {
 mod tests {
     use super::*;
 
-    fn chunk(time: u64, tid: u32, seq: u32, last: bool, words: &[(u64, u64)]) -> Vec<u8> {
+    /// A chunk's header: thread `tid`'s walk at `time` (registers 0x1000/0x7000), chunk `seq`
+    /// with `words` entries.
+    fn header(time: u64, tid: u32, seq: u32, words: usize) -> Vec<u8> {
         let mut b = vec![0u8; CHUNK_HEADER_BYTES];
         b[0..8].copy_from_slice(&time.to_le_bytes());
         b[12..16].copy_from_slice(&tid.to_le_bytes());
         b[16..24].copy_from_slice(&0x1000u64.to_le_bytes());
         b[24..32].copy_from_slice(&0x7000u64.to_le_bytes());
         b[40..44].copy_from_slice(&seq.to_le_bytes());
-        b[44..46].copy_from_slice(&(words.len() as u16).to_le_bytes());
+        b[44..46].copy_from_slice(&(words as u16).to_le_bytes());
+        b
+    }
+
+    fn chunk(time: u64, tid: u32, seq: u32, last: bool, words: &[(u64, u64)]) -> Vec<u8> {
+        let mut b = header(time, tid, seq, words.len());
         b[46] = u8::from(last);
         b[47] = 1;
         for &(a, v) in words {
@@ -342,13 +349,7 @@ mod tests {
 
     /// A dump chunk: `values` from `start`.
     fn span(time: u64, tid: u32, seq: u32, start: u64, values: &[u64]) -> Vec<u8> {
-        let mut b = vec![0u8; CHUNK_HEADER_BYTES];
-        b[0..8].copy_from_slice(&time.to_le_bytes());
-        b[12..16].copy_from_slice(&tid.to_le_bytes());
-        b[16..24].copy_from_slice(&0x1000u64.to_le_bytes());
-        b[24..32].copy_from_slice(&0x7000u64.to_le_bytes());
-        b[40..44].copy_from_slice(&seq.to_le_bytes());
-        b[44..46].copy_from_slice(&(values.len() as u16).to_le_bytes());
+        let mut b = header(time, tid, seq, values.len());
         b[52..56].copy_from_slice(&1u32.to_le_bytes());
         b[64..72].copy_from_slice(&start.to_le_bytes());
         for v in values {
