@@ -150,7 +150,7 @@ for tool in "${tools[@]}"; do
     done
     case $tool in
     perf-*) perf_folded "$TMP/p.data" >"$TMP/r.folded" ;;
-    samply) if [ -s "$TMP/s.json.gz" ]; then python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$TMP/r.folded"; else : >"$TMP/r.folded"; fi ;;
+    samply) if [ -s "$TMP/s.json.gz" ]; then python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$TMP/r.folded" || : >"$TMP/r.folded"; else : >"$TMP/r.folded"; fi ;;
     esac
     med=$(python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' "${cpus[@]}")
     printf "%-24s +%5.2fs CPU over bare (%.2fx)   %s\n" "$tool" "$(python3 -c "print($med - $bare_med)")" \

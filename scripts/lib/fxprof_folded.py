@@ -8,6 +8,10 @@ import sys
 
 data = open(sys.argv[1], "rb").read()
 profile = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+if "shared" not in profile:
+    # The raw Gecko format some samply builds save: frames are unsymbolicated addresses, so
+    # no stack can be told whole from them.
+    sys.exit(f"{sys.argv[1]}: not a processed (symbolicated) profile; no stacks read")
 shared = profile["shared"]
 strings = shared["stringArray"]
 counts = collections.Counter()
