@@ -436,6 +436,13 @@ impl Binary for CodeModule {
         CodeModule::in_thread_entry(self, svma)
     }
 
+    fn is_interpreter_reentry(&self, svma: u64) -> bool {
+        self.function_start(svma) == Some(svma)
+            && self
+                .symbol_name(svma)
+                .is_some_and(|n| rootline_unwind::policy::is_interpreter_reentry(&n))
+    }
+
     fn svma_of_file_offset(&self, offset: u64) -> Option<u64> {
         CodeModule::svma_of_file_offset(self, offset)
     }

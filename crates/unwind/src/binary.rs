@@ -20,6 +20,10 @@ pub trait Binary: Send + Sync {
     /// Whether `svma` lies in a function that starts threads (see
     /// [`crate::policy::is_thread_entry`]).
     fn in_thread_entry(&self, svma: u64) -> bool;
+    /// Whether `svma` is the first instruction of a function frames return into without a call
+    /// (see [`crate::policy::is_interpreter_reentry`]). Asked only of return addresses that do
+    /// not follow a call, so it may read the symbol's name.
+    fn is_interpreter_reentry(&self, svma: u64) -> bool;
     /// The link-time address of file offset `offset` (to compute a mapping's load bias).
     fn svma_of_file_offset(&self, offset: u64) -> Option<u64>;
 }

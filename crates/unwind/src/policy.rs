@@ -54,6 +54,24 @@ pub const THREAD_ENTRIES: [&str; 7] = [
     "_start",
 ];
 
+/// Whether a function is one V8's deoptimizer makes frames return into: it writes the entry of
+/// one of these builtins as the return address of the frame above an interpreter frame it
+/// materialized, so that the callee's return re-enters the interpreter at that frame's bytecode.
+/// Such a return address does not follow a call, by V8's design; it is accepted at exactly the
+/// builtin's first instruction, and the frame it returns into is an interpreter frame (caller at
+/// `[rbp+8]`, its `rbp` at `[rbp]`).
+pub fn is_interpreter_reentry(symbol: &str) -> bool {
+    INTERPRETER_REENTRIES.contains(&symbol)
+}
+
+/// The V8 builtins of [`is_interpreter_reentry`], as node's symbol table names them.
+pub const INTERPRETER_REENTRIES: [&str; 4] = [
+    "Builtins_InterpreterEnterAtBytecode",
+    "Builtins_InterpreterEnterAtNextBytecode",
+    "Builtins_BaselineOrInterpreterEnterAtBytecode",
+    "Builtins_BaselineOrInterpreterEnterAtNextBytecode",
+];
+
 /// Why a stack read failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadFailure {

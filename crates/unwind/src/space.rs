@@ -42,6 +42,20 @@ pub struct AddressSpace<M> {
     /// The frame just unwound was an out-of-line prologue that has not built its caller's frame
     /// yet ([`NoCfiRule::OutOfLinePrologue`]): the caller has pushed nothing.
     caller_at_entry: bool,
+    /// The frame just unwound returns into V8's interpreter re-entry
+    /// ([`crate::policy::is_interpreter_reentry`]): its caller is an interpreter frame.
+    resumes_interpreter: bool,
+}
+
+/// What a validated return address is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReturnKind {
+    /// It follows a call (or lies in code that cannot be read).
+    AfterCall,
+    /// A signal trampoline's entry (where a handler returns), symbolized as an instruction.
+    SignalTrampoline,
+    /// A V8 interpreter re-entry builtin's entry, symbolized as an instruction.
+    InterpreterReentry,
 }
 
 impl<M> Default for AddressSpace<M> {
@@ -57,6 +71,7 @@ impl<M> Default for AddressSpace<M> {
             full_register_unwinds: 0,
             instruction_frames: Vec::new(),
             caller_at_entry: false,
+            resumes_interpreter: false,
         }
     }
 }
@@ -218,6 +233,7 @@ impl<M: Binary> AddressSpace<M> {
         out.push(regs.ip());
         self.instruction_frames.clear();
         self.caller_at_entry = false;
+        self.resumes_interpreter = false;
         if let Some(sps) = sps.as_mut() {
             sps.clear();
             sps.push(regs.sp());
@@ -269,14 +285,18 @@ impl<M: Binary> AddressSpace<M> {
             // a call; it must still lie in executable code.
             let checked = if in_signal_trampoline {
                 self.region(ra)
-                    .map(|_| true)
+                    .map(|_| ReturnKind::SignalTrampoline)
                     .ok_or(TruncateReason::UnmappedAddress)
             } else {
                 self.check_return_address(ra, mem)
             };
             match checked {
-                Ok(true) => self.instruction_frames.push(out.len()),
-                Ok(false) => {}
+                Ok(ReturnKind::SignalTrampoline) => self.instruction_frames.push(out.len()),
+                Ok(ReturnKind::InterpreterReentry) => {
+                    self.instruction_frames.push(out.len());
+                    self.resumes_interpreter = true;
+                }
+                Ok(ReturnKind::AfterCall) => {}
                 Err(reason) => return Some(StackEnd::Truncated(reason)),
             }
             out.push(ra);
@@ -301,6 +321,13 @@ impl<M: Binary> AddressSpace<M> {
         mem: &mut dyn Memory,
     ) -> Result<Option<(u64, bool)>, Stop> {
         let caller_at_entry = std::mem::take(&mut self.caller_at_entry);
+        if std::mem::take(&mut self.resumes_interpreter) {
+            let frame = nocfi::Frame {
+                rule: NoCfiRule::FramePointer,
+                may_end: false,
+            };
+            return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| (ra, false)));
+        }
         let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
         let cfi = region.module.as_deref().and_then(|m| {
@@ -426,29 +453,44 @@ impl<M: Binary> AddressSpace<M> {
         })
     }
 
-    /// Validates a recovered return address: inside an executable region, right after a call.
-    /// `Ok(true)`: the address is a signal trampoline's entry (where a handler returns), to be
-    /// symbolized as an instruction.
-    fn check_return_address(&self, ra: u64, mem: &mut dyn Memory) -> Result<bool, TruncateReason> {
+    /// Validates a recovered return address: inside an executable region, right after a call,
+    /// or one of the few entries frames return into by design (see [`ReturnKind`]).
+    fn check_return_address(
+        &self,
+        ra: u64,
+        mem: &mut dyn Memory,
+    ) -> Result<ReturnKind, TruncateReason> {
         let region = self
             .region(ra.wrapping_sub(1))
             .ok_or(TruncateReason::NotAfterCall)?;
         if region.module.is_none() && mem.jit_pushed_return(ra) {
-            return Ok(false);
+            return Ok(ReturnKind::AfterCall);
         }
         // A signal handler returns into the signal trampoline, which the kernel pushed as its
         // return address (the trampoline's FDE starts a byte early so `ra - 1` finds it).
         if signal_trampoline_at(region, ra.wrapping_sub(1)) {
-            return Ok(true);
+            return Ok(ReturnKind::SignalTrampoline);
         }
         let mut buf = [0u8; 8];
         let before = code_before(region, ra, &mut buf, mem);
         match before {
-            Some(bytes) if is_after_call(bytes) => Ok(false),
+            Some(bytes) if is_after_call(bytes) => Ok(ReturnKind::AfterCall),
+            // A frame V8's deoptimizer materialized: its callee returns into the interpreter,
+            // at the very entry of a builtin named for it (the same mapping: the builtins are
+            // laid out back to back).
+            Some(_)
+                if self.region(ra).is_some_and(|r| {
+                    r.module
+                        .as_ref()
+                        .is_some_and(|m| m.is_interpreter_reentry(r.svma(ra)))
+                }) =>
+            {
+                Ok(ReturnKind::InterpreterReentry)
+            }
             Some(_) => Err(TruncateReason::NotAfterCall),
             // Code we cannot see (anonymous memory without a reader): the executable mapping is
             // all that can be checked.
-            None => Ok(false),
+            None => Ok(ReturnKind::AfterCall),
         }
     }
 }

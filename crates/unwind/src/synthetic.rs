@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::binary::Binary;
-use crate::policy::is_thread_entry;
+use crate::policy::{is_interpreter_reentry, is_thread_entry};
 use crate::sections::{Section, SectionLayout, UnwindSections};
 
 /// A binary made of `code` at `text_svma`, its `.eh_frame` and symbols.
@@ -12,8 +12,8 @@ pub(crate) struct SyntheticBinary {
     text_svma: u64,
     code: Vec<u8>,
     sections: Arc<UnwindSections>,
-    /// `(start, end, is a thread entry)`, sorted by start.
-    functions: Vec<(u64, u64, bool)>,
+    /// `(start, end, is a thread entry, is an interpreter re-entry)`, sorted by start.
+    functions: Vec<(u64, u64, bool, bool)>,
 }
 
 impl SyntheticBinary {
@@ -40,15 +40,18 @@ impl SyntheticBinary {
             sections: Arc::new(UnwindSections::new(layout)),
             functions: symbols
                 .iter()
-                .map(|&(start, end, name)| (start, end, is_thread_entry(name)))
+                .map(|&(start, end, name)| {
+                    let reentry = is_interpreter_reentry(name);
+                    (start, end, is_thread_entry(name), reentry)
+                })
                 .collect(),
         }
     }
 
-    fn function(&self, svma: u64) -> Option<&(u64, u64, bool)> {
+    fn function(&self, svma: u64) -> Option<&(u64, u64, bool, bool)> {
         self.functions
             .iter()
-            .find(|&&(start, end, _)| svma >= start && svma < end)
+            .find(|&&(start, end, ..)| svma >= start && svma < end)
     }
 }
 
@@ -75,6 +78,10 @@ impl Binary for SyntheticBinary {
 
     fn in_thread_entry(&self, svma: u64) -> bool {
         self.function(svma).is_some_and(|f| f.2)
+    }
+
+    fn is_interpreter_reentry(&self, svma: u64) -> bool {
+        self.function(svma).is_some_and(|f| f.3 && f.0 == svma)
     }
 
     fn svma_of_file_offset(&self, offset: u64) -> Option<u64> {

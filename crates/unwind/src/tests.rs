@@ -43,7 +43,11 @@ const CLONE3_SYSCALL: u64 = CLONE3 + 0x4e;
 const CLONE3_CHILD: u64 = CLONE3 + 0x58;
 /// `big_fp`: 8 KiB, `push rbp; mov rsp,rbp`, no CFI.
 const BIG_FP: u64 = 0x1700;
-const TEXT_END: u64 = 0x3700;
+/// V8's `Builtins_InterpreterEnterAtNextBytecode` (nops before it: no call).
+const REENTRY: u64 = 0x3700;
+/// Another function of the same shape, not a re-entry point.
+const OTHER_ENTRY: u64 = 0x3780;
+const TEXT_END: u64 = 0x3800;
 
 /// Stack pointer of every sample.
 const SP: u64 = 0x7000_0000;
@@ -114,6 +118,12 @@ fn space() -> AddressSpace {
             (FP_CFI, FP_CFI + 0x100, "fp_cfi"),
             (CLONE3, CLONE3 + 0x100, "clone3"),
             (BIG_FP, BIG_FP + 0x2000, "big_fp"),
+            (
+                REENTRY,
+                REENTRY + 0x80,
+                "Builtins_InterpreterEnterAtNextBytecode",
+            ),
+            (OTHER_ENTRY, OTHER_ENTRY + 0x80, "other_entry"),
         ],
     );
     let mut space = AddressSpace::new();
@@ -222,6 +232,32 @@ fn an_unknown_register_after_a_frame_without_cfi_truncates() {
             vec![FP_NOCFI + 0x20, TRAMP_RA]
         )
     );
+}
+
+#[test]
+fn a_return_into_v8s_interpreter_reentry_is_accepted_at_its_entry_only() {
+    let mut s = space();
+    // fp_nocfi's body returns into the re-entry builtin (a frame the deoptimizer materialized,
+    // frame pointer at SP+32), whose caller is found through that frame pointer.
+    let stack_to = |ra: u64| vec![SP + 32, ra, 0, 0, 0, ROOT_RA];
+    let (end, out) = unwind(&mut s, &regs(FP_NOCFI + 0x20, SP, None), &stack_to(REENTRY));
+    assert_eq!(
+        (end, out),
+        (StackEnd::Root, vec![FP_NOCFI + 0x20, REENTRY, ROOT_RA])
+    );
+    // Named at the builtin itself, not at the function before it.
+    assert_eq!(s.instruction_frames(), &[1]);
+    // Past its entry, or another function's entry: not after a call.
+    for ra in [REENTRY + 4, OTHER_ENTRY] {
+        let (end, out) = unwind(&mut s, &regs(FP_NOCFI + 0x20, SP, None), &stack_to(ra));
+        assert_eq!(
+            (end, out),
+            (
+                StackEnd::Truncated(TruncateReason::NotAfterCall),
+                vec![FP_NOCFI + 0x20]
+            )
+        );
+    }
 }
 
 #[test]
