@@ -88,6 +88,10 @@ pub struct KernelWalkOptions {
     /// rows are still being compiled (a process's first moments after it starts or maps a
     /// library), so that its samples are unwound like later ones; 0: such walks just end.
     pub pending_dump_bytes: u32,
+    /// Rows are compiled and placed only for the binaries walks have reached (each one's first
+    /// walk ends there, and says so): for a whole host, which maps far more binaries than it
+    /// runs hot, so that a table of bounded size holds the ones samples need.
+    pub rows_on_demand: bool,
     /// Where placed rows are counted (with the binaries' other tables).
     pub modules: rootline_image::ModuleBudget,
     /// The most the tables counted in `modules` may hold; rows that would pass it are not placed
@@ -106,6 +110,7 @@ impl Default for KernelWalkOptions {
             ring_bytes: DEFAULT_RING_BYTES,
             max_frames: DEFAULT_MAX_FRAMES,
             pending_dump_bytes: DEFAULT_PENDING_DUMP_BYTES,
+            rows_on_demand: false,
             modules: rootline_image::ModuleBudget::new(),
             module_limit: None,
             bounded: false,
@@ -149,6 +154,8 @@ pub struct KernelWalk {
     mappings_cut: u64,
     /// Whether walks send the stack at a pending binary.
     dumps: bool,
+    /// With rows on demand, the binaries (by their unwind sections) walks have reached.
+    wanted: Option<foldhash::HashSet<usize>>,
 }
 
 use join::Join;
@@ -211,6 +218,7 @@ impl KernelWalk {
             stops: Default::default(),
             mappings_cut: 0,
             dumps: opts.pending_dump_bytes > 0,
+            wanted: opts.rows_on_demand.then(Default::default),
         })
     }
 
@@ -266,7 +274,14 @@ impl KernelWalk {
             };
             if let Some(module) = &r.module {
                 let sections = rootline_unwind::Binary::unwind_sections(&**module);
-                if sections.has_cfi() {
+                let unwanted = self
+                    .wanted
+                    .as_ref()
+                    .is_some_and(|w| !w.contains(&(std::sync::Arc::as_ptr(sections) as usize)));
+                if sections.has_cfi() && unwanted {
+                    // Its first walk ends here, and asks for its rows (`want_binary_at`).
+                    m.kind = MAPPING_PENDING;
+                } else if sections.has_cfi() {
                     match self.rows.place(sections) {
                         Some(p) => {
                             m.kind = MAPPING_TABLE;
@@ -339,6 +354,23 @@ impl KernelWalk {
         };
         *self.stops.entry(walk.stop).or_default() += 1;
         Some(walk)
+    }
+
+    /// With rows on demand: a walk ended at `addr` in `space` because its binary's rows were
+    /// not asked for yet; asks for them (every process mapping it is sent again once placed).
+    pub fn want_binary_at(&mut self, addr: u64, space: &AddressSpace) {
+        let Some(wanted) = self.wanted.as_mut() else {
+            return;
+        };
+        let module = [addr, addr.wrapping_sub(1)]
+            .into_iter()
+            .find_map(|a| space.region(a).and_then(|r| r.module.clone()));
+        if let Some(module) = module {
+            let sections = rootline_unwind::Binary::unwind_sections(&*module);
+            if wanted.insert(std::sync::Arc::as_ptr(sections) as usize) {
+                self.synced.clear();
+            }
+        }
     }
 
     /// The ring buffer's descriptor, readable when walks wait in it (for `poll`).

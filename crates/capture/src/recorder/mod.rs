@@ -215,8 +215,10 @@ fn load_kernel_walk(
         ..KernelWalkOptions::default()
     };
     if walk_opts.bounded {
-        // A bounded ring (the agent's) would overflow with whole stacks from many new processes.
+        // A bounded ring (the agent's) would overflow with whole stacks from many new processes,
+        // and a bounded table is kept for the binaries samples reach.
         walk_opts.pending_dump_bytes = 0;
+        walk_opts.rows_on_demand = true;
     }
     if let Some(rows) = opts.kernel_walk_rows {
         // The caller counts the whole table: rows are placed while they fit it.

@@ -207,6 +207,11 @@ impl Pipeline {
         }
         let kw = self.kernel_walk.as_mut()?;
         let walk = kw.claim(s.tid, s.time, (regs.ip(), regs.sp(), regs.bp()));
+        if let Some(w) = &walk
+            && w.stop == crate::kernel_walk::WalkStop::Pending
+        {
+            kw.want_binary_at(w.end.0, &self.processes.get(s.pid).space);
+        }
         if walk.is_none() && kw.tracks(s.pid) {
             self.stats
                 .kernel_walk
