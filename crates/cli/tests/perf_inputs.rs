@@ -294,8 +294,13 @@ fn perf_data_with_dwarf_stacks_is_unwound_whole_or_marked() {
     for stack in &stacks {
         let frames: Vec<&str> = stack.split(';').collect();
         // Root first, after the comm: a stack either starts at a thread's entry or ends explicitly.
+        // (A sample in the program's first moments starts at the dynamic loader's
+        // `_dl_start_user`, which ld.so's `_start` jumps to and whose CFI ends the stack.)
         let root = frames[1];
-        let entry = root == "_start" || root.ends_with("clone3") || root.ends_with("clone");
+        let entry = root == "_start"
+            || root == "_dl_start_user"
+            || root.ends_with("clone3")
+            || root.ends_with("clone");
         assert!(
             entry || root.starts_with("[truncated: "),
             "neither whole nor marked: {stack}"
