@@ -205,6 +205,18 @@ struct walk {
 
 static const __u32 zero = 0;
 
+// Writes `size` bytes of the scratch chunk to the ring; counts a chunk the full ring lost.
+static __always_inline int send(struct chunk *c, __u64 size)
+{
+	if (bpf_ringbuf_output(&chunks, c, size, 0) != 0) {
+		struct stats *s = bpf_map_lookup_elem(&counters, &zero);
+		if (s)
+			s->lost_chunks++;
+		return -1;
+	}
+	return 0;
+}
+
 // Sends the scratch chunk; `last` marks the walk's end.
 static __always_inline int flush(struct walk *w, struct chunk *c, __u8 last)
 {
@@ -220,13 +232,7 @@ static __always_inline int flush(struct walk *w, struct chunk *c, __u8 last)
 	if (size > sizeof(struct chunk))
 		size = sizeof(struct chunk);
 	w->words = 0;
-	if (bpf_ringbuf_output(&chunks, c, size, 0) != 0) {
-		struct stats *s = bpf_map_lookup_elem(&counters, &zero);
-		if (s)
-			s->lost_chunks++;
-		return -1;
-	}
-	return 0;
+	return send(c, size);
 }
 
 // Records one stack word read past the copy. (Global functions are verified once each, not at
@@ -523,10 +529,7 @@ __attribute__((noinline)) int dump_page(struct walk *w)
 	c->h.last = 0;
 	c->h.span = 1;
 	c->h.end_sp = at;
-	if (bpf_ringbuf_output(&chunks, c, sizeof(struct chunk_header) + len, 0) != 0) {
-		struct stats *s = bpf_map_lookup_elem(&counters, &zero);
-		if (s)
-			s->lost_chunks++;
+	if (send(c, sizeof(struct chunk_header) + len) != 0) {
 		w->stop = STOP_LOST;
 		return 1;
 	}

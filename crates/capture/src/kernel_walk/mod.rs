@@ -278,10 +278,12 @@ impl KernelWalk {
                     .wanted
                     .as_ref()
                     .is_some_and(|w| !w.contains(&(std::sync::Arc::as_ptr(sections) as usize)));
-                if sections.has_cfi() && unwanted {
+                if !sections.has_cfi() {
+                    // No rows to place: walked by frame pointers (the default above).
+                } else if unwanted {
                     // Its first walk ends here, and asks for its rows (`want_binary_at`).
                     m.kind = MAPPING_PENDING;
-                } else if sections.has_cfi() {
+                } else {
                     match self.rows.place(sections) {
                         Some(p) => {
                             m.kind = MAPPING_TABLE;
