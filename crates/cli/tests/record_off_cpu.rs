@@ -231,9 +231,17 @@ fn a_launched_command_s_wall_clock_time_splits_into_its_true_halves() {
     );
     let main = check(&profile);
     assert_halves(&main, "launched");
-    // The whole run is there: at least the time the program is sure to take.
-    let least = i64::from(rounds) * 2 * HALF_MS as i64 * 1_000_000;
-    assert!(main.total >= least, "{} < {least}", main.total);
+    // The whole run is there: the time the program is sure to take, less what sampling cannot
+    // see. Off-CPU time is exact (from the switches), but on-CPU time is counted in cpu-clock
+    // periods, and on a busy machine the kernel's sampling timer fires late and skips the periods
+    // it overran without counting them (a CI run saw 1.414 s of 1.44 s); 5% covers that, while a
+    // recording that started late or stopped early by a round (8%) still fails.
+    let sure = i64::from(rounds) * 2 * HALF_MS as i64 * 1_000_000;
+    assert!(
+        main.total >= sure - sure / 20,
+        "{} ns recorded of the {sure} ns the program surely ran\n{stderr}",
+        main.total
+    );
     let extra = &profile.metadata.extra;
     assert!(extra.contains_key("off_cpu.below_min"), "{extra:?}");
 
