@@ -289,9 +289,12 @@ fn new_threads_with_live_reads_never_splice_or_report_a_changed_stack() {
             "_start" | "_dl_start_user" | "[kernel: exec]" => rooted += 1,
             n if n.ends_with("clone3") => rooted += 1,
             "[truncated: stack-not-copied]" => {
+                // Mostly a new thread's first instructions in `clone3`; rarely a leaf whose stack
+                // page the kernel could not copy at the interrupt (one not yet faulted in, seen in
+                // `_dl_catch_exception` once in a CI run). Either way the leaf alone, marked.
                 assert!(
-                    names.len() == 2 && names[1].ends_with("clone3"),
-                    "only a new thread's first instructions lack a copy: {names:?}"
+                    names.len() == 2,
+                    "a stack without a copy is its leaf alone: {names:?}"
                 );
                 not_copied += 1;
             }
