@@ -8,8 +8,12 @@
 // memory: the frames they give were read at the sample's instant and need no liveness proof.
 //
 // `bpf_loop` runs one frame per iteration, up to `config.max_frames` (user space sets it so the
-// sampling interrupt stays short; frames past it are read the usual way, with a proof), and
-// words go out in chunks. Why a walk ended travels in its last chunk.
+// sampling interrupt stays short), and words go out in chunks. Why a walk ended travels in its
+// last chunk. A walk that reaches `max_frames` in a sample that interrupted user code goes on in
+// the thread's own context, as task work the kernel runs before the thread returns to user
+// space (`bpf_task_work_schedule_resume`): its user stack is still as it was at the sample, and
+// the walk has no bound there but the stack's end. A sample taken while such a walk is still to
+// run (or running) has the same user stack, and says so instead of walking (`STOP_SAME`).
 //
 // Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches; every
 // object in this directory is built the same way):
@@ -35,6 +39,20 @@ struct pt_regs___kernel {
 
 #define MAX_MAPPINGS 512
 #define CHUNK_WORDS 256
+
+// The kernel's task-work slot in a map value (the verifier knows it by this name).
+struct bpf_task_work {
+	__u64 __opaque;
+};
+struct bpf_map;
+struct task_struct;
+// `bpf_task_work_schedule_resume_impl`, a kfunc. Declared as a helper with an id no helper has,
+// clang emits `call 0x7ffff001`; user space rewrites that instruction before loading into a call
+// of the running kernel's kfunc (found by name in its BTF), or into `r0 = -1` on a kernel
+// without it (the walk then ends at `max_frames`, as before).
+static long (*schedule_task_work)(struct task_struct *task, struct bpf_task_work *tw,
+				  void *map, int (*callback)(struct bpf_map *, void *, void *),
+				  void *aux) = (void *)0x7ffff001;
 
 // How a row finds its frame's CFA (canonical frame address); the return address is at CFA-8.
 enum row_kind {
@@ -101,6 +119,8 @@ enum stop {
 	STOP_LIMIT = 7,
 	STOP_LOST = 8,
 	STOP_PENDING = 9,
+	STOP_CONTINUES = 10, // (not last) the walk goes on before the thread returns to user space
+	STOP_SAME = 11, // the thread's walk in task context is still to finish: the same stack
 };
 
 struct chunk_header {
@@ -187,6 +207,8 @@ struct walk {
 	__u64 bp;
 	__u64 copy_end;
 	__u32 pid;
+	__u32 tid;
+	__u32 in_task; // running as task work: chunks are built in the thread's `task_walk`
 	__u32 frames;
 	__u32 words;
 	__u32 seq;
@@ -202,6 +224,36 @@ struct walk {
 	__u64 row_to;
 	struct row row;
 };
+
+// A thread's walk going on in its own context: the walk's state, and its chunk (a task's walk
+// builds its chunks here, not in the per-CPU scratch that interrupts on this CPU use).
+struct task_walk {
+	struct bpf_task_work work;
+	__u32 busy; // 1 from the sample that scheduled the work until the work's last chunk
+	__u32 pad;
+	struct walk w;
+	struct chunk c;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); // thread id
+	__type(value, struct task_walk);
+	__uint(max_entries, 1024); // set at load time; user space removes threads that exit
+} task_walks SEC(".maps");
+
+// A zeroed `task_walk` to create a thread's entry from (too large for the BPF stack), as bytes:
+// a per-CPU map may not hold the kernel's task-work slot.
+struct task_walk_bytes {
+	__u8 b[sizeof(struct task_walk)];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct task_walk_bytes);
+	__uint(max_entries, 1);
+} task_walk_zero SEC(".maps");
 
 static const __u32 zero = 0;
 
@@ -235,6 +287,21 @@ static __always_inline int flush(struct walk *w, struct chunk *c, __u8 last)
 	return send(c, size);
 }
 
+// The chunk `w` builds: this CPU's scratch in an interrupt, the thread's own in task work.
+static __always_inline struct chunk *chunk_of(struct walk *w)
+{
+	if (w->in_task) {
+		struct task_walk *t = bpf_map_lookup_elem(&task_walks, &w->tid);
+		if (!t)
+			return 0;
+		// Keeps clang from moving the offset above the null check (the verifier refuses
+		// arithmetic on a pointer that may be null).
+		asm volatile("" : "+r"(t));
+		return &t->c;
+	}
+	return bpf_map_lookup_elem(&scratch, &zero);
+}
+
 // Records one stack word read past the copy. (Global functions are verified once each, not at
 // every call: without them the verifier's path count explodes.)
 __attribute__((noinline)) int emit(struct walk *w, __u64 addr, __u64 value)
@@ -243,7 +310,7 @@ __attribute__((noinline)) int emit(struct walk *w, __u64 addr, __u64 value)
 		return -1;
 	if (addr < w->copy_end)
 		return 0;
-	struct chunk *c = bpf_map_lookup_elem(&scratch, &zero);
+	struct chunk *c = chunk_of(w);
 	if (!c)
 		return -1;
 	__u32 n = w->words;
@@ -562,6 +629,68 @@ static __always_inline struct dump_budget *dump_budget(struct config *cfg)
 	return b;
 }
 
+// The rest of a walk, as task work in the sampled thread before it returns to user space.
+static int continue_walk(struct bpf_map *map, void *key, void *value)
+{
+	struct task_walk *t = value;
+	struct walk w = t->w;
+	__u32 before = w.frames;
+	w.in_task = 1;
+	bpf_loop(1 << 23, step, &w, 0);
+	if (w.stop == 0)
+		w.stop = STOP_LIMIT;
+	struct stats *s = bpf_map_lookup_elem(&counters, &zero);
+	if (s)
+		s->frames += w.frames - before;
+	t = bpf_map_lookup_elem(&task_walks, &w.tid);
+	if (!t)
+		return 0;
+	if (s)
+		s->chunks += 1;
+	flush(&w, &t->c, 1);
+	t->busy = 0;
+	return 0;
+}
+
+// A walk that reached `max_frames`: sends what it has and goes on as task work, which runs
+// before the thread next returns to user space (at once for a sample of user code; after the
+// system call or fault for a sample in the kernel). False when it cannot (no room for the
+// thread, a kernel without task work).
+static __always_inline int continue_in_task(struct walk *w, struct chunk *c)
+{
+	struct task_walk *t = bpf_map_lookup_elem(&task_walks, &w->tid);
+	if (!t) {
+		struct task_walk_bytes *z = bpf_map_lookup_elem(&task_walk_zero, &zero);
+		if (!z)
+			return 0;
+		bpf_map_update_elem(&task_walks, &w->tid, z, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&task_walks, &w->tid);
+		if (!t)
+			return 0;
+	}
+	// Only this thread's samples and its task work touch its entry, and a sample interrupting
+	// the task work sees `busy` and stops at the start: no other writer can come between.
+	if (t->busy)
+		return 0;
+	t->busy = 1;
+	w->stop = STOP_CONTINUES;
+	if (flush(w, c, 0) != 0) {
+		t->busy = 0;
+		return 1; // the ring is full: the walk is broken either way
+	}
+	w->stop = 0;
+	t->w = *w;
+	t->c.h = c->h;
+	if (schedule_task_work(bpf_get_current_task_btf(), &t->work, &task_walks, continue_walk, 0) !=
+	    0) {
+		t->busy = 0;
+		w->stop = STOP_LIMIT;
+		flush(w, c, 1);
+		return 1;
+	}
+	return 1;
+}
+
 SEC("perf_event")
 int walk_user_stack(struct bpf_perf_event_data *ctx)
 {
@@ -583,6 +712,7 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	w.bp = BPF_CORE_READ(regs, bp);
 	w.copy_end = w.sp + cfg->copy_bytes;
 	w.pid = pid;
+	w.tid = (__u32)id;
 	w.leaf = 1;
 	c->h.time = bpf_ktime_get_ns();
 	c->h.pid = pid;
@@ -590,14 +720,26 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	c->h.ip = w.ip;
 	c->h.sp = w.sp;
 	c->h.bp = w.bp;
+	struct task_walk *pending = bpf_map_lookup_elem(&task_walks, &w.tid);
+	if (pending && pending->busy) {
+		// The thread has not returned to user space since the sample whose walk goes on.
+		w.stop = STOP_SAME;
+		flush(&w, c, 1);
+		return 1;
+	}
 	__u32 max_frames = cfg->max_frames;
 	if (max_frames == 0 || max_frames > (1 << 23))
 		max_frames = 1 << 23;
 	long n = bpf_loop(max_frames, step, &w, 0);
-	if (w.stop == 0)
-		w.stop = STOP_LIMIT;
 	s->walks++;
 	s->frames += w.frames;
+	if (w.stop == 0) {
+		if (continue_in_task(&w, c)) {
+			s->chunks += w.seq;
+			return 1;
+		}
+		w.stop = STOP_LIMIT;
+	}
 	c = bpf_map_lookup_elem(&scratch, &zero);
 	if (!c)
 		return 1;

@@ -1,14 +1,16 @@
 //! Ground truth for the in-kernel stack walk on stacks that are rebuilt between samples: the main
-//! thread and a second thread of `tests/c/rebuild.c` each recurse 1,000 levels with 1 KiB of
-//! locals per frame (a megabyte of stack, far past the 16 KiB a sample copies), spin about a
-//! millisecond in the leaf, return all the way and recurse again. Live reads after the sample
-//! cannot be proven here (the stack is gone and rebuilt hundreds of times a second); frames read
-//! by the kernel at the sample's instant need no proof.
+//! thread and a second thread of `tests/c/rebuild.c` each recurse 1,000 (and 10,000) levels with
+//! 1 KiB of locals per frame (a megabyte, and ten, of stack, far past the 16 KiB a sample
+//! copies), spin about a millisecond in the leaf, return all the way and recurse again. Live
+//! reads after the sample cannot be proven here (the stack is gone and rebuilt hundreds of times
+//! a second); frames read by the kernel at the sample's instant need no proof. At 10,000 levels
+//! the walk passes the interrupt's frame limit and goes on as task work before the thread
+//! returns to user space.
 //!
 //! Attached by PID, built with frame pointers and without (CFI only): of the samples in the
-//! leaf, at least 99% must run from the thread's root through exactly 1,001 `recurse` frames,
-//! none may be wrong (every other one ends in an explicit `[truncated: …]`), and frames read
-//! live appear only in samples whose walk stopped early.
+//! leaf, at least 99% must run from the thread's root through exactly DEPTH + 1 `recurse`
+//! frames, none may be wrong (every other one ends in an explicit `[truncated: …]`), and frames
+//! read live appear only in samples whose walk stopped early.
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -19,8 +21,6 @@ use std::time::Duration;
 mod c_program;
 
 use rootline_capture::recorder::{KernelWalkMode, RecordOptions, Recording, Target, record};
-
-const DEPTH: usize = 1000;
 
 fn build(name: &str, flags: &[&str]) -> PathBuf {
     c_program::build_c("rebuild.c", name, flags)
@@ -45,7 +45,7 @@ struct Verdict {
     examples: Vec<String>,
 }
 
-fn check(recording: &Recording) -> Verdict {
+fn check(recording: &Recording, depth: usize) -> Verdict {
     let profile = &recording.profile;
     let mut v = Verdict::default();
     let mut frames = Vec::new();
@@ -73,7 +73,7 @@ fn check(recording: &Recording) -> Verdict {
         let body = if main { 5 } else { 4 };
         let recursion = &names[body.min(names.len())..names.len() - 1];
         if (main || second)
-            && recursion.len() == DEPTH + 1
+            && recursion.len() == depth + 1
             && recursion.iter().all(|&n| n == "recurse")
         {
             v.complete[usize::from(second)] += 1;
@@ -95,11 +95,15 @@ fn check(recording: &Recording) -> Verdict {
     v
 }
 
-fn run(name: &str, flags: &[&str]) {
+fn run(name: &str, flags: &[&str], depth: usize) {
     let binary = build(name, flags);
+    // The main thread's stack must hold the recursion (a KiB a level).
     let child = Killed(
-        Command::new(&binary)
-            .args([DEPTH.to_string(), "30".into()])
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -s unlimited && exec \"$0\" \"$@\"")
+            .arg(&binary)
+            .args([depth.to_string(), "30".into()])
             .spawn()
             .expect("starts the workload"),
     );
@@ -115,11 +119,12 @@ fn run(name: &str, flags: &[&str]) {
         }
         Err(e) => panic!("record failed: {e}"),
     };
-    let v = check(&recording);
+    let v = check(&recording, depth);
     let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
     println!(
         "{name}: samples={} in_leaf={} complete(main, second)={:?} truncated={} wrong={} live={} \
-         kernel_walk: unwound={} fell_back={} no_walk={} stops={:?} lost_chunks={} truncated_by={:?}",
+         kernel_walk: unwound={} fell_back={} no_walk={} stops={:?} lost_chunks={} continued={} \
+         shared={} truncated_by={:?}",
         recording.stats.samples,
         v.in_leaf,
         v.complete,
@@ -131,6 +136,8 @@ fn run(name: &str, flags: &[&str]) {
         kw.no_walk,
         kw.walk.stops,
         kw.walk.lost_chunks,
+        kw.walk.join.continued,
+        kw.walk.join.shared,
         recording.stats.truncated,
     );
     for e in &v.examples {
@@ -164,10 +171,128 @@ fn run(name: &str, flags: &[&str]) {
 
 #[test]
 fn rebuilt_deep_stacks_with_frame_pointers_are_whole() {
-    run("rebuild-fp", &["-O2", "-fno-omit-frame-pointer"]);
+    run("rebuild-fp", &["-O2", "-fno-omit-frame-pointer"], 1000);
 }
 
 #[test]
 fn rebuilt_deep_stacks_with_cfi_only_are_whole() {
-    run("rebuild-nofp", &["-O2", "-fomit-frame-pointer"]);
+    run("rebuild-nofp", &["-O2", "-fomit-frame-pointer"], 1000);
+}
+
+#[test]
+fn ten_thousand_deep_rebuilt_stacks_with_frame_pointers_are_whole() {
+    run(
+        "rebuild-fp-10k",
+        &["-O2", "-fno-omit-frame-pointer"],
+        10_000,
+    );
+}
+
+#[test]
+fn ten_thousand_deep_rebuilt_stacks_with_cfi_only_are_whole() {
+    run("rebuild-nofp-10k", &["-O2", "-fomit-frame-pointer"], 10_000);
+}
+
+/// Reused outer frames must never be wrong: `alternate.c` swaps its outermost frames (outer_a /
+/// outer_b) every 150 ms under a 10,000-deep recursion whose frames are identical in both phases,
+/// so the part of one sample's walk a later sample may reuse (`recorder::walk_memo`) is the same
+/// but for the outermost words. Every stack in a leaf must pair spin_a with outer_a and spin_b
+/// with outer_b, nearly all whole, and the outer frames must have been reused within phases.
+#[test]
+fn reused_outer_frames_follow_the_outer_stack_when_it_changes() {
+    const DEPTH: usize = 10_000;
+    let binary = c_program::build_c(
+        "alternate.c",
+        "alternate-kw",
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let mut opts = RecordOptions::new(Target::Command(vec![
+        "sh".into(),
+        "-c".into(),
+        "ulimit -s unlimited && exec \"$0\" \"$@\"".into(),
+        binary.into(),
+        DEPTH.to_string().into(),
+        "4".into(),
+        "150".into(),
+    ]));
+    opts.kernel_walk = KernelWalkMode::On;
+    let recording = match record(&opts, &AtomicBool::new(false), None) {
+        Ok(r) => r,
+        Err(e) if std::env::var_os("CI").is_none() && e.to_string().contains("BPF") => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("record failed: {e}"),
+    };
+    let p = &recording.profile;
+    let mut frames = Vec::new();
+    let (mut whole, mut wrong, mut truncated) = (0u64, Vec::new(), 0u64);
+    for i in 0..p.samples().len() {
+        p.stack_frames_root_first(p.samples().stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| p.frame_name(f)).collect();
+        let Some(leaf) = names.iter().position(|&n| n == "spin_a" || n == "spin_b") else {
+            continue;
+        };
+        if names[0].starts_with("[truncated") {
+            truncated += 1;
+            continue;
+        }
+        let outer = if names[leaf] == "spin_a" {
+            "outer_a"
+        } else {
+            "outer_b"
+        };
+        let ok = names.get(3) == Some(&"main")
+            && names.get(4) == Some(&outer)
+            && leaf == 5 + DEPTH
+            && names[5..leaf].iter().all(|&n| n == "recurse");
+        if ok {
+            whole += 1;
+        } else {
+            let head: Vec<_> = names.iter().take(6).collect();
+            wrong.push(format!("{head:?} … {} (at {leaf})", names[leaf]));
+        }
+    }
+    let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
+    println!(
+        "alternate: whole={whole} wrong={} truncated={truncated} outer_reused={} frames_reused={} \
+         continued={}",
+        wrong.len(),
+        kw.outer_reused,
+        kw.frames_reused,
+        kw.walk.join.continued
+    );
+    assert!(
+        wrong.is_empty(),
+        "{} wrong stacks: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(4)]
+    );
+    assert!(whole >= 500, "only {whole} whole stacks in a leaf");
+    assert!(
+        truncated * 100 <= whole,
+        "{truncated} truncated against {whole} whole"
+    );
+    assert!(
+        kw.outer_reused > 0,
+        "outer frames were reused within phases"
+    );
+}
+
+/// On a kernel without BPF task work (before 6.18) the program's call of it is linked as a call
+/// that fails: the program must still load, its walks then ending at the frame limit.
+#[test]
+fn the_program_loads_where_walks_cannot_go_on_as_task_work() {
+    use rootline_capture::kernel_walk::{KernelWalk, KernelWalkOptions};
+    let opts = KernelWalkOptions {
+        continue_in_task: false,
+        rows: 1024,
+        ring_bytes: 1 << 16,
+        ..KernelWalkOptions::default()
+    };
+    match KernelWalk::load(opts) {
+        Ok(_) => {}
+        Err(e) if std::env::var_os("CI").is_none() => eprintln!("skipped: {e}"),
+        Err(e) => panic!("the program without task work does not load: {e}"),
+    }
 }

@@ -391,7 +391,7 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             err,
             "rootline: in-kernel stack walk: {} walks, {} frames; {} samples unwound with it, {} \
              needed more and were unwound the usual way, {} found no walk; walks ended: {}; {} \
-             chunks lost (ring full), {} walks broken; {} rows in the table{}{}",
+             chunks lost (ring full), {} walks broken; {} rows in the table{}{}{}{}",
             w.walks,
             w.frames,
             kw.unwound,
@@ -414,6 +414,24 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
                 format!(
                     ", {} stack dumps dropped (memory bound) while their binaries were read",
                     kw.dumps_dropped
+                )
+            } else {
+                String::new()
+            },
+            if w.join.continued > 0 {
+                format!(
+                    "; {} deep walks went on before their threads returned to user space ({} \
+                     samples taken meanwhile shared them)",
+                    w.join.continued, w.join.shared
+                )
+            } else {
+                String::new()
+            },
+            if kw.outer_reused > 0 {
+                format!(
+                    "; {} samples reused {} outer frames of their thread's last whole stack (the \
+                     walk read the same words there)",
+                    kw.outer_reused, kw.frames_reused
                 )
             } else {
                 String::new()

@@ -1,6 +1,11 @@
 //! Joining the kernel's walks to perf samples: chunks assembled per thread into one
 //! [`KernelStack`] per walk, then matched to the sample taken in the same interrupt (same thread,
 //! same user registers, the walk's time at or just before the sample's).
+//!
+//! A deep walk goes on as task work before its thread returns to user space: its first chunks
+//! come with the sample, the rest a moment later ([`Join::in_flight`] says a sample's walk is
+//! still coming). A sample taken before that task work finished has the same user stack; its
+//! walk says so (`same` in the program) and is given the walk it waits for.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -72,7 +77,6 @@ impl WalkStop {
 /// One walk: the stack words the kernel read past the sample's copy, at the sample's instant.
 #[derive(Debug)]
 pub struct KernelStack {
-    time: u64,
     ip: u64,
     sp: u64,
     bp: u64,
@@ -99,6 +103,33 @@ impl KernelStack {
             let at = addr.checked_sub(*start)?;
             (at % 8 == 0).then(|| values.get(usize::try_from(at / 8).ok()?).copied())?
         })
+    }
+
+    /// Whether this walk read exactly the words `other` read at and above `low` (neither with
+    /// a stack dump), and ended the same way.
+    pub fn same_from(&self, other: &KernelStack, low: u64) -> bool {
+        fn from(w: &KernelStack, low: u64) -> &[(u64, u64)] {
+            &w.words[w.words.partition_point(|&(a, _)| a < low)..]
+        }
+        self.spans.is_empty()
+            && other.spans.is_empty()
+            && (self.stop, self.end) == (other.stop, other.end)
+            && from(self, low) == from(other, low)
+    }
+
+    /// A walk that read `words` (sorted by address) and reached the thread's root.
+    #[cfg(test)]
+    pub(crate) fn from_words(words: Vec<(u64, u64)>) -> KernelStack {
+        KernelStack {
+            ip: 0,
+            sp: 0,
+            bp: 0,
+            words,
+            spans: Vec::new(),
+            frames: 0,
+            stop: WalkStop::Root,
+            end: (0, 0),
+        }
     }
 
     /// Bytes of its stack dumps.
@@ -167,6 +198,11 @@ pub struct JoinStats {
     pub matched: u64,
     /// Walks no sample claimed (their sample was lost, or not a user sample).
     pub unclaimed: u64,
+    /// Walks that went on as task work past the interrupt's frame limit.
+    pub continued: u64,
+    /// Samples given the walk of an earlier sample of their thread (taken before that walk's
+    /// task work finished: the same user stack).
+    pub shared: u64,
 }
 
 /// How long a walk waits for its sample, in nanoseconds of the walk's clock.
@@ -176,15 +212,29 @@ const MATCH_NS: u64 = 200_000;
 /// Most walks kept per thread.
 const PER_THREAD: usize = 4096;
 
-/// A walk being assembled: its first chunk's header (with the last chunk's number), its words
-/// and its dumps.
+/// The program's `STOP_CONTINUES`: (in a chunk that is not the last) the walk goes on as task
+/// work.
+const STOP_CONTINUES: u8 = 10;
+/// The program's `STOP_SAME`: the sample has the user stack of the thread's walk still going on.
+const STOP_SAME: u8 = 11;
+
+/// A walk being assembled: its first chunk's header (with the last chunk's number, and
+/// `STOP_CONTINUES` as its stop once it goes on as task work), its words and its dumps.
 type Assembling = (ChunkHeader, Vec<(u64, u64)>, Vec<(u64, Vec<u64>)>);
+
+/// A walk ready for its sample: the sample's time (a walk shared by samples of one stack is
+/// ready once for each) and the walk.
+type Ready = (u64, Arc<KernelStack>);
 
 /// Walks being assembled and waiting for their samples.
 #[derive(Default)]
 pub struct Join {
     assembling: HashMap<u32, Assembling>,
-    ready: HashMap<u32, VecDeque<Arc<KernelStack>>>,
+    ready: HashMap<u32, VecDeque<Ready>>,
+    /// Per thread, the times of samples waiting for the walk that goes on as task work.
+    followers: HashMap<u32, Vec<u64>>,
+    /// Per thread, the last walk that went on as task work (a `same` walk may arrive after it).
+    last_continued: HashMap<u32, Arc<KernelStack>>,
     /// Counts.
     pub stats: JoinStats,
 }
@@ -195,6 +245,10 @@ impl Join {
         let Some(h) = ChunkHeader::parse(bytes) else {
             return;
         };
+        if h.stop == STOP_SAME && h.last && h.seq == 0 {
+            self.same(&h);
+            return;
+        }
         let words = &bytes[CHUNK_HEADER_BYTES.min(bytes.len())..];
         let entry = self.assembling.remove(&h.tid);
         let (first, mut collected, mut spans) = match entry {
@@ -236,19 +290,18 @@ impl Join {
         if !h.last {
             let mut head = first;
             head.seq = h.seq;
+            if h.stop == STOP_CONTINUES {
+                head.stop = STOP_CONTINUES;
+            }
             self.assembling.insert(h.tid, (head, collected, spans));
             return;
         }
-        collected.sort_unstable_by_key(|w| w.0);
+        // The walk reads outward, so the words come nearly sorted: a stable sort merges the few
+        // runs in linear time (a deep walk has tens of thousands).
+        collected.sort_by_key(|w| w.0);
         collected.dedup_by_key(|w| w.0);
         self.stats.walks += 1;
-        let queue = self.ready.entry(h.tid).or_default();
-        if queue.len() >= PER_THREAD {
-            queue.pop_front();
-            self.stats.unclaimed += 1;
-        }
-        queue.push_back(Arc::new(KernelStack {
-            time: first.time,
+        let walk = Arc::new(KernelStack {
             ip: first.ip,
             sp: first.sp,
             bp: first.bp,
@@ -257,7 +310,63 @@ impl Join {
             frames: h.frames,
             stop: WalkStop::from_code(h.stop),
             end: (h.end_ip, h.end_sp),
-        }));
+        });
+        self.push_ready(h.tid, first.time, walk.clone());
+        if first.stop == STOP_CONTINUES {
+            self.stats.continued += 1;
+            for time in self.followers.remove(&h.tid).unwrap_or_default() {
+                self.stats.shared += 1;
+                self.push_ready(h.tid, time, walk.clone());
+            }
+            self.last_continued.insert(h.tid, walk);
+        }
+    }
+
+    fn push_ready(&mut self, tid: u32, time: u64, walk: Arc<KernelStack>) {
+        let queue = self.ready.entry(tid).or_default();
+        if queue.len() >= PER_THREAD {
+            queue.pop_front();
+            self.stats.unclaimed += 1;
+        }
+        queue.push_back((time, walk));
+    }
+
+    /// A sample taken while the thread's walk goes on as task work (the thread has not returned
+    /// to user space since): it gets that walk, now or when it is finished.
+    fn same(&mut self, h: &ChunkHeader) {
+        let regs = (h.ip, h.sp, h.bp);
+        if let Some((head, ..)) = self.assembling.get(&h.tid)
+            && head.stop == STOP_CONTINUES
+            && (head.ip, head.sp, head.bp) == regs
+        {
+            self.followers.entry(h.tid).or_default().push(h.time);
+            return;
+        }
+        // Its task work finished before this sample's chunk was written.
+        if let Some(walk) = self.last_continued.get(&h.tid)
+            && (walk.ip, walk.sp, walk.bp) == regs
+        {
+            let walk = walk.clone();
+            self.stats.shared += 1;
+            self.push_ready(h.tid, h.time, walk);
+            return;
+        }
+        self.stats.broken += 1;
+    }
+
+    /// Whether thread `tid`'s sample at `time` has a walk still going on as task work (or
+    /// shares the stack of one): its sample should wait for it.
+    pub fn in_flight(&self, tid: u32, time: u64) -> bool {
+        if self
+            .followers
+            .get(&tid)
+            .is_some_and(|times| times.iter().any(|t| t.abs_diff(time) < MATCH_NS))
+        {
+            return true;
+        }
+        self.assembling.get(&tid).is_some_and(|(head, ..)| {
+            head.stop == STOP_CONTINUES && head.time.abs_diff(time) < MATCH_NS
+        })
     }
 
     /// The walk of thread `tid`'s sample at `time` with user registers `(ip, sp, bp)`: the walk
@@ -275,7 +384,7 @@ impl Join {
         let queue = self.ready.get_mut(&tid)?;
         while queue
             .front()
-            .is_some_and(|w| w.time.saturating_add(CLAIM_WINDOW_NS) < time)
+            .is_some_and(|(t, _)| t.saturating_add(CLAIM_WINDOW_NS) < time)
         {
             queue.pop_front();
             self.stats.unclaimed += 1;
@@ -283,22 +392,29 @@ impl Join {
         let (i, _) = queue
             .iter()
             .enumerate()
-            .filter(|(_, w)| (w.ip, w.sp, w.bp) == (ip, sp, bp) && w.time.abs_diff(time) < MATCH_NS)
-            .min_by_key(|(_, w)| w.time.abs_diff(time))?;
+            .filter(|(_, (t, w))| (w.ip, w.sp, w.bp) == (ip, sp, bp) && t.abs_diff(time) < MATCH_NS)
+            .min_by_key(|(_, (t, _))| t.abs_diff(time))?;
         self.stats.matched += 1;
-        let walk = queue.remove(i);
+        let walk = queue.remove(i).map(|(_, w)| w);
         if queue.is_empty() {
             self.ready.remove(&tid);
         }
         walk
     }
 
-    /// Forgets a thread that exited.
-    pub fn forget_thread(&mut self, tid: u32) {
-        self.assembling.remove(&tid);
-        if let Some(q) = self.ready.remove(&tid) {
-            self.stats.unclaimed += q.len() as u64;
+    /// Forgets a thread that exited: a walk of it still going on as task work will not come
+    /// (walks ready for its last samples stay, to be claimed).
+    pub fn thread_exited(&mut self, tid: u32) {
+        if self
+            .assembling
+            .get(&tid)
+            .is_some_and(|(head, ..)| head.stop == STOP_CONTINUES)
+        {
+            self.assembling.remove(&tid);
+            self.stats.broken += 1;
         }
+        self.followers.remove(&tid);
+        self.last_continued.remove(&tid);
     }
 }
 
@@ -385,6 +501,53 @@ mod tests {
             (bare.word(0x9008), bare.word(0xa000), bare.len()),
             (Some(1), None, 1)
         );
+    }
+
+    /// `chunk` with stop code `stop`.
+    fn with_stop(mut b: Vec<u8>, stop: u8) -> Vec<u8> {
+        b[47] = stop;
+        b
+    }
+
+    #[test]
+    fn a_walk_that_goes_on_as_task_work_is_awaited_and_shared_by_samples_meanwhile() {
+        let mut j = Join::default();
+        // The interrupt's part, then a sample taken while the task work had not yet run.
+        j.chunk(&with_stop(
+            chunk(100, 7, 0, false, &[(0x9008, 1)]),
+            STOP_CONTINUES,
+        ));
+        assert!(j.in_flight(7, 150) && !j.in_flight(7, 5_000_000) && !j.in_flight(8, 150));
+        assert!(j.claim(7, 150, 0x1000, 0x7000, 0).is_none());
+        j.chunk(&with_stop(chunk(900, 7, 0, true, &[]), STOP_SAME));
+        assert!(j.in_flight(7, 950));
+        // The task work's part ends the walk: both samples get it.
+        j.chunk(&chunk(100, 7, 1, true, &[(0xa008, 3)]));
+        assert!(!j.in_flight(7, 150) && !j.in_flight(7, 950));
+        let first = j.claim(7, 150, 0x1000, 0x7000, 0).expect("the walk");
+        let second = j.claim(7, 950, 0x1000, 0x7000, 0).expect("the same walk");
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!((first.word(0x9008), first.word(0xa008)), (Some(1), Some(3)));
+        assert_eq!((j.stats.continued, j.stats.shared), (1, 1));
+        // A sample whose `same` chunk came after the task work finished gets the walk too; one
+        // with other registers does not.
+        j.chunk(&with_stop(chunk(1_500, 7, 0, true, &[]), STOP_SAME));
+        assert!(j.claim(7, 1_500, 0x1000, 0x7000, 0).is_some());
+        let mut other = with_stop(chunk(2_000, 7, 0, true, &[]), STOP_SAME);
+        other[16..24].copy_from_slice(&0x2000u64.to_le_bytes());
+        j.chunk(&other);
+        assert!(j.claim(7, 2_000, 0x2000, 0x7000, 0).is_none());
+        assert_eq!(j.stats.broken, 1);
+    }
+
+    #[test]
+    fn a_thread_that_exits_before_its_task_work_ran_waits_no_more() {
+        let mut j = Join::default();
+        j.chunk(&with_stop(chunk(100, 7, 0, false, &[]), STOP_CONTINUES));
+        j.chunk(&with_stop(chunk(900, 7, 0, true, &[]), STOP_SAME));
+        j.thread_exited(7);
+        assert!(!j.in_flight(7, 100) && !j.in_flight(7, 900));
+        assert!(j.claim(7, 100, 0x1000, 0x7000, 0).is_none());
     }
 
     #[test]

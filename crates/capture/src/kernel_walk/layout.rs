@@ -84,6 +84,18 @@ pub(super) struct Config {
     pub dump_rate: u32,
 }
 
+/// `struct task_walk`, a thread's walk going on as task work: only ever removed from user space,
+/// so held as its bytes (taking the map checks their count against the object's).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub(super) struct TaskWalkSlot(pub [u8; TASK_WALK_BYTES]);
+
+/// Bytes of `struct task_walk`.
+pub(super) const TASK_WALK_BYTES: usize = 4352;
+
+// SAFETY: plain bytes, any value is valid.
+unsafe impl aya::Pod for TaskWalkSlot {}
+
 /// `struct stats` (one per CPU).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -161,6 +173,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Proc>(), 8 + 48 * MAX_MAPPINGS);
         assert_eq!(std::mem::size_of::<Counters>(), 32);
         assert_eq!(std::mem::size_of::<Config>(), 16);
+        assert_eq!(std::mem::size_of::<TaskWalkSlot>(), TASK_WALK_BYTES);
     }
 
     #[test]

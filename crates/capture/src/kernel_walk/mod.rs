@@ -20,6 +20,7 @@ mod join;
 mod layout;
 mod row_cache;
 mod rows;
+mod task_work;
 
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::os::fd::AsFd;
@@ -34,7 +35,7 @@ use crate::unwind::AddressSpace;
 pub use join::{JoinStats, KernelStack, WalkStop, WordsReader};
 use layout::{
     Config, Counters, MAPPING_FRAME_POINTERS, MAPPING_NONE, MAPPING_PENDING, MAPPING_TABLE,
-    MAX_MAPPINGS, Mapping, Proc,
+    MAX_MAPPINGS, Mapping, Proc, TaskWalkSlot,
 };
 use rows::{MappedRows, RowTable};
 
@@ -68,6 +69,10 @@ pub const DEFAULT_PENDING_DUMP_BYTES: u32 = 1024 * 1024;
 /// pending cannot keep the reader busy copying dumps and make the perf rings overflow.
 const DUMP_KIB_PER_SECOND: u32 = 64 * 1024;
 
+/// How long a sample waits for the rest of its walk, going on as task work: the thread runs it
+/// as soon as it is back on a CPU, so only a thread kept off the CPUs that long goes without.
+pub const TASK_WALK_WAIT_NS: u64 = 1_000_000_000;
+
 /// Default [`KernelWalkOptions::ring_bytes`].
 pub const DEFAULT_RING_BYTES: u32 = 32 << 20;
 
@@ -81,9 +86,15 @@ pub struct KernelWalkOptions {
     /// Bytes of the ring buffer (a power of two).
     pub ring_bytes: u32,
     /// Frames walked per sample at most: the walk runs in the sampling interrupt, which must end
-    /// well within the sampling period (about 0.3 µs a frame here). A deeper stack is unwound the
-    /// usual way past the copy (live reads with a proof), so stacks still have no depth cap.
+    /// well within the sampling period (about 0.3 µs a frame here). A deeper stack's walk goes on
+    /// as task work (see `continue_in_task`), or, without it, is unwound the usual way past the
+    /// copy (live reads with a proof), so stacks still have no depth cap.
     pub max_frames: u32,
+    /// A walk that reaches `max_frames` in a sample of user code goes on in the thread's own
+    /// context before it returns to user space (Linux 6.18's BPF task work), with no bound but
+    /// the stack's end; the thread pays for its own deep stack. Off, or on an older kernel, the
+    /// walk ends at `max_frames`.
+    pub continue_in_task: bool,
     /// Stack bytes sent whole when the walk reaches a binary that is still being read or whose
     /// rows are still being compiled (a process's first moments after it starts or maps a
     /// library), so that its samples are unwound like later ones; 0: such walks just end.
@@ -109,6 +120,7 @@ impl Default for KernelWalkOptions {
             rows: 4 << 20,
             ring_bytes: DEFAULT_RING_BYTES,
             max_frames: DEFAULT_MAX_FRAMES,
+            continue_in_task: true,
             pending_dump_bytes: DEFAULT_PENDING_DUMP_BYTES,
             rows_on_demand: false,
             modules: rootline_image::ModuleBudget::new(),
@@ -144,6 +156,8 @@ pub struct KernelWalkStats {
 pub struct KernelWalk {
     ebpf: aya::Ebpf,
     procs: BpfHashMap<MapData, u32, Proc>,
+    /// Threads' walks going on as task work (None: they end at `max_frames`).
+    task_walks: Option<BpfHashMap<MapData, u32, TaskWalkSlot>>,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, Counters>,
     rows: RowTable,
@@ -163,10 +177,16 @@ use join::Join;
 impl KernelWalk {
     /// Loads the program and creates its maps.
     pub fn load(opts: KernelWalkOptions) -> Result<KernelWalk, KernelWalkError> {
+        let kfunc = if opts.continue_in_task {
+            task_work::kfunc_id()
+        } else {
+            None
+        };
+        let object = task_work::link(OBJECT, kfunc).map_err(KernelWalkError::Load)?;
         let mut ebpf = aya::EbpfLoader::new()
             .set_max_entries("rows", opts.rows.max(1))
             .set_max_entries("chunks", opts.ring_bytes.next_power_of_two().max(4096))
-            .load(OBJECT)
+            .load(bytemuck::cast_slice(&object))
             .map_err(|e| KernelWalkError::Load(e.to_string()))?;
         let prog: &mut BpfPerfEvent = ebpf
             .program_mut("walk_user_stack")
@@ -204,6 +224,10 @@ impl KernelWalk {
             .map_err(|e| KernelWalkError::Maps(format!("mapping the rows: {e}")))?;
         Ok(KernelWalk {
             procs: take(&mut ebpf, "procs")?.try_into().map_err(maps)?,
+            task_walks: match kfunc {
+                Some(_) => Some(take(&mut ebpf, "task_walks")?.try_into().map_err(maps)?),
+                None => None,
+            },
             ring: take(&mut ebpf, "chunks")?.try_into().map_err(maps)?,
             counters: take(&mut ebpf, "counters")?.try_into().map_err(maps)?,
             ebpf,
@@ -386,9 +410,20 @@ impl KernelWalk {
         self.synced.contains_key(&pid)
     }
 
-    /// Forgets a thread that exited.
-    pub fn forget_thread(&mut self, tid: u32) {
-        self.join.forget_thread(tid);
+    /// A thread exited: its entry for walks going on as task work goes (a walk of it still
+    /// to come will not).
+    pub fn thread_exited(&mut self, tid: u32) {
+        self.join.thread_exited(tid);
+        if let Some(map) = self.task_walks.as_mut() {
+            // Absent when the thread's walks never went on as task work.
+            let _ = map.remove(&tid);
+        }
+    }
+
+    /// Whether thread `tid`'s sample at `time` waits for its walk, still going on as task work
+    /// (for at most [`TASK_WALK_WAIT_NS`] after the sample, `now` being the monotonic clock).
+    pub fn in_flight(&self, tid: u32, time: u64, now: u64) -> bool {
+        now < time.saturating_add(TASK_WALK_WAIT_NS) && self.join.in_flight(tid, time)
     }
 
     /// The counts so far.

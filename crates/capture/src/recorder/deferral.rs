@@ -26,6 +26,12 @@ pub(crate) struct Deferred {
     /// The file it waits for; None: any file arriving in its process (its stack ended early and
     /// the region to blame is not known).
     pub waits_for: Option<FileKey>,
+    /// `(tid, time)` of a sample that waits for the rest of its in-kernel walk (going on as
+    /// task work) rather than for a file.
+    pub walk: Option<(u32, u64)>,
+    /// It waits only because an earlier sample of its space does (it is due whenever that one
+    /// is).
+    pub behind: bool,
     /// The weight of an off-CPU sample (None for a CPU sample).
     pub off_cpu: Option<super::off_cpu::OffWeight>,
     /// The weight of an allocation sample (None for others).
@@ -76,6 +82,16 @@ impl Deferrals {
         self.bytes += d.raw.len();
         *self.per_space.entry(d.space).or_default() += 1;
         self.deferred.push(d);
+    }
+
+    /// The sample set aside last.
+    pub fn last_mut(&mut self) -> Option<&mut Deferred> {
+        self.deferred.last_mut()
+    }
+
+    /// The `(tid, time)` of every sample that waits for its in-kernel walk.
+    pub fn walks_awaited(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.deferred.iter().filter_map(|d| d.walk)
     }
 
     /// Whether any waiting sample is one that `due` picks.

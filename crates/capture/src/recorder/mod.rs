@@ -20,6 +20,7 @@ mod stack_end;
 mod stats;
 mod switch_cap;
 mod user_unwind;
+mod walk_memo;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -33,6 +33,7 @@ use super::raw::{Batch, NO_NODE, Pending, RawFrame, RawKind, RawTables};
 use super::stack_end::stack_end;
 use super::stats::Stats;
 use super::user_unwind::UserUnwinder;
+use super::walk_memo::WalkMemos;
 
 /// How long attaching waits, at most, for the rows of the targets' binaries.
 const PRIME_ROWS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -72,6 +73,8 @@ pub struct Pipeline {
     kernel_walk: Option<KernelWalk>,
     /// Walks of samples set aside, by (tid, time).
     kept_walks: foldhash::HashMap<(u32, u64), std::sync::Arc<crate::kernel_walk::KernelStack>>,
+    /// Per thread, the outer part of its last whole kernel-walked stack, for reuse.
+    walk_memos: WalkMemos,
     /// Allocation sampling, when allocations are recorded.
     alloc: Option<AllocSampler>,
     /// The weight of the allocation sample being handled.
@@ -103,6 +106,7 @@ impl Pipeline {
             ready: Vec::new(),
             kernel_walk: None,
             kept_walks: Default::default(),
+            walk_memos: WalkMemos::default(),
             alloc: None,
             alloc_weight: None,
         }
@@ -123,8 +127,19 @@ impl Pipeline {
     /// Reads the walks written so far: call after reading the perf rings' heads, before
     /// handling their samples.
     pub fn drain_kernel_walk(&mut self) {
-        if let Some(kw) = self.kernel_walk.as_mut() {
-            kw.drain();
+        let Some(kw) = self.kernel_walk.as_mut() else {
+            return;
+        };
+        kw.drain();
+        // Samples whose walks went on as task work, now whole (or waited for long enough).
+        let now = crate::perf_event::monotonic_ns();
+        let whole: foldhash::HashSet<(u32, u64)> = self
+            .deferrals
+            .walks_awaited()
+            .filter(|&(tid, time)| !kw.in_flight(tid, time, now))
+            .collect();
+        if !whole.is_empty() {
+            self.replay_if(|d| d.walk.is_some_and(|w| whole.contains(&w)));
         }
     }
 
@@ -266,8 +281,9 @@ impl Pipeline {
         }
         for d in self.deferrals.take_all() {
             // A space's samples stay in time order: once one of them waits, the rest wait
-            // behind it (the outer-stack cache relies on each thread's order).
-            if self.deferrals.waiting(d.space) || !due(&d) {
+            // behind it (the outer-stack cache relies on each thread's order), and go when it
+            // goes.
+            if self.deferrals.waiting(d.space) || !(d.behind || due(&d)) {
                 self.deferrals.defer(d);
                 continue;
             }
@@ -381,6 +397,10 @@ impl Pipeline {
                     alloc.exited(tid);
                 }
                 self.proof.forget((pid, tid));
+                if let Some(kw) = self.kernel_walk.as_mut() {
+                    kw.thread_exited(tid);
+                }
+                self.walk_memos.forget((pid, tid));
                 self.lifetimes.exited(pid, tid);
             }
             Record::Switch {

@@ -56,6 +56,11 @@ pub struct KernelWalkUse {
     /// Samples set aside whose walk's stack dump was dropped because the dumps kept already
     /// held [`crate::recorder::KEPT_DUMP_BYTES`].
     pub dumps_dropped: u64,
+    /// Samples whose outer frames were those of their thread's last whole sample, its walk
+    /// having read the same words there (see `recorder::walk_memo`).
+    pub outer_reused: u64,
+    /// Frames those samples reused.
+    pub frames_reused: u64,
 }
 
 /// Counts of the kernel callchain cross-check (see [`crate::live::callchain`]).

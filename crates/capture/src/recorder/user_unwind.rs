@@ -17,6 +17,7 @@ use super::live_proof::{LiveProof, Walk};
 use super::outer_cache::{Observed, Outer, Plan, ProofObserver, State};
 use super::stack_end::{Ending, Passed, StackFacts};
 use super::stats::Stats;
+use super::walk_memo::{LowestRead, MemoObserver, Reusable};
 
 /// One sample's user-mode inputs to an unwind.
 #[derive(Clone, Copy)]
@@ -32,6 +33,8 @@ pub(crate) struct UserSample<'s> {
     pub chain: &'s [u64],
     /// The in-kernel walk made at the sample, when there is one.
     pub kernel: Option<&'s KernelStack>,
+    /// With `kernel`: the thread's memos to stop for (see `walk_memo`).
+    pub kernel_reuse: Reusable,
 }
 
 impl UserSample<'_> {
@@ -65,6 +68,9 @@ pub(crate) struct UserUnwinder {
     pub reused: Option<Outer>,
     /// Scratch: the regions of the sample's space still waiting for their binary.
     pending_ranges: Vec<(u64, u64)>,
+    /// After an unwind with a kernel walk: its first frame past the copy (index and state), and
+    /// the lowest stack address read from there on.
+    pub past_copy: Option<(usize, State, u64)>,
 }
 
 impl UserUnwinder {
@@ -112,10 +118,25 @@ impl UserUnwinder {
             inner: &mut mem,
             pending: &self.pending_ranges,
         };
+        let (past, low) = (Cell::new(false), Cell::new(u64::MAX));
+        let mut lowest = LowestRead {
+            inner: &mut guarded,
+            past: &past,
+            low: &low,
+        };
+        let mut observer = MemoObserver {
+            copy_end: s.copy_end(),
+            reuse: s.kernel_reuse,
+            first_past: None,
+            reused: None,
+            past: &past,
+            low: &low,
+        };
         let before = state.space.full_register_unwinds();
-        let unwound = state.space.unwind_with_sps(
+        let unwound = state.space.unwind_observed(
             &s.regs,
-            &mut guarded,
+            &mut lowest,
+            &mut observer,
             &mut self.addrs,
             Some(&mut self.sps),
         );
@@ -124,7 +145,10 @@ impl UserUnwinder {
         self.instruction_frames
             .extend_from_slice(state.space.instruction_frames());
         self.states.clear();
-        self.reused = None;
+        self.reused = observer.reused;
+        self.past_copy = observer
+            .first_past
+            .map(|(index, state)| (index, state, low.get()));
         StackFacts {
             unwound,
             copy_frames: self.sps.len(),
@@ -145,6 +169,7 @@ impl UserUnwinder {
         plan: Plan,
     ) -> StackFacts {
         let copy_end = s.copy_end();
+        self.past_copy = None;
         let state = parts.processes.get(s.space);
         self.pending_ranges.clear();
         state.pending_ranges(&mut self.pending_ranges);

@@ -13,10 +13,11 @@ use super::Pipeline;
 use crate::recorder::KEPT_DUMP_BYTES;
 use crate::recorder::deferral::Deferred;
 use crate::recorder::live_proof::ProvenOuter;
-use crate::recorder::outer_cache::Plan;
+use crate::recorder::outer_cache::{Outer, Plan};
 use crate::recorder::raw::{NO_NODE, RawFrame, RawKind};
 use crate::recorder::stack_end::{StackFacts, stack_end};
 use crate::recorder::user_unwind::{UnwindParts, UserSample};
+use crate::recorder::walk_memo::Memo;
 
 impl Pipeline {
     /// Unwinds (in address space `space`) and interns a sample's user stack; returns its leaf
@@ -34,11 +35,34 @@ impl Pipeline {
             && self.deferrals.waiting(space)
             && self.deferrals.has_room(raw.len())
         {
-            self.defer(raw, space, None);
+            self.defer_with(raw, space, None, None);
+            if let Some(d) = self.deferrals.last_mut() {
+                d.behind = true;
+            }
+            return None;
+        }
+        // Its in-kernel walk goes on as task work: wait for the rest (it comes as soon as the
+        // thread is back on a CPU).
+        if let Some(raw) = raw
+            && !self.deferrals.force
+            && self.alloc_weight.is_none()
+            && self.deferrals.has_room(raw.len())
+            && self
+                .kernel_walk
+                .as_ref()
+                .is_some_and(|kw| kw.in_flight(s.tid, s.time, crate::perf_event::monotonic_ns()))
+        {
+            self.defer_with(raw, space, None, Some((s.tid, s.time)));
             return None;
         }
         let key = (s.pid, s.tid);
         let walk = self.kernel_walk_of(s, regs);
+        let copy_end = regs.sp().saturating_add(s.stack.len() as u64);
+        let space_gen = self.lifetimes.space_gen(s.pid);
+        let kernel_reuse = match walk.as_deref() {
+            Some(w) => self.walk_memos.usable(key, w, copy_end, space_gen),
+            None => Default::default(),
+        };
         let input = UserSample {
             space,
             pid: s.pid,
@@ -47,9 +71,8 @@ impl Pipeline {
             stack: s.stack,
             chain: &s.user_ips,
             kernel: walk.as_deref(),
+            kernel_reuse,
         };
-        let copy_end = input.copy_end();
-        let space_gen = self.lifetimes.space_gen(s.pid);
         let plan = self.proof.plan(key, s.time, copy_end, space_gen);
         let mut facts = self.unwind(&input, plan);
         while let Some(waits_for) = self.touches_pending(space, &facts) {
@@ -84,13 +107,21 @@ impl Pipeline {
         let mut node = NO_NODE;
         let mut upto = addrs.len();
         let mut depth = addrs.len();
+        let mut reused_kernel_outer = None;
         match (ending.end, self.unwinder.reused) {
             (StackEnd::Stopped, Some(outer)) => {
                 // The last frame is `B`, already in the cached node with all its callers.
                 node = outer.node;
                 upto -= 1;
                 depth = upto + outer.frames;
-                self.proof.reused(outer.frames);
+                if facts.from_kernel {
+                    reused_kernel_outer = Some(outer);
+                    let use_ = self.stats.kernel_walk.get_or_insert_with(Default::default);
+                    use_.outer_reused += 1;
+                    use_.frames_reused += outer.frames as u64;
+                } else {
+                    self.proof.reused(outer.frames);
+                }
             }
             (StackEnd::Truncated(reason), _) => {
                 *self.stats.truncated.entry(reason).or_default() += 1;
@@ -104,6 +135,16 @@ impl Pipeline {
         }
         // A whole, proven stack read past the copy: keep its part from `B` on.
         let keep_b = ending.cache_outer_from;
+        // A whole stack unwound with its kernel walk (perhaps reusing the thread's last): keep
+        // its part past the copy for the thread's next samples (see `walk_memo`). The newest is
+        // kept, so the part reused stays close to the leaf as the stack deepens.
+        let whole = ending.end == StackEnd::Root || reused_kernel_outer.is_some();
+        let memo_from = match (facts.from_kernel && whole, self.unwinder.past_copy) {
+            (true, Some((index, _, _))) if index < upto => Some(index),
+            _ => None,
+        };
+        let mut memo_in_files = true;
+        let mut node_at_memo = None;
         // An allocation's leaf frames that are the sampler's own (its library, or the probed
         // function's entry) go: the leaf is the program's caller.
         let own = match (&self.alloc, self.alloc_weight) {
@@ -130,10 +171,16 @@ impl Pipeline {
             };
             let found = self.processes.binary_at(space, lookup);
             let kind = self.tables.user_kind(found, s.pid, is_return);
+            // JIT code is named through maps that change without the stack changing.
+            let in_files = || {
+                matches!(kind, RawKind::User(m, _)
+                    if self.tables.mapping(m).binary.module.is_some())
+            };
             if keep_b.is_some_and(|b| i >= b) {
-                // JIT code is named through maps that change without the stack changing.
-                outer_in_files &= matches!(kind, RawKind::User(m, _)
-                    if self.tables.mapping(m).binary.module.is_some());
+                outer_in_files &= in_files();
+            }
+            if memo_from.is_some_and(|m| i >= m) {
+                memo_in_files &= in_files();
             }
             // A return address was read just below its caller's stack pointer.
             let live = is_return
@@ -148,6 +195,38 @@ impl Pipeline {
             if keep_b == Some(i) {
                 node_at_b = Some(node);
             }
+            if memo_from == Some(i) {
+                node_at_memo = Some(node);
+            }
+        }
+        if let (Some(from), Some(node), true, Some(walk), Some((_, state, low))) = (
+            memo_from,
+            node_at_memo,
+            memo_in_files,
+            walk.as_ref(),
+            self.unwinder.past_copy,
+        ) {
+            let outer = Outer {
+                state,
+                lo: 0,
+                hi: u64::MAX,
+                node,
+                frames: upto - from + reused_kernel_outer.map_or(0, |o| o.frames),
+            };
+            // Above the frame it stopped at, the reused part read no lower than its own memo.
+            let low = match &reused_kernel_outer {
+                Some(o) => low.min(self.walk_memos.used(key, o).unwrap_or(0)),
+                None => low,
+            };
+            self.walk_memos.keep(
+                key,
+                Memo {
+                    outer,
+                    low,
+                    walk: walk.clone(),
+                    space_gen,
+                },
+            );
         }
         if let (Some(from), Some(node), true) = (keep_b, node_at_b, outer_in_files) {
             let walk = self.unwinder.walk(copy_end);
@@ -161,10 +240,23 @@ impl Pipeline {
     /// Sets the sample recorded as `raw` aside, to be unwound in `space` once `waits_for` (or,
     /// when None, any binary of its process) is parsed.
     fn defer(&mut self, raw: &[u8], space: u32, waits_for: Option<FileKey>) {
+        self.defer_with(raw, space, waits_for, None);
+    }
+
+    /// [`Pipeline::defer`], or, with `walk`, until that sample's in-kernel walk is whole.
+    fn defer_with(
+        &mut self,
+        raw: &[u8],
+        space: u32,
+        waits_for: Option<FileKey>,
+        walk: Option<(u32, u64)>,
+    ) {
         self.deferrals.defer(Deferred {
             raw: raw.to_vec(),
             space,
             waits_for,
+            walk,
+            behind: false,
             off_cpu: self.off_weight,
             alloc: self.alloc_weight,
         });

@@ -1,0 +1,94 @@
+//! Linking the program's one kfunc call. A walk goes on past `max_frames` as task work
+//! (`bpf_task_work_schedule_resume_impl`, Linux 6.18), but the loader links no kfunc calls, so
+//! the program calls it as a helper with an id no helper has, and [`link`] rewrites that
+//! instruction before loading: into a call of the kfunc by its id in the running kernel's BTF,
+//! or, where the kernel has no such kfunc (or the caller turned the continuation off), into
+//! `r0 = -1`, which the program reads as "could not schedule" (the walk ends at `max_frames`).
+
+use object::{Object, ObjectSection, SectionKind};
+
+/// `call 0x7ffff001`: the placeholder clang emits for `schedule_task_work`.
+const PLACEHOLDER: [u8; 8] = [0x85, 0x00, 0x00, 0x00, 0x01, 0xf0, 0xff, 0x7f];
+/// The kfunc the placeholder stands for.
+pub(super) const KFUNC: &str = "bpf_task_work_schedule_resume_impl";
+/// `r0 = -1` (`BPF_ALU64 | BPF_MOV | BPF_K`).
+const FAILED: [u8; 8] = [0xb7, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff];
+
+/// `kfunc`'s call: `BPF_JMP | BPF_CALL`, `src_reg = BPF_PSEUDO_KFUNC_CALL`, the kfunc's BTF id.
+fn kfunc_call(id: u32) -> [u8; 8] {
+    let mut insn = [0x85, 0x20, 0, 0, 0, 0, 0, 0];
+    insn[4..].copy_from_slice(&id.to_le_bytes());
+    insn
+}
+
+/// The running kernel's BTF id of [`KFUNC`]; None when it has none (older than 6.18, or no BTF).
+pub(super) fn kfunc_id() -> Option<u32> {
+    let btf = aya::Btf::from_sys_fs().ok()?;
+    btf.id_by_type_name_kind(KFUNC, aya_obj::btf::BtfKind::Func)
+        .ok()
+}
+
+/// `object` with every placeholder call replaced: by a call of the kfunc `id`, or by `r0 = -1`
+/// when None. Returned as 8-byte words (the ELF parser needs the bytes aligned). Errors when
+/// the object has no placeholder in its code (it was built from another source).
+pub(super) fn link(object: &[u8], id: Option<u32>) -> Result<Vec<u64>, String> {
+    let file = object::File::parse(object).map_err(|e| format!("the program's object: {e}"))?;
+    let mut bytes = object.to_vec();
+    let insn = id.map_or(FAILED, kfunc_call);
+    let mut found = 0;
+    for section in file.sections() {
+        if section.kind() != SectionKind::Text {
+            continue;
+        }
+        let Some((offset, size)) = section.file_range() else {
+            continue;
+        };
+        let (Ok(start), Ok(size)) = (usize::try_from(offset), usize::try_from(size)) else {
+            continue;
+        };
+        let Some(code) = bytes.get_mut(start..start.saturating_add(size)) else {
+            continue;
+        };
+        for slot in code.chunks_exact_mut(8) {
+            if slot == PLACEHOLDER {
+                slot.copy_from_slice(&insn);
+                found += 1;
+            }
+        }
+    }
+    if found == 0 {
+        return Err(format!("the program's object calls no {KFUNC} placeholder"));
+    }
+    bytes.resize(bytes.len().div_ceil(8) * 8, 0);
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or_default()))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_placeholder_becomes_the_kfunc_call_or_a_failed_call() {
+        let object: &[u8] = super::super::OBJECT;
+        let count = |words: &[u64], insn: [u8; 8]| {
+            bytemuck::cast_slice::<u64, [u8; 8]>(words)
+                .iter()
+                .filter(|w| **w == insn)
+                .count()
+        };
+        let linked = link(object, Some(65923)).unwrap();
+        assert_eq!(count(&linked, kfunc_call(65923)), 1);
+        assert_eq!(count(&linked, PLACEHOLDER), 0);
+        assert_eq!(
+            bytemuck::cast_slice::<u64, u8>(&linked).len(),
+            object.len().div_ceil(8) * 8
+        );
+        let unlinked = link(object, None).unwrap();
+        assert_eq!(count(&unlinked, PLACEHOLDER), 0);
+        assert!(count(&unlinked, FAILED) >= 1);
+        assert!(link(b"not an object", None).is_err());
+    }
+}
