@@ -533,10 +533,8 @@ __attribute__((noinline)) int step_frame(struct walk *w)
 		w->stop = STOP_READ;
 		return 1;
 	}
-	if (emit(w, cfa - 8, ra) != 0) {
-		w->stop = STOP_LOST;
-		return 1;
-	}
+	// The frame's words go out in address order (body, saved rbp, return address), so that a
+	// walk's words arrive sorted.
 	if (w->row.kind == ROW_FP && cfa >= 16 && emit_body(w, w->sp, cfa - 16) != 0) {
 		w->stop = STOP_LOST;
 		return 1;
@@ -553,6 +551,10 @@ __attribute__((noinline)) int step_frame(struct walk *w)
 			return 1;
 		}
 		w->bp = bp;
+	}
+	if (emit(w, cfa - 8, ra) != 0) {
+		w->stop = STOP_LOST;
+		return 1;
 	}
 	w->frames++;
 	w->sp = cfa;
@@ -654,10 +656,14 @@ static int continue_walk(struct bpf_map *map, void *key, void *value)
 
 // A walk that reached `max_frames`: sends what it has and goes on as task work, which runs
 // before the thread next returns to user space (at once for a sample of user code; after the
-// system call or fault for a sample in the kernel). False when it cannot (no room for the
-// thread, a kernel without task work).
+// system call or fault for a sample in the kernel). False when it cannot (a ring half full, no
+// room for the thread, a kernel without task work).
 static __always_inline int continue_in_task(struct walk *w, struct chunk *c)
 {
+	// A deep walk sends hundreds of KiB: not while the ring is half full (the reader is behind;
+	// the walk would be lost, and crowd out others).
+	if (bpf_ringbuf_query(&chunks, BPF_RB_AVAIL_DATA) * 2 > bpf_ringbuf_query(&chunks, BPF_RB_RING_SIZE))
+		return 0;
 	struct task_walk *t = bpf_map_lookup_elem(&task_walks, &w->tid);
 	if (!t) {
 		struct task_walk_bytes *z = bpf_map_lookup_elem(&task_walk_zero, &zero);

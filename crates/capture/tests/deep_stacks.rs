@@ -16,8 +16,12 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+#[path = "common/alternate.rs"]
+mod alternate;
 #[path = "common/c_program.rs"]
 mod c_program;
+
+use alternate::Alternation;
 
 use rootline_capture::recorder::{
     DEFAULT_LIVE_STACK_BUDGET, KernelWalkMode, RecordOptions, Target, record,
@@ -347,43 +351,17 @@ fn outer_frames_are_proven_when_the_outer_stack_changes() {
         opts.frequency_hz = 1_000;
         let stop = AtomicBool::new(false);
         let recording = record(&opts, &stop, None).expect("recording works");
-        let p = &recording.profile;
-        let mut frames = Vec::new();
-        let (mut whole, mut wrong, mut truncated) = (0u64, Vec::new(), 0u64);
-        for i in 0..p.samples().len() {
-            p.stack_frames_root_first(p.samples().stacks[i], &mut frames);
-            let names: Vec<&str> = frames.iter().map(|&f| p.frame_name(f)).collect();
-            let Some(leaf) = names.iter().position(|&n| n == "spin_a" || n == "spin_b") else {
-                continue;
-            };
-            if names[0].starts_with("[truncated") {
-                truncated += 1;
-                continue;
-            }
-            let outer = if names[leaf] == "spin_a" {
-                "outer_a"
-            } else {
-                "outer_b"
-            };
-            let ok = names.get(3) == Some(&"main")
-                && names.get(4) == Some(&outer)
-                && leaf == 5 + 1000
-                && names[5..leaf].iter().all(|&n| n == "recurse");
-            if ok {
-                whole += 1;
-            } else if wrong.len() < 4 {
-                let head: Vec<_> = names.iter().take(6).collect();
-                wrong.push(format!("{head:?} … {} (at {leaf})", names[leaf]));
-            } else {
-                wrong.push(String::new());
-            }
-        }
+        let Alternation {
+            whole,
+            wrong,
+            truncated,
+        } = alternate::judge(&recording.profile, 1000);
         let c = recording.stats.outer_cache;
         println!(
             "{name}: whole={whole} wrong={} truncated={truncated} outer_cache={c:?}",
             wrong.len()
         );
-        for w in wrong.iter().filter(|w| !w.is_empty()) {
+        for w in wrong.iter().take(4) {
             println!("  {w}");
         }
         assert!(wrong.is_empty(), "{name}: {} wrong stacks", wrong.len());

@@ -17,6 +17,8 @@ use std::process::{Child, Command};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+#[path = "common/alternate.rs"]
+mod alternate;
 #[path = "common/c_program.rs"]
 mod c_program;
 
@@ -24,6 +26,22 @@ use rootline_capture::recorder::{KernelWalkMode, RecordOptions, Recording, Targe
 
 fn build(name: &str, flags: &[&str]) -> PathBuf {
     c_program::build_c("rebuild.c", name, flags)
+}
+
+/// One workload at a time: a 10,000-deep walk sends ~300 KiB a sample, and with the others'
+/// spinning threads on the same CPUs the reader would measure the machine's load, not the walk.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Records with `opts`; None (said) where BPF cannot load outside CI.
+fn record_or_skip(opts: &RecordOptions) -> Option<Recording> {
+    match record(opts, &AtomicBool::new(false), None) {
+        Ok(r) => Some(r),
+        Err(e) if std::env::var_os("CI").is_none() && e.to_string().contains("BPF") => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("record failed: {e}"),
+    }
 }
 
 struct Killed(Child);
@@ -96,6 +114,7 @@ fn check(recording: &Recording, depth: usize) -> Verdict {
 }
 
 fn run(name: &str, flags: &[&str], depth: usize) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let binary = build(name, flags);
     // The main thread's stack must hold the recursion (a KiB a level).
     let child = Killed(
@@ -111,13 +130,8 @@ fn run(name: &str, flags: &[&str], depth: usize) {
     let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
     opts.kernel_walk = KernelWalkMode::On;
     opts.duration = Some(Duration::from_secs(3));
-    let recording = match record(&opts, &AtomicBool::new(false), None) {
-        Ok(r) => r,
-        Err(e) if std::env::var_os("CI").is_none() && e.to_string().contains("BPF") => {
-            eprintln!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("record failed: {e}"),
+    let Some(recording) = record_or_skip(&opts) else {
+        return;
     };
     let v = check(&recording, depth);
     let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
@@ -201,6 +215,7 @@ fn ten_thousand_deep_rebuilt_stacks_with_cfi_only_are_whole() {
 #[test]
 fn reused_outer_frames_follow_the_outer_stack_when_it_changes() {
     const DEPTH: usize = 10_000;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let binary = c_program::build_c(
         "alternate.c",
         "alternate-kw",
@@ -216,51 +231,25 @@ fn reused_outer_frames_follow_the_outer_stack_when_it_changes() {
         "150".into(),
     ]));
     opts.kernel_walk = KernelWalkMode::On;
-    let recording = match record(&opts, &AtomicBool::new(false), None) {
-        Ok(r) => r,
-        Err(e) if std::env::var_os("CI").is_none() && e.to_string().contains("BPF") => {
-            eprintln!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("record failed: {e}"),
+    let Some(recording) = record_or_skip(&opts) else {
+        return;
     };
-    let p = &recording.profile;
-    let mut frames = Vec::new();
-    let (mut whole, mut wrong, mut truncated) = (0u64, Vec::new(), 0u64);
-    for i in 0..p.samples().len() {
-        p.stack_frames_root_first(p.samples().stacks[i], &mut frames);
-        let names: Vec<&str> = frames.iter().map(|&f| p.frame_name(f)).collect();
-        let Some(leaf) = names.iter().position(|&n| n == "spin_a" || n == "spin_b") else {
-            continue;
-        };
-        if names[0].starts_with("[truncated") {
-            truncated += 1;
-            continue;
-        }
-        let outer = if names[leaf] == "spin_a" {
-            "outer_a"
-        } else {
-            "outer_b"
-        };
-        let ok = names.get(3) == Some(&"main")
-            && names.get(4) == Some(&outer)
-            && leaf == 5 + DEPTH
-            && names[5..leaf].iter().all(|&n| n == "recurse");
-        if ok {
-            whole += 1;
-        } else {
-            let head: Vec<_> = names.iter().take(6).collect();
-            wrong.push(format!("{head:?} … {} (at {leaf})", names[leaf]));
-        }
-    }
+    let alternate::Alternation {
+        whole,
+        wrong,
+        truncated,
+    } = alternate::judge(&recording.profile, DEPTH);
     let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
     println!(
         "alternate: whole={whole} wrong={} truncated={truncated} outer_reused={} frames_reused={} \
-         continued={}",
+         continued={} stops={:?} no_walk={} truncated_by={:?}",
         wrong.len(),
         kw.outer_reused,
         kw.frames_reused,
-        kw.walk.join.continued
+        kw.walk.join.continued,
+        kw.walk.stops,
+        kw.no_walk,
+        recording.stats.truncated
     );
     assert!(
         wrong.is_empty(),

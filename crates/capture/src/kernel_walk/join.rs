@@ -296,9 +296,11 @@ impl Join {
             self.assembling.insert(h.tid, (head, collected, spans));
             return;
         }
-        // The walk reads outward, so the words come nearly sorted: a stable sort merges the few
-        // runs in linear time (a deep walk has tens of thousands).
-        collected.sort_by_key(|w| w.0);
+        // The walk reads outward and sends each frame's words in address order, so they come
+        // sorted (a deep walk has tens of thousands); a walk that followed a guess may not.
+        if !collected.is_sorted_by_key(|w| w.0) {
+            collected.sort_by_key(|w| w.0);
+        }
         collected.dedup_by_key(|w| w.0);
         self.stats.walks += 1;
         let walk = Arc::new(KernelStack {

@@ -69,9 +69,12 @@ pub const DEFAULT_PENDING_DUMP_BYTES: u32 = 1024 * 1024;
 /// pending cannot keep the reader busy copying dumps and make the perf rings overflow.
 const DUMP_KIB_PER_SECOND: u32 = 64 * 1024;
 
-/// How long a sample waits for the rest of its walk, going on as task work: the thread runs it
-/// as soon as it is back on a CPU, so only a thread kept off the CPUs that long goes without.
-pub const TASK_WALK_WAIT_NS: u64 = 1_000_000_000;
+/// How long after a sample (by the clock, when the reader gets to it) its sample waits for the
+/// rest of its walk, going on as task work. The thread runs it as soon as it is back on a CPU, and
+/// a later walk of the thread ends the wait at once (it could not start before the work ended);
+/// this bound is for a thread that blocks in the kernel right after a sample there and is not
+/// sampled again. Generous, as a reader that falls behind a loaded machine sees its samples late.
+pub const TASK_WALK_WAIT_NS: u64 = 10_000_000_000;
 
 /// Default [`KernelWalkOptions::ring_bytes`].
 pub const DEFAULT_RING_BYTES: u32 = 32 << 20;
@@ -301,7 +304,7 @@ impl KernelWalk {
                 let unwanted = self
                     .wanted
                     .as_ref()
-                    .is_some_and(|w| !w.contains(&(std::sync::Arc::as_ptr(sections) as usize)));
+                    .is_some_and(|w| !w.contains(&rows::binary_key(sections)));
                 if !sections.has_cfi() {
                     // No rows to place: walked by frame pointers (the default above).
                 } else if unwanted {
@@ -393,7 +396,7 @@ impl KernelWalk {
             .find_map(|a| space.region(a).and_then(|r| r.module.clone()));
         if let Some(module) = module {
             let sections = rootline_unwind::Binary::unwind_sections(&*module);
-            if wanted.insert(std::sync::Arc::as_ptr(sections) as usize) {
+            if wanted.insert(rows::binary_key(sections)) {
                 self.synced.clear();
             }
         }

@@ -14,6 +14,12 @@ use rootline_unwind::kernel_rows::kernel_rows;
 use rootline_image::{ModuleBudget, TableCharge};
 
 use super::layout::Row;
+
+/// A binary's key in the row table and in the set of binaries walks asked for: its unwind
+/// sections, by address (one parse of a file is shared by every process that maps it).
+pub(super) fn binary_key(sections: &Arc<UnwindSections>) -> usize {
+    Arc::as_ptr(sections) as usize
+}
 use super::row_cache;
 
 /// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
@@ -279,7 +285,7 @@ impl RowTable {
     /// Where the rows of `sections` are; None while they are being compiled (the first call
     /// sends them to be) or when they did not fit.
     pub fn place(&mut self, sections: &Arc<UnwindSections>) -> Option<Placed> {
-        let key = Arc::as_ptr(sections) as usize;
+        let key = binary_key(sections);
         if let Some(e) = self.binaries.get(&key)
             && e.sections.upgrade().is_some()
         {
@@ -306,7 +312,7 @@ impl RowTable {
     /// Whether the rows of `sections` are being compiled (sent by [`RowTable::place`], not yet
     /// placed).
     pub fn is_compiling(&self, sections: &Arc<UnwindSections>) -> bool {
-        self.compiling.contains(&(Arc::as_ptr(sections) as usize))
+        self.compiling.contains(&binary_key(sections))
     }
 
     /// Places the rows compiled since the last call; true when any were placed (the mappings

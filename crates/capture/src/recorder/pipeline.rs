@@ -73,6 +73,8 @@ pub struct Pipeline {
     kernel_walk: Option<KernelWalk>,
     /// Walks of samples set aside, by (tid, time).
     kept_walks: foldhash::HashMap<(u32, u64), std::sync::Arc<crate::kernel_walk::KernelStack>>,
+    /// Bytes of the stack dumps `kept_walks` hold.
+    kept_dump_bytes: usize,
     /// Per thread, the outer part of its last whole kernel-walked stack, for reuse.
     walk_memos: WalkMemos,
     /// Allocation sampling, when allocations are recorded.
@@ -106,6 +108,7 @@ impl Pipeline {
             ready: Vec::new(),
             kernel_walk: None,
             kept_walks: Default::default(),
+            kept_dump_bytes: 0,
             walk_memos: WalkMemos::default(),
             alloc: None,
             alloc_weight: None,

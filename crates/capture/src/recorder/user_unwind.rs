@@ -17,7 +17,7 @@ use super::live_proof::{LiveProof, Walk};
 use super::outer_cache::{Observed, Outer, Plan, ProofObserver, State};
 use super::stack_end::{Ending, Passed, StackFacts};
 use super::stats::Stats;
-use super::walk_memo::{LowestRead, MemoObserver, Reusable};
+use super::walk_memo::{MemoObserver, Reusable};
 
 /// One sample's user-mode inputs to an unwind.
 #[derive(Clone, Copy)]
@@ -114,15 +114,11 @@ impl UserUnwinder {
             },
             jit: parts.jit.process(s.pid),
         };
+        let (past, low) = (Cell::new(false), Cell::new(u64::MAX));
         let mut guarded = NotPending {
             inner: &mut mem,
             pending: &self.pending_ranges,
-        };
-        let (past, low) = (Cell::new(false), Cell::new(u64::MAX));
-        let mut lowest = LowestRead {
-            inner: &mut guarded,
-            past: &past,
-            low: &low,
+            lowest: Some((&past, &low)),
         };
         let mut observer = MemoObserver {
             copy_end: s.copy_end(),
@@ -135,7 +131,7 @@ impl UserUnwinder {
         let before = state.space.full_register_unwinds();
         let unwound = state.space.unwind_observed(
             &s.regs,
-            &mut lowest,
+            &mut guarded,
             &mut observer,
             &mut self.addrs,
             Some(&mut self.sps),
@@ -199,6 +195,7 @@ impl UserUnwinder {
         let mut guarded = NotPending {
             inner: &mut observed,
             pending: &self.pending_ranges,
+            lowest: None,
         };
         let memory: &mut dyn Memory = if self.pending_ranges.is_empty() {
             guarded.inner
@@ -285,10 +282,12 @@ impl UserUnwinder {
 
 /// A sample's memory that refuses code reads in regions whose binary is still being parsed: the
 /// unwind stops there (and the sample waits for the parse) instead of reading the target's code
-/// through `/proc/PID/mem` as if it were JIT code.
+/// through `/proc/PID/mem` as if it were JIT code. With `lowest`, once the first cell is set, it
+/// notes the lowest stack address read in the second (for `walk_memo`).
 struct NotPending<'m, M> {
     inner: &'m mut M,
     pending: &'m [(u64, u64)],
+    lowest: Option<(&'m Cell<bool>, &'m Cell<u64>)>,
 }
 
 impl<M: Memory> NotPending<'_, M> {
@@ -299,6 +298,11 @@ impl<M: Memory> NotPending<'_, M> {
 
 impl<M: Memory> Memory for NotPending<'_, M> {
     fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
+        if let Some((past, low)) = self.lowest
+            && past.get()
+        {
+            low.set(low.get().min(addr));
+        }
         self.inner.read_stack_u64(addr)
     }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use foldhash::HashMap;
 
 use crate::kernel_walk::KernelStack;
-use crate::unwind::{FrameObserver, Memory, NoCfiRule, ReadFailure, Registers};
+use crate::unwind::{FrameObserver, Registers};
 
 use super::outer_cache::{Outer, State};
 
@@ -31,7 +31,7 @@ const MAX_THREADS: usize = 256;
 const PER_THREAD: usize = 6;
 /// Most bytes of walks the memos hold (a 10,000-deep walk is about 320 KiB); past it the least
 /// recently used memos go.
-const MEMO_BYTES: usize = 32 << 20;
+const MEMO_BYTES: usize = 16 << 20;
 
 /// A thread's reusable outer part (see the module documentation).
 pub(crate) struct Memo {
@@ -59,13 +59,17 @@ fn walk_bytes(m: &Memo) -> usize {
     m.walk.len() * 16
 }
 
+/// Most memos one sample checks and may stop for (each check compares its words).
+const CHECKED: usize = 2;
+
 /// The outer parts one sample may stop for.
-pub(crate) type Reusable = [Option<Outer>; PER_THREAD];
+pub(crate) type Reusable = [Option<Outer>; CHECKED];
 
 impl WalkMemos {
     /// The outer parts a sample of `key` may stop for: its thread's memos whose words the
     /// sample's walk read the same from the memo's lowest read on, that address lying past the
-    /// sample's copy (`copy_end`), in unchanged mappings.
+    /// sample's copy (`copy_end`), in unchanged mappings; the deepest ones (the unwind reaches
+    /// them first) up to [`CHECKED`].
     pub fn usable(
         &self,
         key: (u32, u32),
@@ -73,13 +77,19 @@ impl WalkMemos {
         copy_end: u64,
         space_gen: u64,
     ) -> Reusable {
-        let mut out = [None; PER_THREAD];
+        let mut out = [None; CHECKED];
         let Some(memos) = self.memos.get(&key) else {
             return out;
         };
-        let usable = memos.iter().map(|(_, m)| m).filter(|m| {
-            m.space_gen == space_gen && m.low >= copy_end && walk.same_from(&m.walk, m.low)
-        });
+        let mut candidates: Vec<&Memo> = memos
+            .iter()
+            .map(|(_, m)| m)
+            .filter(|m| m.space_gen == space_gen && m.low >= copy_end)
+            .collect();
+        candidates.sort_by_key(|m| m.low);
+        let usable = candidates
+            .into_iter()
+            .filter(|m| walk.same_from(&m.walk, m.low));
         for (slot, m) in out.iter_mut().zip(usable) {
             *slot = Some(m.outer);
         }
@@ -172,7 +182,8 @@ pub(crate) struct MemoObserver<'c> {
     pub first_past: Option<(usize, State)>,
     /// The outer part the unwind stopped for.
     pub reused: Option<Outer>,
-    /// Set once the unwind is past the copy (read by [`LowestRead`]).
+    /// Set once the unwind is past the copy (read by the sample's memory, which then notes
+    /// the lowest stack address read in `low`).
     pub past: &'c Cell<bool>,
     /// The lowest stack address read once past the copy.
     pub low: &'c Cell<u64>,
@@ -201,50 +212,6 @@ impl FrameObserver for MemoObserver<'_> {
             return false;
         }
         true
-    }
-}
-
-/// A sample's memory that notes the lowest stack address read once the unwind is past the copy.
-pub(crate) struct LowestRead<'m, M> {
-    pub inner: &'m mut M,
-    pub past: &'m Cell<bool>,
-    pub low: &'m Cell<u64>,
-}
-
-impl<M: Memory> Memory for LowestRead<'_, M> {
-    fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
-        if self.past.get() {
-            self.low.set(self.low.get().min(addr));
-        }
-        self.inner.read_stack_u64(addr)
-    }
-
-    fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
-        self.inner.read_code(addr, buf)
-    }
-
-    fn jit_function(&mut self, addr: u64) -> Option<std::ops::Range<u64>> {
-        self.inner.jit_function(addr)
-    }
-
-    fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
-        self.inner.jit_rule(lookup, leaf)
-    }
-
-    fn jit_pushed_return(&mut self, ra: u64) -> bool {
-        self.inner.jit_pushed_return(ra)
-    }
-
-    fn code_refused(&mut self, addr: u64) -> bool {
-        self.inner.code_refused(addr)
-    }
-
-    fn jit_code_unnamed(&mut self, addr: u64) -> bool {
-        self.inner.jit_code_unnamed(addr)
-    }
-
-    fn copied_len(&self) -> Option<usize> {
-        self.inner.copied_len()
     }
 }
 
@@ -307,9 +274,13 @@ mod tests {
         }
         // The same frame replaces its memo.
         memos.keep(key, memo(0x1000 + 8 * (PER_THREAD as u64 + 2), 0x1000, &w));
-        let kept = memos.usable(key, &w, 0, 1);
-        assert_eq!(kept.iter().flatten().count(), PER_THREAD);
-        assert!(kept.iter().flatten().all(|o| o.node >= 0x1000 + 3 * 8));
+        let kept = &memos.memos[&key];
+        assert_eq!(kept.len(), PER_THREAD);
+        assert!(kept.iter().all(|(_, m)| m.outer.node >= 0x1000 + 3 * 8));
+        assert_eq!(
+            memos.usable(key, &w, 0, 1).iter().flatten().count(),
+            CHECKED
+        );
         assert_eq!(memos.bytes, PER_THREAD * 16);
         memos.forget(key);
         assert_eq!(memos.bytes, 0);

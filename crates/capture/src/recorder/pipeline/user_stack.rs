@@ -290,6 +290,7 @@ impl Pipeline {
     /// kept from when the sample was set aside.
     fn kernel_walk_of(&mut self, s: &Sample<'_>, regs: Registers) -> Option<Arc<KernelStack>> {
         if let Some(w) = self.kept_walks.remove(&(s.tid, s.time)) {
+            self.kept_dump_bytes -= w.dump_bytes();
             return Some(w);
         }
         // The walk program runs at the sampling events only: an allocation uprobe's sample has
@@ -319,16 +320,16 @@ impl Pipeline {
         let Some(mut w) = walk else {
             return;
         };
-        if w.dump_bytes() > 0 {
-            let kept: usize = self.kept_walks.values().map(|k| k.dump_bytes()).sum();
-            if kept + w.dump_bytes() > KEPT_DUMP_BYTES {
-                w = Arc::new(w.without_dumps());
-                if let Some(st) = self.stats.kernel_walk.as_mut() {
-                    st.dumps_dropped += 1;
-                }
+        if w.dump_bytes() > 0 && self.kept_dump_bytes + w.dump_bytes() > KEPT_DUMP_BYTES {
+            w = Arc::new(w.without_dumps());
+            if let Some(st) = self.stats.kernel_walk.as_mut() {
+                st.dumps_dropped += 1;
             }
         }
-        self.kept_walks.insert((s.tid, s.time), w);
+        self.kept_dump_bytes += w.dump_bytes();
+        if let Some(replaced) = self.kept_walks.insert((s.tid, s.time), w) {
+            self.kept_dump_bytes -= replaced.dump_bytes();
+        }
     }
 
     fn unwind(&mut self, s: &UserSample<'_>, plan: Plan) -> StackFacts {
