@@ -48,8 +48,8 @@ struct bpf_map;
 struct task_struct;
 // `bpf_task_work_schedule_resume_impl`, a kfunc. Declared as a helper with an id no helper has,
 // clang emits `call 0x7ffff001`; user space rewrites that instruction before loading into a call
-// of the running kernel's kfunc (found by name in its BTF), or into `r0 = -1` on a kernel
-// without it (the walk then ends at `max_frames`, as before).
+// of the running kernel's kfunc (found by name in its BTF). On a kernel without it the program
+// that calls it (`continue_walk_at_limit`) is not loaded, and walks end at `max_frames`.
 static long (*schedule_task_work)(struct task_struct *task, struct bpf_task_work *tw,
 				  void *map, int (*callback)(struct bpf_map *, void *, void *),
 				  void *aux) = (void *)0x7ffff001;
@@ -241,6 +241,25 @@ struct {
 	__type(value, struct task_walk);
 	__uint(max_entries, 1024); // set at load time; user space removes threads that exit
 } task_walks SEC(".maps");
+
+// A walk at its frame limit, handed to `continue_walk_at_limit` by tail call (one per CPU: the
+// same interrupt).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct walk);
+	__uint(max_entries, 1);
+} handoff SEC(".maps");
+
+// The program a walk at its frame limit goes on in: set by user space where the kernel has BPF
+// task work, empty elsewhere (the tail call falls through and the walk ends at the limit). A
+// program of its own, so that a kernel without the kfunc never verifies a call of it.
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} continuation SEC(".maps");
 
 // A zeroed `task_walk` to create a thread's entry from (too large for the BPF stack), as bytes:
 // a per-CPU map may not hold the kernel's task-work slot.
@@ -740,9 +759,10 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	s->walks++;
 	s->frames += w.frames;
 	if (w.stop == 0) {
-		if (continue_in_task(&w, c)) {
-			s->chunks += w.seq;
-			return 1;
+		struct walk *h = bpf_map_lookup_elem(&handoff, &zero);
+		if (h) {
+			*h = w;
+			bpf_tail_call(ctx, &continuation, 0);
 		}
 		w.stop = STOP_LIMIT;
 	}
@@ -775,5 +795,25 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	s->chunks += w.seq + 1;
 	flush(&w, c, 1);
 	(void)n;
+	return 1;
+}
+
+// The walk `walk_user_stack` handed over at its frame limit: goes on as task work, or ends there.
+SEC("perf_event")
+int continue_walk_at_limit(struct bpf_perf_event_data *ctx)
+{
+	struct walk *h = bpf_map_lookup_elem(&handoff, &zero);
+	struct chunk *c = bpf_map_lookup_elem(&scratch, &zero);
+	struct stats *s = bpf_map_lookup_elem(&counters, &zero);
+	if (!h || !c || !s)
+		return 1;
+	struct walk w = *h;
+	if (continue_in_task(&w, c)) {
+		s->chunks += w.seq;
+		return 1;
+	}
+	w.stop = STOP_LIMIT;
+	s->chunks += w.seq + 1;
+	flush(&w, c, 1);
 	return 1;
 }

@@ -341,7 +341,12 @@ impl Join {
             && head.stop == STOP_CONTINUES
             && (head.ip, head.sp, head.bp) == regs
         {
-            self.followers.entry(h.tid).or_default().push(h.time);
+            let waiting = self.followers.entry(h.tid).or_default();
+            if waiting.len() < PER_THREAD {
+                waiting.push(h.time);
+            } else {
+                self.stats.broken += 1;
+            }
             return;
         }
         // Its task work finished before this sample's chunk was written.

@@ -41,6 +41,8 @@ use rows::{MappedRows, RowTable};
 
 /// The compiled program.
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../bpf/stack_walk.bpf.o");
+/// The program a walk at its frame limit goes on in (loaded only where BPF task work exists).
+const CONTINUATION: &str = "continue_walk_at_limit";
 
 /// Why the walk cannot run here.
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +201,27 @@ impl KernelWalk {
         prog.load()
             .map_err(|e| KernelWalkError::Load(verifier_text(&e)))?;
         let maps = |e: aya::maps::MapError| KernelWalkError::Maps(e.to_string());
+        if kfunc.is_some() {
+            // Walks past the frame limit go on as task work (see `task_work`).
+            let cont: &mut BpfPerfEvent = ebpf
+                .program_mut(CONTINUATION)
+                .ok_or_else(|| KernelWalkError::Load(format!("{CONTINUATION} missing")))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| KernelWalkError::Load(e.to_string()))?;
+            cont.load()
+                .map_err(|e| KernelWalkError::Load(verifier_text(&e)))?;
+            let fd = cont
+                .fd()
+                .map_err(|e| KernelWalkError::Load(e.to_string()))?
+                .try_clone()
+                .map_err(|e| KernelWalkError::Load(e.to_string()))?;
+            let mut slot: aya::maps::ProgramArray<&mut MapData> = ebpf
+                .map_mut("continuation")
+                .ok_or_else(|| KernelWalkError::Maps("map continuation missing".into()))?
+                .try_into()
+                .map_err(maps)?;
+            slot.set(0, &fd, 0).map_err(maps)?;
+        }
         let take = |ebpf: &mut aya::Ebpf, name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| KernelWalkError::Maps(format!("map {name} missing")))

@@ -1,9 +1,10 @@
 //! Linking the program's one kfunc call. A walk goes on past `max_frames` as task work
 //! (`bpf_task_work_schedule_resume_impl`, Linux 6.18), but the loader links no kfunc calls, so
 //! the program calls it as a helper with an id no helper has, and [`link`] rewrites that
-//! instruction before loading: into a call of the kfunc by its id in the running kernel's BTF,
-//! or, where the kernel has no such kfunc (or the caller turned the continuation off), into
-//! `r0 = -1`, which the program reads as "could not schedule" (the walk ends at `max_frames`).
+//! instruction before loading: into a call of the kfunc by its id in the running kernel's BTF.
+//! Where the kernel has no such kfunc (or the caller turned the continuation off), the program
+//! that calls it is not loaded (a kernel verifies only what is loaded) and walks end at
+//! `max_frames`; the placeholder is still rewritten, into `r0 = -1` ("could not schedule").
 
 use object::{Object, ObjectSection, SectionKind};
 
