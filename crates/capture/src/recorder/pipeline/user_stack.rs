@@ -300,10 +300,12 @@ impl Pipeline {
         }
         let kw = self.kernel_walk.as_mut()?;
         let walk = kw.claim(s.tid, s.time, (regs.ip(), regs.sp(), regs.bp()));
+        // (A process not read yet is read by this sample's unwind; its next walk asks.)
         if let Some(w) = &walk
             && w.stop == crate::kernel_walk::WalkStop::Pending
+            && let Some(state) = self.processes.existing(s.pid)
         {
-            kw.want_binary_at(w.end.0, &self.processes.get(s.pid).space);
+            kw.want_binary_at(w.end.0, &state.space);
         }
         if walk.is_none() && kw.tracks(s.pid) {
             self.stats
