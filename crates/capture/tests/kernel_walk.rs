@@ -258,8 +258,11 @@ fn reused_outer_frames_follow_the_outer_stack_when_it_changes() {
         &wrong[..wrong.len().min(4)]
     );
     assert!(whole >= 500, "only {whole} whole stacks in a leaf");
+    // Launched, the program's first samples come while its binary is still being read: a walk
+    // there sends at most 1 MiB of its 10 MiB stack, and those stacks end `live-unproven`
+    // (50 of ~4,200 on a loaded fresh-clone run; 0–20 on a quiet machine).
     assert!(
-        truncated * 100 <= whole,
+        truncated * 100 <= whole * 5,
         "{truncated} truncated against {whole} whole"
     );
     assert!(
