@@ -7,6 +7,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use crate::ipc::IpcError;
 
@@ -41,6 +42,28 @@ fn start_time(proc_dir: &Path) -> Option<u64> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     // Fields from 3 on; field 22 is the 20th of them.
     after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Clock ticks a second in `/proc/PID/stat` (`USER_HZ`, 100 on every Linux architecture that
+/// runs .NET).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// How much earlier than the computed start of a process a socket of its own may seem made
+/// (the start is known to a tick and the uptime to a hundredth of a second; a socket is made
+/// well after the runtime starts). A dead process's socket under a reused pid is older by the
+/// time the pids took to come round.
+const STARTED_SLACK: Duration = Duration::from_secs(1);
+
+/// When a process that started `ticks` clock ticks after boot started, by the wall clock.
+fn started_at(proc_root: &Path, ticks: u64) -> Option<SystemTime> {
+    let uptime: f64 = fs::read_to_string(proc_root.join("uptime"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let age = uptime - ticks as f64 / TICKS_PER_SECOND;
+    SystemTime::now().checked_sub(Duration::from_secs_f64(age.max(0.0)))
 }
 
 /// `TMPDIR` from the process's environment, if readable and set.
@@ -89,6 +112,7 @@ fn find_socket_in(proc_root: &Path, pid: u32) -> Result<PathBuf, IpcError> {
     }
     let nspid = namespace_pid(&proc_dir, pid);
     let start = start_time(&proc_dir);
+    let started = start.and_then(|ticks| started_at(proc_root, ticks));
     let prefix = format!("dotnet-diagnostic-{nspid}-");
     let dirs = socket_dirs(&proc_dir);
     for dir in &dirs {
@@ -98,7 +122,9 @@ fn find_socket_in(proc_root: &Path, pid: u32) -> Result<PathBuf, IpcError> {
                 return Ok(exact);
             }
         }
-        // A socket under another key (e.g. a runtime that used another clock): take the newest.
+        // A socket under another key (e.g. a runtime that used another clock): take the newest
+        // made since the process started. An older one is a dead process's that had the same
+        // pid (a runtime killed outright leaves its socket behind).
         let Ok(entries) = fs::read_dir(dir) else {
             continue;
         };
@@ -110,6 +136,7 @@ fn find_socket_in(proc_root: &Path, pid: u32) -> Result<PathBuf, IpcError> {
                 name.starts_with(&prefix) && name.ends_with("-socket")
             })
             .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .filter(|(made, _)| started.is_none_or(|t| *made + STARTED_SLACK >= t))
             .max();
         if let Some((_, path)) = newest {
             return Ok(path);
@@ -188,5 +215,28 @@ mod tests {
         let err = find_socket(std::process::id()).unwrap_err();
         assert!(matches!(err, IpcError::NoSocket { .. }), "{err}");
         assert!(err.to_string().contains("/tmp"));
+    }
+
+    #[test]
+    fn a_socket_older_than_the_process_is_a_dead_process_s_under_the_same_pid() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep runs");
+        let pid = child.id();
+        // Under a key other than the start time, so that only its age can tell.
+        let path = PathBuf::from(format!("/tmp/dotnet-diagnostic-{pid}-1-socket"));
+        let file = fs::File::create(&path).unwrap();
+        file.set_modified(SystemTime::now() - Duration::from_secs(3600))
+            .unwrap();
+        let stale = find_socket(pid);
+        file.set_modified(SystemTime::now()).unwrap();
+        let fresh = find_socket(pid);
+        let _ = fs::remove_file(&path);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(matches!(stale, Err(IpcError::NoSocket { .. })), "{stale:?}");
+        let fresh = fresh.expect("a socket made since the process started is its own");
+        assert_eq!(fresh.file_name(), path.file_name());
     }
 }
