@@ -15,8 +15,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use rootline_profile::{FrameKind, Profile, pseudo};
 
@@ -412,6 +412,34 @@ fn anonymous_mappings_below_the_minimum_are_not_counted() {
     assert!(!leaves.contains("[alloc: mmap]"), "{leaves:?}");
 }
 
+/// Waits for `process` to end and returns its output (its pipes read meanwhile); past `limit`
+/// kills it and fails with where it was (a hang here is a defect of the recorder or of what it
+/// did to its target).
+fn finish_within(process: Child, limit: Duration, what: &str) -> Output {
+    let pid = process.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(process.wait_with_output()));
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("an ended process is reaped"),
+        Err(_) => {
+            let state = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
+            let status = state("status").unwrap_or_default();
+            let stack = state("stack").unwrap_or_default();
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let stderr = rx
+                .recv_timeout(Duration::from_secs(10))
+                .ok()
+                .and_then(Result::ok)
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                .unwrap_or_default();
+            panic!(
+                "{what} (pid {pid}) did not end within {limit:?}; killed.\n{}\nkernel stack:\n{stack}\nstderr:\n{stderr}",
+                status.lines().take(3).collect::<Vec<_>>().join("\n"),
+            );
+        }
+    }
+}
+
 /// perf events the process `pid` holds open.
 fn perf_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -434,7 +462,7 @@ fn a_running_process_recorded_with_p_is_attributed_the_same_way() {
         .spawn()
         .unwrap();
     let out = dir.path().join("p.rlp");
-    let recorder = rootline()
+    let mut recorder = rootline()
         .args(["record", "--alloc", "-o"])
         .arg(&out)
         .arg("-p")
@@ -443,9 +471,21 @@ fn a_running_process_recorded_with_p_is_attributed_the_same_way() {
         .spawn()
         .expect("rootline runs");
     // Start the program once the recorder's events are all open: their number stops growing.
+    let ready_by = Instant::now() + Duration::from_secs(120);
     let (mut last, mut stable) = (0, 0);
     while stable < 10 {
         std::thread::sleep(Duration::from_millis(100));
+        if Instant::now() > ready_by || recorder.try_wait().ok().flatten().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let run = finish_within(recorder, Duration::from_secs(5), "the recorder");
+            panic!(
+                "the recorder did not open its events ({} perf fds): {:?}\n{}",
+                last,
+                run.status,
+                String::from_utf8_lossy(&run.stderr)
+            );
+        }
         let now = perf_fds(recorder.id());
         (last, stable) = if now == last && now > 0 {
             (now, stable + 1)
@@ -454,9 +494,9 @@ fn a_running_process_recorded_with_p_is_attributed_the_same_way() {
         };
     }
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let done = child.wait_with_output().unwrap();
+    let done = finish_within(child, Duration::from_secs(120), "the program under -p");
     assert!(done.status.success());
-    let run = recorder.wait_with_output().unwrap();
+    let run = finish_within(recorder, Duration::from_secs(120), "the recorder");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     let profile = read(&out);
