@@ -114,6 +114,7 @@ impl CaptureSource {
         // memory estimate (`AgentConfig::kernel_walk_memory`).
         options.kernel_walk = config.kernel_walk.mode();
         options.kernel_walk_ring_bytes = crate::config::KERNEL_WALK_RING_BYTES as u32;
+        options.kernel_walk_kept_dumps = crate::config::KERNEL_WALK_KEPT_DUMPS;
         options.kernel_walk_rows = Some(config.kernel_rows());
         // The agent does not profile itself: its samples are not even unwound.
         options.skip_own_process = true;

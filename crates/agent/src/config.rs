@@ -6,7 +6,7 @@
 //! stack_bytes = "16KiB"  # user stack copied per sample, at most 65528
 //! export_interval = "10s"
 //! export_timeout = "5s"
-//! memory_limit = "272MiB"
+//! memory_limit = "288MiB"
 //! shutdown_timeout = "20s"
 //! kernel_walk = "auto"  # walk user stacks in the kernel at sample time: auto, on or off
 //!
@@ -95,8 +95,8 @@ pub struct AgentConfig {
     /// Hard cap on the agent's memory: the stack cache, the sample buffers, the exporter's working
     /// set, the loaded binaries' tables and DWARF (`modules`) and the sampler's working set
     /// ([`CAPTURE_ALLOWANCE`]), and the in-kernel walk's tables and ring
-    /// ([`AgentConfig::kernel_walk_memory`], 108 MiB by default). Checked against
-    /// [`AgentConfig::memory_estimate`] at start. Default 272 MiB (158 MiB fits the defaults
+    /// ([`AgentConfig::kernel_walk_memory`], 124 MiB by default). Checked against
+    /// [`AgentConfig::memory_estimate`] at start. Default 288 MiB (158 MiB fits the defaults
     /// with `kernel_walk = "off"`).
     #[serde(deserialize_with = "de_bytes")]
     pub memory_limit: usize,
@@ -346,7 +346,7 @@ impl Default for AgentConfig {
             stack_bytes: DEFAULT_STACK_BYTES,
             export_interval: Duration::from_secs(10),
             export_timeout: Duration::from_secs(5),
-            memory_limit: 272 << 20,
+            memory_limit: 288 << 20,
             shutdown_timeout: Duration::from_secs(20),
             target_refresh: Duration::from_secs(1),
             kernel_walk: KernelWalkSetting::Auto,
@@ -416,13 +416,19 @@ pub const CAPTURE_ALLOWANCE: usize = 40 << 20;
 
 /// The in-kernel walk's ring buffer in the agent: it is drained every few milliseconds (a
 /// 1,000-frame walk sends about 50 KiB), so a few MiB ride out a pause of the sampler thread;
-/// walks that find it full end early, counted (`kernel_walk.lost_chunks`).
-pub const KERNEL_WALK_RING_BYTES: usize = 4 << 20;
+/// walks that find it full end early, counted (`kernel_walk.lost_chunks`). A new process's
+/// first samples, before its binaries' rows are placed, send their stack whole (up to 1 MiB,
+/// only while the ring is at most a quarter full): 8 MiB leaves room for a few of them in
+/// every round.
+pub const KERNEL_WALK_RING_BYTES: usize = 8 << 20;
+
+/// Most bytes of those stack dumps held by samples set aside (until their binaries are read).
+pub const KERNEL_WALK_KEPT_DUMPS: usize = 8 << 20;
 
 /// The in-kernel walk's working set besides its ring, its rows table and the binary's rows
-/// waiting to be placed (see [`AgentConfig::kernel_walk_memory`]):
-/// walks being assembled and kept for their samples.
-pub const KERNEL_WALK_ALLOWANCE: usize = 4 << 20;
+/// waiting to be placed (see [`AgentConfig::kernel_walk_memory`]): walks being assembled and
+/// kept for their samples, with at most [`KERNEL_WALK_KEPT_DUMPS`] of stack dumps.
+pub const KERNEL_WALK_ALLOWANCE: usize = (4 << 20) + KERNEL_WALK_KEPT_DUMPS;
 
 /// The default `stack_bytes`.
 pub const DEFAULT_STACK_BYTES: usize = 16 << 10;

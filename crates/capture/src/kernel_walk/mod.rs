@@ -24,6 +24,7 @@ mod task_work;
 
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent as BpfPerfEvent;
@@ -173,8 +174,10 @@ pub struct KernelWalk {
     mappings_cut: u64,
     /// Whether walks send the stack at a pending binary.
     dumps: bool,
-    /// With rows on demand, the binaries (by their unwind sections) walks have reached.
-    wanted: Option<foldhash::HashSet<usize>>,
+    /// With rows on demand, the binaries (by path) walks have reached: kept when their
+    /// processes exit, so that the next process to map one (a build's next compiler) is walked
+    /// with its rows from its first sample.
+    wanted: Option<foldhash::HashSet<Arc<str>>>,
 }
 
 use join::Join;
@@ -324,10 +327,7 @@ impl KernelWalk {
             };
             if let Some(module) = &r.module {
                 let sections = rootline_unwind::Binary::unwind_sections(&**module);
-                let unwanted = self
-                    .wanted
-                    .as_ref()
-                    .is_some_and(|w| !w.contains(&rows::binary_key(sections)));
+                let unwanted = self.wanted.as_ref().is_some_and(|w| !w.contains(&r.path));
                 if !sections.has_cfi() {
                     // No rows to place: walked by frame pointers (the default above).
                 } else if unwanted {
@@ -408,20 +408,29 @@ impl KernelWalk {
         Some(walk)
     }
 
-    /// With rows on demand: a walk ended at `addr` in `space` because its binary's rows were
-    /// not asked for yet; asks for them (every process mapping it is sent again once placed).
-    pub fn want_binary_at(&mut self, addr: u64, space: &AddressSpace) {
+    /// With rows on demand: a walk ended at a binary whose rows were not asked for yet; asks
+    /// for the rows of the binaries at `addrs` in `space` (the frames its sample's unwind
+    /// reached, and where the walk ended: one sample asks for a new process's whole chain of
+    /// binaries, instead of one binary per round). Every process mapping them is sent again once
+    /// they are placed.
+    pub fn want_binaries_at(&mut self, addrs: impl IntoIterator<Item = u64>, space: &AddressSpace) {
         let Some(wanted) = self.wanted.as_mut() else {
             return;
         };
-        let module = [addr, addr.wrapping_sub(1)]
-            .into_iter()
-            .find_map(|a| space.region(a).and_then(|r| r.module.clone()));
-        if let Some(module) = module {
-            let sections = rootline_unwind::Binary::unwind_sections(&*module);
-            if wanted.insert(rows::binary_key(sections)) {
-                self.synced.clear();
+        let mut asked = false;
+        for addr in addrs {
+            let region = [addr, addr.wrapping_sub(1)]
+                .into_iter()
+                .find_map(|a| space.region(a).filter(|r| r.module.is_some()));
+            if let Some(r) = region
+                && !wanted.contains(&r.path)
+            {
+                wanted.insert(Arc::clone(&r.path));
+                asked = true;
             }
+        }
+        if asked {
+            self.synced.clear();
         }
     }
 

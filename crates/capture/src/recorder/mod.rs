@@ -189,9 +189,10 @@ fn open_thread(
     Ok(())
 }
 
-/// Most bytes of stack dumps (see [`KernelWalkOptions::pending_dump_bytes`]) held by the walks of
-/// samples set aside until their binaries are read; past it, further samples set aside keep
-/// their walks without the dumps (and end where the copy and proven reads end), counted.
+/// The default [`RecordOptions::kernel_walk_kept_dumps`]: most bytes of stack dumps (see
+/// [`KernelWalkOptions::pending_dump_bytes`]) held by the walks of samples set aside until their
+/// binaries are read; past it, further samples set aside keep their walks without the dumps
+/// (and end where the copy and proven reads end), counted.
 pub const KEPT_DUMP_BYTES: usize = 128 << 20;
 
 /// Longest pause between rounds while the in-kernel walk runs.
@@ -216,9 +217,9 @@ fn load_kernel_walk(
         ..KernelWalkOptions::default()
     };
     if walk_opts.bounded {
-        // A bounded ring (the agent's) would overflow with whole stacks from many new processes,
-        // and a bounded table is kept for the binaries samples reach.
-        walk_opts.pending_dump_bytes = 0;
+        // A bounded table is kept for the binaries samples reach. Stack dumps stay on: the
+        // program sends one only while the ring is mostly empty and within each CPU's
+        // allowance, and the samples set aside keep at most `kernel_walk_kept_dumps` of them.
         walk_opts.rows_on_demand = true;
     }
     if let Some(rows) = opts.kernel_walk_rows {
@@ -564,6 +565,7 @@ pub fn record(
     let reader = {
         let done = done.clone();
         let interval = opts.flush_interval;
+        let kept_dumps = opts.kernel_walk_kept_dumps;
         std::thread::Builder::new()
             .name("rootline-reader".into())
             .spawn(move || {
@@ -595,7 +597,7 @@ pub fn record(
                     pipeline.set_table_limit(max_entries);
                 }
                 if let Some(kw) = kernel_walk {
-                    pipeline.set_kernel_walk(kw);
+                    pipeline.set_kernel_walk(kw, kept_dumps);
                     if let Some(pids) = &prime {
                         pipeline.prime_kernel_walk(pids);
                         for e in &events {

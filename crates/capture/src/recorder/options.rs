@@ -89,6 +89,10 @@ pub struct RecordOptions {
     /// Bytes of the in-kernel walk's ring buffer (a power of two; in this process's memory once
     /// read). A recording drained every few milliseconds (the agent) needs a few MiB.
     pub kernel_walk_ring_bytes: u32,
+    /// Most bytes of stack dumps held by the walks of samples set aside until their binaries
+    /// are read (see [`crate::kernel_walk::KernelWalkOptions::pending_dump_bytes`]); past it,
+    /// further samples set aside keep their walks without the dumps, counted.
+    pub kernel_walk_kept_dumps: usize,
     /// Rows (16 bytes each) of the in-kernel walk's rules table. The kernel allocates the table
     /// whole and this process maps it whole, so it is resident from the start. Some: a table of
     /// that many rows, counted by the caller (binaries' rows are placed while they fit it, and
@@ -167,6 +171,7 @@ impl RecordOptions {
             off_cpu_min_ns: None,
             kernel_walk: KernelWalkMode::Auto,
             kernel_walk_ring_bytes: crate::kernel_walk::DEFAULT_RING_BYTES,
+            kernel_walk_kept_dumps: super::KEPT_DUMP_BYTES,
             kernel_walk_rows: None,
             extra_columns: Vec::new(),
             launched_pid: None,

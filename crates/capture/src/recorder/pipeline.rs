@@ -75,6 +75,8 @@ pub struct Pipeline {
     kept_walks: foldhash::HashMap<(u32, u64), std::sync::Arc<crate::kernel_walk::KernelStack>>,
     /// Bytes of the stack dumps `kept_walks` hold.
     kept_dump_bytes: usize,
+    /// Most bytes of dumps `kept_walks` may hold (see `RecordOptions::kernel_walk_kept_dumps`).
+    kept_dump_limit: usize,
     /// Per thread, the outer part of its last whole kernel-walked stack, for reuse.
     walk_memos: WalkMemos,
     /// Allocation sampling, when allocations are recorded.
@@ -109,6 +111,7 @@ impl Pipeline {
             kernel_walk: None,
             kept_walks: Default::default(),
             kept_dump_bytes: 0,
+            kept_dump_limit: super::KEPT_DUMP_BYTES,
             walk_memos: WalkMemos::default(),
             alloc: None,
             alloc_weight: None,
@@ -117,8 +120,9 @@ impl Pipeline {
 
     /// Unwinds with the words of `walk`'s in-kernel walks where they suffice (see
     /// [`crate::kernel_walk`]); the program must already be attached to the sampling events.
-    pub fn set_kernel_walk(&mut self, walk: KernelWalk) {
+    pub fn set_kernel_walk(&mut self, walk: KernelWalk, kept_dumps: usize) {
         self.kernel_walk = Some(walk);
+        self.kept_dump_limit = kept_dumps;
         self.stats.kernel_walk = Some(Default::default());
     }
 

@@ -54,7 +54,7 @@ pub struct KernelWalkUse {
     /// process's mappings, or the walk was lost).
     pub no_walk: u64,
     /// Samples set aside whose walk's stack dump was dropped because the dumps kept already
-    /// held [`crate::recorder::KEPT_DUMP_BYTES`].
+    /// held their limit ([`crate::recorder::RecordOptions::kernel_walk_kept_dumps`]).
     pub dumps_dropped: u64,
     /// Samples whose outer frames were those of their thread's last whole sample, its walk
     /// having read the same words there (see `recorder::walk_memo`).

@@ -10,7 +10,6 @@ use crate::process::FileKey;
 use crate::unwind::{Registers, StackEnd, TruncateReason};
 
 use super::Pipeline;
-use crate::recorder::KEPT_DUMP_BYTES;
 use crate::recorder::deferral::Deferred;
 use crate::recorder::live_proof::ProvenOuter;
 use crate::recorder::outer_cache::{Outer, Plan};
@@ -104,6 +103,16 @@ impl Pipeline {
             self.proof.arm_inside(key, s.time, &walk, space_gen);
         }
         let addrs = std::mem::take(&mut self.unwinder.addrs);
+        // The walk ended at a binary whose rows were not asked for (rows on demand): ask for it
+        // and for those of every frame this unwind reached. (A process not read yet is read by
+        // this unwind; its next walk asks.)
+        if let Some(w) = walk.as_deref()
+            && w.stop == crate::kernel_walk::WalkStop::Pending
+            && let Some(kw) = self.kernel_walk.as_mut()
+            && let Some(state) = self.processes.existing(s.pid)
+        {
+            kw.want_binaries_at(addrs.iter().copied().chain([w.end.0]), &state.space);
+        }
         let mut node = NO_NODE;
         let mut upto = addrs.len();
         let mut depth = addrs.len();
@@ -300,13 +309,6 @@ impl Pipeline {
         }
         let kw = self.kernel_walk.as_mut()?;
         let walk = kw.claim(s.tid, s.time, (regs.ip(), regs.sp(), regs.bp()));
-        // (A process not read yet is read by this sample's unwind; its next walk asks.)
-        if let Some(w) = &walk
-            && w.stop == crate::kernel_walk::WalkStop::Pending
-            && let Some(state) = self.processes.existing(s.pid)
-        {
-            kw.want_binary_at(w.end.0, &state.space);
-        }
         if walk.is_none() && kw.tracks(s.pid) {
             self.stats
                 .kernel_walk
@@ -317,12 +319,13 @@ impl Pipeline {
     }
 
     /// Keeps a sample's walk while the sample is set aside; its stack dumps only while those
-    /// kept stay under [`KEPT_DUMP_BYTES`] (past it the sample is unwound without them).
+    /// kept stay under the limit (`RecordOptions::kernel_walk_kept_dumps`; past it the sample is
+    /// unwound without them).
     fn keep_walk(&mut self, s: &Sample<'_>, walk: Option<Arc<KernelStack>>) {
         let Some(mut w) = walk else {
             return;
         };
-        if w.dump_bytes() > 0 && self.kept_dump_bytes + w.dump_bytes() > KEPT_DUMP_BYTES {
+        if w.dump_bytes() > 0 && self.kept_dump_bytes + w.dump_bytes() > self.kept_dump_limit {
             w = Arc::new(w.without_dumps());
             if let Some(st) = self.stats.kernel_walk.as_mut() {
                 st.dumps_dropped += 1;
