@@ -81,14 +81,20 @@ impl WalkMemos {
         let Some(memos) = self.memos.get(&key) else {
             return out;
         };
-        let mut candidates: Vec<&Memo> = memos
-            .iter()
-            .map(|(_, m)| m)
-            .filter(|m| m.space_gen == space_gen && m.low >= copy_end)
-            .collect();
-        candidates.sort_by_key(|m| m.low);
+        // In place (this runs for every walked sample): a thread has at most PER_THREAD memos.
+        let mut candidates = [None::<&Memo>; PER_THREAD];
+        let mut n = 0;
+        for (_, m) in memos.iter() {
+            if n < PER_THREAD && m.space_gen == space_gen && m.low >= copy_end {
+                candidates[n] = Some(m);
+                n += 1;
+            }
+        }
+        let candidates = &mut candidates[..n];
+        candidates.sort_unstable_by_key(|m| m.map_or(u64::MAX, |m| m.low));
         let usable = candidates
-            .into_iter()
+            .iter()
+            .flatten()
             .filter(|m| walk.same_from(&m.walk, m.low));
         for (slot, m) in out.iter_mut().zip(usable) {
             *slot = Some(m.outer);
@@ -191,8 +197,7 @@ pub(crate) struct MemoObserver<'c> {
 
 impl FrameObserver for MemoObserver<'_> {
     fn on_frame(&mut self, index: usize, regs: &Registers, full: bool) -> bool {
-        if index <= 1 {
-            // A (re)started walk.
+        if super::outer_cache::walk_begins(index) {
             self.first_past = None;
             self.reused = None;
             self.past.set(false);
