@@ -23,19 +23,24 @@ pub(crate) struct Deferred {
     /// The address space it is unwound in: its process's, or that space as it was before an
     /// exec or a mapping change (kept aside under a key of its own, see [`Processes::retire`]).
     pub space: u32,
-    /// The file it waits for; None: any file arriving in its process (its stack ended early and
-    /// the region to blame is not known).
-    pub waits_for: Option<FileKey>,
-    /// `(tid, time)` of a sample that waits for the rest of its in-kernel walk (going on as
-    /// task work) rather than for a file.
-    pub walk: Option<(u32, u64)>,
-    /// It waits only because an earlier sample of its space does (it is due whenever that one
-    /// is).
-    pub behind: bool,
+    /// What it waits for.
+    pub wait: Wait,
     /// The weight of an off-CPU sample (None for a CPU sample).
     pub off_cpu: Option<super::off_cpu::OffWeight>,
     /// The weight of an allocation sample (None for others).
     pub alloc: Option<super::alloc::AllocWeight>,
+}
+
+/// What a set-aside sample waits for.
+pub(crate) enum Wait {
+    /// A binary's parse: this file's; None: any file arriving in its process (its stack ended
+    /// early and the region to blame is not known).
+    File(Option<FileKey>),
+    /// The rest of the in-kernel walk of thread `tid`'s sample at `time` (going on as task
+    /// work).
+    Walk { tid: u32, time: u64 },
+    /// Only an earlier sample of its space, which waits (it is due whenever that one is).
+    Behind,
 }
 
 /// The waiting samples, in arrival order. See the module documentation.
@@ -84,14 +89,12 @@ impl Deferrals {
         self.deferred.push(d);
     }
 
-    /// The sample set aside last.
-    pub fn last_mut(&mut self) -> Option<&mut Deferred> {
-        self.deferred.last_mut()
-    }
-
     /// The `(tid, time)` of every sample that waits for its in-kernel walk.
     pub fn walks_awaited(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.deferred.iter().filter_map(|d| d.walk)
+        self.deferred.iter().filter_map(|d| match d.wait {
+            Wait::Walk { tid, time } => Some((tid, time)),
+            _ => None,
+        })
     }
 
     /// Whether any waiting sample is one that `due` picks.

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use super::alloc::{AllocSampler, AllocSource, AllocWeight};
 use super::budget::TableLimit;
-use super::deferral::{Deferrals, Deferred};
+use super::deferral::{Deferrals, Deferred, Wait};
 use super::lifetime::Lifetimes;
 use super::live_proof::LiveProof;
 use super::naming::jit_names;
@@ -146,7 +146,9 @@ impl Pipeline {
             .filter(|&(tid, time)| !kw.in_flight(tid, time, now))
             .collect();
         if !whole.is_empty() {
-            self.replay_if(|d| d.walk.is_some_and(|w| whole.contains(&w)));
+            self.replay_if(
+                |d| matches!(d.wait, Wait::Walk { tid, time } if whole.contains(&(tid, time))),
+            );
         }
     }
 
@@ -249,9 +251,10 @@ impl Pipeline {
             let (files, pids) = self.processes.take_installed();
             // Only the samples that waited for what arrived: each is unwound again at most once
             // per binary it needs, not once per binary the host loads.
-            self.replay_if(|d| match &d.waits_for {
-                Some(key) => files.contains(key),
-                None => pids.contains(&d.space),
+            self.replay_if(|d| match &d.wait {
+                Wait::File(Some(key)) => files.contains(key),
+                Wait::File(None) => pids.contains(&d.space),
+                Wait::Walk { .. } | Wait::Behind => false,
             });
         }
         self.replay_answered_jvms();
@@ -290,7 +293,7 @@ impl Pipeline {
             // A space's samples stay in time order: once one of them waits, the rest wait
             // behind it (the outer-stack cache relies on each thread's order), and go when it
             // goes.
-            if self.deferrals.waiting(d.space) || !(d.behind || due(&d)) {
+            if self.deferrals.waiting(d.space) || !(matches!(d.wait, Wait::Behind) || due(&d)) {
                 self.deferrals.defer(d);
                 continue;
             }

@@ -10,7 +10,7 @@ use crate::process::FileKey;
 use crate::unwind::{Registers, StackEnd, TruncateReason};
 
 use super::Pipeline;
-use crate::recorder::deferral::Deferred;
+use crate::recorder::deferral::{Deferred, Wait};
 use crate::recorder::live_proof::ProvenOuter;
 use crate::recorder::outer_cache::{Outer, Plan};
 use crate::recorder::raw::{NO_NODE, RawFrame, RawKind};
@@ -34,10 +34,7 @@ impl Pipeline {
             && self.deferrals.waiting(space)
             && self.deferrals.has_room(raw.len())
         {
-            self.defer_with(raw, space, None, None);
-            if let Some(d) = self.deferrals.last_mut() {
-                d.behind = true;
-            }
+            self.defer(raw, space, Wait::Behind);
             return None;
         }
         // Its in-kernel walk goes on as task work: wait for the rest (it comes as soon as the
@@ -51,18 +48,20 @@ impl Pipeline {
                 .as_ref()
                 .is_some_and(|kw| kw.in_flight(s.tid, s.time, crate::perf_event::monotonic_ns()))
         {
-            self.defer_with(raw, space, None, Some((s.tid, s.time)));
+            self.defer(
+                raw,
+                space,
+                Wait::Walk {
+                    tid: s.tid,
+                    time: s.time,
+                },
+            );
             return None;
         }
         let key = (s.pid, s.tid);
         let walk = self.kernel_walk_of(s, regs);
-        let copy_end = regs.sp().saturating_add(s.stack.len() as u64);
         let space_gen = self.lifetimes.space_gen(s.pid);
-        let kernel_reuse = match walk.as_deref() {
-            Some(w) => self.walk_memos.usable(key, w, copy_end, space_gen),
-            None => Default::default(),
-        };
-        let input = UserSample {
+        let mut input = UserSample {
             space,
             pid: s.pid,
             tid: s.tid,
@@ -70,8 +69,12 @@ impl Pipeline {
             stack: s.stack,
             chain: &s.user_ips,
             kernel: walk.as_deref(),
-            kernel_reuse,
+            kernel_reuse: Default::default(),
         };
+        let copy_end = input.copy_end();
+        if let Some(w) = walk.as_deref() {
+            input.kernel_reuse = self.walk_memos.usable(key, w, copy_end, space_gen);
+        }
         let plan = self.proof.plan(key, s.time, copy_end, space_gen);
         let mut facts = self.unwind(&input, plan);
         while let Some(waits_for) = self.touches_pending(space, &facts) {
@@ -79,7 +82,7 @@ impl Pipeline {
                 && self.deferrals.has_room(raw.len())
             {
                 self.keep_walk(s, walk);
-                self.defer(raw, space, waits_for);
+                self.defer(raw, space, Wait::File(waits_for));
                 return None;
             }
             if !self.processes.wait_loaded() {
@@ -92,7 +95,7 @@ impl Pipeline {
             && self.waits_for_jvm(space, s.pid, facts.unwound)
         {
             self.keep_walk(s, walk);
-            self.defer(raw, space, None);
+            self.defer(raw, space, Wait::File(None));
             return None;
         }
         let proof = &mut self.proof;
@@ -246,26 +249,13 @@ impl Pipeline {
         Some(node)
     }
 
-    /// Sets the sample recorded as `raw` aside, to be unwound in `space` once `waits_for` (or,
-    /// when None, any binary of its process) is parsed.
-    fn defer(&mut self, raw: &[u8], space: u32, waits_for: Option<FileKey>) {
-        self.defer_with(raw, space, waits_for, None);
-    }
-
-    /// [`Pipeline::defer`], or, with `walk`, until that sample's in-kernel walk is whole.
-    fn defer_with(
-        &mut self,
-        raw: &[u8],
-        space: u32,
-        waits_for: Option<FileKey>,
-        walk: Option<(u32, u64)>,
-    ) {
+    /// Sets the sample recorded as `raw` aside, to be unwound in `space` once what it waits for
+    /// has come.
+    fn defer(&mut self, raw: &[u8], space: u32, wait: Wait) {
         self.deferrals.defer(Deferred {
             raw: raw.to_vec(),
             space,
-            waits_for,
-            walk,
-            behind: false,
+            wait,
             off_cpu: self.off_weight,
             alloc: self.alloc_weight,
         });
