@@ -289,10 +289,16 @@ pub(crate) struct ProofObserver<'m> {
     pub reused: Option<Outer>,
 }
 
+/// Whether an observer's call at frame `index` begins a walk: the unwinder calls it at the
+/// leaf's caller (index 1, or 0 where the leaf itself is reported), and a walk that restarts
+/// from the leaf calls it again from index 1. Observers forget what the walk before noted.
+pub(crate) fn walk_begins(index: usize) -> bool {
+    index <= 1
+}
+
 impl FrameObserver for ProofObserver<'_> {
     fn on_frame(&mut self, index: usize, regs: &Registers, full: bool) -> bool {
-        if index <= 1 {
-            // A (re)started walk.
+        if walk_begins(index) {
             self.states.truncate(1);
             self.passed_at.set(None);
             self.reused = None;
