@@ -35,6 +35,10 @@ pub struct AddressSpace<M> {
     /// Lookup addresses where framehop ended a stack, and whether the CFI row there really
     /// marks the return address undefined.
     roots: HashMap<u64, bool>,
+    /// Return addresses in a binary's code already checked, by address: the check reads the
+    /// code before each one from the file, and the same call sites recur in every sample.
+    /// Cleared when the regions change, and past [`MAX_RETURN_CHECKS`].
+    return_checks: HashMap<u64, Result<ReturnKind, TruncateReason>>,
     full_register_unwinds: u64,
     /// Indices into the last unwind's output of frames whose address is an instruction, not a
     /// return address (see [`AddressSpace::instruction_frames`]).
@@ -46,6 +50,10 @@ pub struct AddressSpace<M> {
     /// ([`crate::policy::is_interpreter_reentry`]): its caller is an interpreter frame.
     resumes_interpreter: bool,
 }
+
+/// Most return addresses an [`AddressSpace`] remembers as checked (a few hundred KiB: rustc's
+/// hot call sites fit).
+const MAX_RETURN_CHECKS: usize = 1 << 14;
 
 /// What a validated return address is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +76,7 @@ impl<M> Default for AddressSpace<M> {
             debug_cache: CacheX86_64::new(),
             evaluator: full::Evaluator::default(),
             roots: HashMap::new(),
+            return_checks: HashMap::new(),
             full_register_unwinds: 0,
             instruction_frames: Vec::new(),
             caller_at_entry: false,
@@ -127,6 +136,7 @@ impl<M: Binary> AddressSpace<M> {
             }
         }
         self.roots.clear();
+        self.return_checks.clear();
         self.regions.insert(region.start, region);
     }
 
@@ -144,6 +154,7 @@ impl<M: Binary> AddressSpace<M> {
             self.eh.remove_module(s);
             self.debug.remove_module(s);
             self.roots.clear();
+            self.return_checks.clear();
         }
     }
 
@@ -288,7 +299,7 @@ impl<M: Binary> AddressSpace<M> {
                     .map(|_| ReturnKind::SignalTrampoline)
                     .ok_or(TruncateReason::UnmappedAddress)
             } else {
-                self.check_return_address(ra, mem)
+                self.checked_return_address(ra, mem)
             };
             match checked {
                 Ok(ReturnKind::SignalTrampoline) => self.instruction_frames.push(out.len()),
@@ -451,6 +462,29 @@ impl<M: Binary> AddressSpace<M> {
                 cfi_end: pc - (svma - cfi_end),
             }
         })
+    }
+
+    /// [`AddressSpace::check_return_address`], remembered for return addresses in a binary's
+    /// code (JIT code changes under the same address).
+    fn checked_return_address(
+        &mut self,
+        ra: u64,
+        mem: &mut dyn Memory,
+    ) -> Result<ReturnKind, TruncateReason> {
+        if let Some(&checked) = self.return_checks.get(&ra) {
+            return checked;
+        }
+        let checked = self.check_return_address(ra, mem);
+        if self
+            .region(ra.wrapping_sub(1))
+            .is_some_and(|r| r.module.is_some())
+        {
+            if self.return_checks.len() >= MAX_RETURN_CHECKS {
+                self.return_checks.clear();
+            }
+            self.return_checks.insert(ra, checked);
+        }
+        checked
     }
 
     /// Validates a recovered return address: inside an executable region, right after a call,
