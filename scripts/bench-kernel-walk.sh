@@ -11,7 +11,7 @@
 # 2. rustc compiling a crate from the local cargo registry (RUSTC_CRATE, default regex-syntax):
 #    share of rustc's samples that reach a thread root with no [truncated]/[unknown] frame, and
 #    the profiler's CPU above the bare run (user+sys of profiler and compiler minus the bare
-#    compiler's, median of RUNS).
+#    compiler's in the same round, median of RUNS rounds).
 #
 # Usage: scripts/bench-kernel-walk.sh            (root; DEPTHS="1000 10000" RUN_SECONDS=4 RUNS=3)
 set -euo pipefail
@@ -133,26 +133,37 @@ for line in open(sys.argv[1]):
 print(f"{100 * whole / max(total, 1):6.2f}% of {total} rustc samples whole")
 PY
 }
-bare=()
-for _ in $(seq "$RUNS"); do bare+=("$(cpu_of "${RUSTC_CMD[@]}")"); done
-bare_med=$(python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' "${bare[@]}")
-echo "bare rustc: ${bare_med}s CPU"
-for tool in "${tools[@]}"; do
-    cpus=()
-    for _ in $(seq "$RUNS"); do
+# Each round runs the bare compile and then every tool once, and each tool's cost is its CPU minus
+# that round's bare run: this VM's runs vary by 10-20% over minutes, more than a profiler costs.
+# samply needs kernel.perf_event_paranoid <= 1 even as root (its check), and --save-only writes
+# an unsymbolicated profile, so only its CPU is compared.
+declare -A extra
+bare_all=()
+for _ in $(seq "$RUNS"); do
+    bare=$(cpu_of "${RUSTC_CMD[@]}")
+    bare_all+=("$bare")
+    for tool in "${tools[@]}"; do
         case $tool in
-        rootline) cpus+=("$(cpu_of "$RL" record -o "$TMP/r.folded" -- "${RUSTC_CMD[@]}")") ;;
-        rootline-no-kernel-walk) cpus+=("$(cpu_of "$RL" record --kernel-walk off -o "$TMP/r.folded" -- "${RUSTC_CMD[@]}")") ;;
-        perf-fp) cpus+=("$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph fp -o "$TMP/p.data" -- "${RUSTC_CMD[@]}")") ;;
-        perf-dwarf) cpus+=("$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/p.data" -- "${RUSTC_CMD[@]}")") ;;
-        samply) rm -f "$TMP/s.json.gz"; cpus+=("$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")") ;;
+        rootline) c=$(cpu_of "$RL" record -o "$TMP/$tool.folded" -- "${RUSTC_CMD[@]}") ;;
+        rootline-no-kernel-walk) c=$(cpu_of "$RL" record --kernel-walk off -o "$TMP/$tool.folded" -- "${RUSTC_CMD[@]}") ;;
+        perf-fp) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph fp -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
+        perf-dwarf) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
+        samply) rm -f "$TMP/s.json.gz"; c=$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
+            [ -s "$TMP/s.json.gz" ] || echo "samply wrote nothing (kernel.perf_event_paranoid must be <= 1)" >&2 ;;
         esac
+        extra[$tool]+="$(python3 -c "print($c - $bare)") "
     done
+done
+med() { python3 -c 'import statistics,sys; print(f"{statistics.median(map(float, sys.argv[1:])):.2f}")' "$@"; }
+bare_med=$(med "${bare_all[@]}")
+echo "bare rustc: ${bare_med}s CPU (runs: ${bare_all[*]})"
+for tool in "${tools[@]}"; do
     case $tool in
-    perf-*) perf_folded "$TMP/p.data" >"$TMP/r.folded" ;;
-    samply) if [ -s "$TMP/s.json.gz" ]; then python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$TMP/r.folded" || : >"$TMP/r.folded"; else : >"$TMP/r.folded"; fi ;;
+    perf-*) perf_folded "$TMP/$tool.data" >"$TMP/$tool.folded" ;;
+    samply) : >"$TMP/$tool.folded" ;;
     esac
-    med=$(python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' "${cpus[@]}")
-    printf "%-24s +%5.2fs CPU over bare (%.2fx)   %s\n" "$tool" "$(python3 -c "print($med - $bare_med)")" \
-        "$(python3 -c "print($med / $bare_med)")" "$(whole_share "$TMP/r.folded")"
+    # shellcheck disable=SC2086
+    m=$(med ${extra[$tool]})
+    printf "%-24s +%5.2fs CPU over bare (%.2fx; each round: %s)  %s\n" "$tool" "$m" \
+        "$(python3 -c "print(1 + $m / $bare_med)")" "${extra[$tool]% }" "$(whole_share "$TMP/$tool.folded")"
 done

@@ -67,6 +67,9 @@ pub const DEFAULT_MAX_FRAMES: u32 = 1536;
 /// Default [`KernelWalkOptions::pending_dump_bytes`] where memory is not bounded.
 pub const DEFAULT_PENDING_DUMP_BYTES: u32 = 1024 * 1024;
 
+/// Most binaries (paths) rows on demand remembers as asked for.
+const MAX_WANTED: usize = 4096;
+
 /// How fast each CPU may send stack dumps (KiB a second), after a burst of two seconds' worth:
 /// a process's start-up is covered (rustc: ~150 dumps of ~600 KiB), while a stack that stays
 /// pending cannot keep the reader busy copying dumps and make the perf rings overflow.
@@ -176,7 +179,7 @@ pub struct KernelWalk {
     dumps: bool,
     /// With rows on demand, the binaries (by path) walks have reached: kept when their
     /// processes exit, so that the next process to map one (a build's next compiler) is walked
-    /// with its rows from its first sample.
+    /// with its rows from its first sample; at most [`MAX_WANTED`].
     wanted: Option<foldhash::HashSet<Arc<str>>>,
 }
 
@@ -425,6 +428,11 @@ impl KernelWalk {
             if let Some(r) = region
                 && !wanted.contains(&r.path)
             {
+                if wanted.len() >= MAX_WANTED {
+                    // A host that ran that many distinct binaries: the ones still hot are
+                    // asked for again by their next walks.
+                    wanted.clear();
+                }
                 wanted.insert(Arc::clone(&r.path));
                 asked = true;
             }
