@@ -151,7 +151,7 @@ for _ in $(seq "$RUNS"); do
         samply) rm -f "$TMP/s.json.gz"; c=$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
             [ -s "$TMP/s.json.gz" ] || echo "samply wrote nothing (kernel.perf_event_paranoid must be <= 1)" >&2 ;;
         esac
-        extra[$tool]+="$(python3 -c "print($c - $bare)") "
+        extra[$tool]+="$(python3 -c "print(f\"{$c - $bare:.2f}\")") "
     done
 done
 med() { python3 -c 'import statistics,sys; print(f"{statistics.median(map(float, sys.argv[1:])):.2f}")' "$@"; }
