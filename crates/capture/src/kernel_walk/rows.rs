@@ -15,7 +15,8 @@ use rootline_image::{ModuleBudget, TableCharge};
 
 use super::layout::Row;
 
-/// A binary's key in the row table: its unwind sections, by address (one parse of a file is shared by every process that maps it).
+/// A binary's key in the row table: its unwind sections, by address (one parse of a file is
+/// shared by every process that maps it).
 pub(super) fn binary_key(sections: &Arc<UnwindSections>) -> usize {
     Arc::as_ptr(sections) as usize
 }
