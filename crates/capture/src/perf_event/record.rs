@@ -164,10 +164,13 @@ fn parse(data: &[u8], callchain: bool) -> Option<Record<'_>> {
                 let mut user = false;
                 for _ in 0..nr {
                     let ip = c.u64()?;
-                    if ip >= PERF_CONTEXT_MAX {
-                        user = ip == b::PERF_CONTEXT_USER;
-                    } else if user {
+                    // The user part comes last, and its entries are whatever the kernel's
+                    // frame-pointer walk read from the stack (-1 and other values in the marker
+                    // range among them): after `PERF_CONTEXT_USER` nothing is a marker.
+                    if user {
                         user_ips.push(ip);
+                    } else if ip >= PERF_CONTEXT_MAX {
+                        user = ip == b::PERF_CONTEXT_USER;
                     } else {
                         kernel_ips.push(ip);
                     }
@@ -287,6 +290,11 @@ mod tests {
     /// A sample record as the kernel writes it for our sample type (no callchain): every
     /// requested register in perf bit order, then the stack copy and its dynamic size.
     fn sample_bytes(regs: &[u64], stack: &[u8]) -> Vec<u8> {
+        sample_with_callchain(None, regs, stack)
+    }
+
+    /// [`sample_bytes`] with a callchain (`PERF_SAMPLE_CALLCHAIN`) when `callchain` is given.
+    fn sample_with_callchain(callchain: Option<&[u64]>, regs: &[u64], stack: &[u8]) -> Vec<u8> {
         let mut body = Vec::new();
         let mut put = |v: u64| body.extend_from_slice(&v.to_le_bytes());
         put(0x1234); // ip
@@ -294,6 +302,12 @@ mod tests {
         put(99); // time
         put(1); // cpu, res
         put(1_000_000); // period
+        if let Some(chain) = callchain {
+            put(chain.len() as u64);
+            for &ip in chain {
+                put(ip);
+            }
+        }
         put(u64::from(b::PERF_SAMPLE_REGS_ABI_64));
         for &r in regs {
             put(r);
@@ -367,5 +381,29 @@ mod tests {
             parse_record(&sample_bytes(&regs[..10], &[]), false),
             Record::Other
         ));
+    }
+
+    #[test]
+    fn after_the_user_marker_every_callchain_entry_is_a_user_address() {
+        // A frame-pointer walk through a frame-pointer-less binary reads whatever the stack
+        // holds, -1 included: that is a user entry, not a context marker ending the user part.
+        let user = b::PERF_CONTEXT_USER;
+        let kernel = b::PERF_CONTEXT_KERNEL;
+        let chain = [
+            kernel,
+            0xffff_ffff_8100_0000,
+            user,
+            0x7f00_0000_1000,
+            u64::MAX,
+            0x7f00_0000_2000,
+        ];
+        let regs: Vec<u64> = (0..17).collect();
+        let bytes = sample_with_callchain(Some(&chain), &regs, &[]);
+        let Record::Sample(s) = parse_record(&bytes, true) else {
+            panic!("not parsed as a sample");
+        };
+        assert_eq!(s.kernel_ips, [0xffff_ffff_8100_0000]);
+        assert_eq!(s.user_ips, [0x7f00_0000_1000, u64::MAX, 0x7f00_0000_2000]);
+        assert!(s.user_regs.is_some());
     }
 }
