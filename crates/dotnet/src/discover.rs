@@ -66,6 +66,21 @@ fn started_at(proc_root: &Path, ticks: u64) -> Option<SystemTime> {
     SystemTime::now().checked_sub(Duration::from_secs_f64(age.max(0.0)))
 }
 
+/// Whether a file of process `pid`'s (a socket, a perf map) modified at `modified` was made
+/// before the process started, by more than [`STARTED_SLACK`]: then it is a dead process's that
+/// had the same pid. False when the start cannot be read.
+pub fn predates_process(pid: u32, modified: SystemTime) -> bool {
+    let proc_root = Path::new("/proc");
+    start_time(&proc_root.join(pid.to_string()))
+        .and_then(|ticks| started_at(proc_root, ticks))
+        .is_some_and(|started| made_before(modified, started))
+}
+
+/// Whether a file modified at `modified` was made before a process that started at `started`.
+fn made_before(modified: SystemTime, started: SystemTime) -> bool {
+    modified + STARTED_SLACK < started
+}
+
 /// `TMPDIR` from the process's environment, if readable and set.
 fn tmpdir_of(proc_dir: &Path) -> Option<String> {
     let env = fs::read(proc_dir.join("environ")).ok()?;
@@ -136,7 +151,7 @@ fn find_socket_in(proc_root: &Path, pid: u32) -> Result<PathBuf, IpcError> {
                 name.starts_with(&prefix) && name.ends_with("-socket")
             })
             .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-            .filter(|(made, _)| started.is_none_or(|t| *made + STARTED_SLACK >= t))
+            .filter(|(made, _)| started.is_none_or(|t| !made_before(*made, t)))
             .max();
         if let Some((_, path)) = newest {
             return Ok(path);

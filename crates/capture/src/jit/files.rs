@@ -48,6 +48,9 @@ pub enum MapRefused {
     /// Not a regular file.
     #[error("{0} is not a regular file")]
     NotRegular(PathBuf),
+    /// Last written before the process started: a dead process's file under a reused pid.
+    #[error("{0} predates the process (a dead process's under the same pid)")]
+    Stale(PathBuf),
     /// Owned by someone other than the target's user or root.
     #[error("{path} is owned by uid {owner}, not by the target's uid {target} or root")]
     WrongOwner {
@@ -61,7 +64,7 @@ pub enum MapRefused {
 }
 
 /// Opens a JIT map of process `pid` safely: no symlink in the last component (`O_NOFOLLOW`), a
-/// regular file, owned by the process's uid or root.
+/// regular file, owned by the process's uid or root, and written since the process started.
 pub fn open_map(pid: u32, path: &std::path::Path) -> Result<File, MapRefused> {
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -77,6 +80,12 @@ pub fn open_map(pid: u32, path: &std::path::Path) -> Result<File, MapRefused> {
     })?;
     if !meta.file_type().is_file() {
         return Err(MapRefused::NotRegular(path.to_path_buf()));
+    }
+    if meta
+        .modified()
+        .is_ok_and(|m| rootline_dotnet::discover::predates_process(pid, m))
+    {
+        return Err(MapRefused::Stale(path.to_path_buf()));
     }
     let target = std::fs::metadata(format!("/proc/{pid}"))
         .map(|m| m.uid())

@@ -326,6 +326,8 @@ impl JitProcess {
             {
                 None
             }
+            // Not this process's: as if it had written none yet.
+            Err(MapRefused::Stale(_)) => None,
             Err(e) => {
                 self.refused = Some(e.to_string());
                 None

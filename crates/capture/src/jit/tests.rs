@@ -26,6 +26,20 @@ fn only_regular_files_of_the_target_user_or_root_are_read() {
         Err(MapRefused::NotRegular(_))
     ));
 
+    // A file last written before the process started is a dead process's under the same pid
+    // (node's and .NET's maps stay in /tmp after them).
+    let stale = dir.path().join("perf-5.map");
+    std::fs::write(&stale, "1000 10 f\n").unwrap();
+    let file = std::fs::File::options().write(true).open(&stale).unwrap();
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    file.set_modified(long_ago).unwrap();
+    assert!(matches!(open_map(me, &stale), Err(MapRefused::Stale(_))));
+    file.set_modified(std::time::SystemTime::now()).unwrap();
+    assert!(
+        open_map(me, &stale).is_ok(),
+        "rewritten since: the process's own"
+    );
+
     // A file of another user (only testable as root, who may chown).
     let our_uid = std::fs::metadata(format!("/proc/{me}")).unwrap().uid();
     if our_uid == 0 {
