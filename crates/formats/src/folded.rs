@@ -214,11 +214,18 @@ pub(crate) fn push_frame_name(line: &mut String, name: &str) {
     if name.is_empty() {
         return;
     }
-    line.extend(name.chars().map(|c| match c {
-        ';' => ':',
-        '\n' | '\r' => ' ',
-        c => c,
-    }));
+    // Names rarely hold one of them: copy the runs between them whole.
+    let mut rest = name;
+    while let Some(at) = rest.find([';', '\n', '\r']) {
+        line.push_str(&rest[..at]);
+        line.push(if rest.as_bytes()[at] == b';' {
+            ':'
+        } else {
+            ' '
+        });
+        rest = &rest[at + 1..];
+    }
+    line.push_str(rest);
 }
 
 /// Formats a fixed-point count with `decimals` fraction digits, trailing zeros trimmed.
@@ -255,6 +262,15 @@ pub fn write(profile: &Profile, mut writer: impl Write) -> Result<(), FormatErro
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn frame_names_keep_their_text_but_the_separators() {
+        let mut line = String::from("comm");
+        push_frame_name(&mut line, "");
+        push_frame_name(&mut line, ";a;b\nc\r\nd;");
+        push_frame_name(&mut line, "<T as Trait>::f::{closure#0}");
+        assert_eq!(line, "comm:a:b c  d:<T as Trait>::f::{closure#0}");
+    }
+
     use super::*;
 
     fn round_trip(text: &str) -> String {
