@@ -39,6 +39,7 @@ pub struct SymbolizerBudgets {
 pub struct Symbolizer {
     dwarf: DwarfCache,
     kallsyms: Option<Kallsyms>,
+    demangled: Demangled,
 }
 
 impl Symbolizer {
@@ -54,6 +55,7 @@ impl Symbolizer {
         Symbolizer {
             dwarf: DwarfCache::new(budgets),
             kallsyms: None,
+            demangled: Demangled::default(),
         }
     }
 
@@ -91,11 +93,12 @@ impl Symbolizer {
         let loader = entry.loader.as_ref();
         let debug_symbols = entry.symbols.as_ref();
         let closure = |linkage: &str| entry.closure_name(linkage).map(str::to_string);
+        let demangled = &mut self.demangled;
         svmas
             .iter()
             .map(|&a| {
                 let name = symbol(a).or_else(|| debug_symbols.and_then(|m| m.symbol_name(a)));
-                symbolize_one(loader, a, name, &closure)
+                symbolize_one(loader, a, name, &closure, demangled)
             })
             .collect()
     }
@@ -124,6 +127,7 @@ fn symbolize_one(
     addr: u64,
     symbol: Option<String>,
     closure: &dyn Fn(&str) -> Option<String>,
+    demangled: &mut Demangled,
 ) -> Vec<SymbolFrame> {
     let numbered = |raw: &str| {
         names::is_legacy_closure(raw)
@@ -152,7 +156,7 @@ fn symbolize_one(
     frames.reverse();
     let symbol = symbol
         .or_else(|| loader.and_then(|l| l.find_symbol(addr)).map(str::to_string))
-        .map(|s| numbered(&s).unwrap_or_else(|| demangle_symbol(&s)));
+        .map(|s| numbered(&s).unwrap_or_else(|| demangled.get(&s)));
     match (symbol, frames.first_mut()) {
         (Some(symbol), Some(physical)) => physical.name = symbol,
         (Some(symbol), None) => frames.push(SymbolFrame {
@@ -164,6 +168,31 @@ fn symbolize_one(
     }
     frames.retain(|f| !f.name.is_empty());
     frames
+}
+
+/// Symbol-table names demangled so far: a function is sampled at many addresses (each call site
+/// of it a return address), and C++ demangling is slow. At most [`Demangled::MAX`] names, then it
+/// starts over.
+#[derive(Default)]
+struct Demangled {
+    names: std::collections::HashMap<Box<str>, Box<str>>,
+}
+
+impl Demangled {
+    const MAX: usize = 4096;
+
+    /// [`demangle_symbol`] of `name`.
+    fn get(&mut self, name: &str) -> String {
+        if let Some(d) = self.names.get(name) {
+            return d.to_string();
+        }
+        let d = demangle_symbol(name);
+        if self.names.len() >= Self::MAX {
+            self.names.clear();
+        }
+        self.names.insert(name.into(), d.as_str().into());
+        d
+    }
 }
 
 /// Demangles a symbol-table name when it is mangled (Itanium C++ / Rust legacy `_Z…`, Rust v0
