@@ -177,7 +177,12 @@ impl Pipeline {
         for (pid, state) in self.processes.tracked() {
             kw.sync(pid, &state.space, |start| state.is_pending(start));
         }
-        if let Some(s) = self.stats.kernel_walk.as_mut() {
+    }
+
+    /// Copies the in-kernel walk's counts into the stats (reading the BPF counters is a system
+    /// call per CPU: once per batch, not per round).
+    fn refresh_kernel_walk_stats(&mut self) {
+        if let (Some(kw), Some(s)) = (&self.kernel_walk, self.stats.kernel_walk.as_mut()) {
             s.walk = kw.stats();
         }
     }
@@ -279,9 +284,7 @@ impl Pipeline {
             self.replay_if(|_| true);
             self.deferrals.force = false;
         }
-        if let (Some(kw), Some(s)) = (&self.kernel_walk, self.stats.kernel_walk.as_mut()) {
-            s.walk = kw.stats();
-        }
+        self.refresh_kernel_walk_stats();
     }
 
     /// Unwinds again the set-aside samples that `due` picks.
@@ -563,6 +566,7 @@ impl Pipeline {
         if let Some(alloc) = self.alloc.as_ref() {
             self.stats.alloc = alloc.stats;
         }
+        self.refresh_kernel_walk_stats();
         let pending = self.pending.len();
         let new = self.tables.take_new();
         // New JIT code of a JVM is named by asking it again; the reader waits this long at most.
