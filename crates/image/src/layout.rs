@@ -402,7 +402,7 @@ fn thread_entry_names(bytes: &ModuleBytes, at: u64, len: u64) -> Vec<u64> {
         window.resize(old + want, 0);
         let got = bytes.read_at(at + read, &mut window[old..]);
         window.truncate(old + got);
-        for end in (old..window.len()).filter(|&i| window[i] == 0) {
+        for end in memchr::memchr_iter(0, &window[old..]).map(|i| old + i) {
             for name in THREAD_ENTRIES {
                 let n = name.len();
                 if end >= n && &window[end - n..end] == name.as_bytes() {
