@@ -39,6 +39,10 @@ pub struct AddressSpace<M> {
     /// code before each one from the file, and the same call sites recur in every sample.
     /// Cleared when the regions change, and past [`MAX_RETURN_CHECKS`].
     return_checks: HashMap<u64, Result<ReturnKind, TruncateReason>>,
+    /// Which CFI covers each lookup address met, found by binary searches over a binary's
+    /// FDEs (hundreds of thousands in a compiler): cleared with `return_checks`, at most
+    /// [`MAX_RETURN_CHECKS`].
+    cfi_at: HashMap<u64, CfiAt>,
     full_register_unwinds: u64,
     /// Indices into the last unwind's output of frames whose address is an instruction, not a
     /// return address (see [`AddressSpace::instruction_frames`]).
@@ -54,6 +58,16 @@ pub struct AddressSpace<M> {
 /// Most return addresses an [`AddressSpace`] remembers as checked (a few hundred KiB: rustc's
 /// hot call sites fit).
 const MAX_RETURN_CHECKS: usize = 1 << 14;
+
+/// The CFI covering a lookup address in a binary's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CfiAt {
+    /// No FDE covers it.
+    None,
+    /// An FDE of `.debug_frame` (`debug`) or `.eh_frame`; `full`: its row needs registers
+    /// framehop does not track.
+    Fde { debug: bool, full: bool },
+}
 
 /// What a validated return address is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +91,7 @@ impl<M> Default for AddressSpace<M> {
             evaluator: full::Evaluator::default(),
             roots: HashMap::new(),
             return_checks: HashMap::new(),
+            cfi_at: HashMap::new(),
             full_register_unwinds: 0,
             instruction_frames: Vec::new(),
             caller_at_entry: false,
@@ -97,6 +112,21 @@ enum Stop {
 impl From<TruncateReason> for Stop {
     fn from(reason: TruncateReason) -> Stop {
         Stop::Truncated(reason)
+    }
+}
+
+/// Which CFI covers link-time address `svma` (`.eh_frame` first).
+fn cfi_at(sections: &crate::sections::UnwindSections, svma: u64) -> CfiAt {
+    let fde = |debug: bool| CfiAt::Fde {
+        debug,
+        full: sections.cfi(debug).needs_full_registers(svma),
+    };
+    if sections.eh_frame_covers(svma) {
+        fde(false)
+    } else if sections.debug_frame_covers(svma) {
+        fde(true)
+    } else {
+        CfiAt::None
     }
 }
 
@@ -135,8 +165,7 @@ impl<M: Binary> AddressSpace<M> {
                 ));
             }
         }
-        self.roots.clear();
-        self.return_checks.clear();
+        self.forget_lookups();
         self.regions.insert(region.start, region);
     }
 
@@ -153,9 +182,15 @@ impl<M: Binary> AddressSpace<M> {
             self.regions.remove(&s);
             self.eh.remove_module(s);
             self.debug.remove_module(s);
-            self.roots.clear();
-            self.return_checks.clear();
+            self.forget_lookups();
         }
+    }
+
+    /// Forgets what was found at addresses (the regions change).
+    fn forget_lookups(&mut self) {
+        self.roots.clear();
+        self.return_checks.clear();
+        self.cfi_at.clear();
     }
 
     /// The region containing `addr`.
@@ -341,17 +376,28 @@ impl<M: Binary> AddressSpace<M> {
         }
         let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
-        let cfi = region.module.as_deref().and_then(|m| {
-            let sections = m.unwind_sections();
-            if sections.eh_frame_covers(svma) {
-                Some((m, false))
-            } else if sections.debug_frame_covers(svma) {
-                Some((m, true))
-            } else {
-                None
-            }
+        let cfi = region.module.as_deref().map(|m| {
+            let at = match self.cfi_at.get(&lookup) {
+                Some(&at) => at,
+                None => {
+                    let at = cfi_at(m.unwind_sections(), svma);
+                    if self.cfi_at.len() >= MAX_RETURN_CHECKS {
+                        self.cfi_at.clear();
+                    }
+                    self.cfi_at.insert(lookup, at);
+                    at
+                }
+            };
+            (m, at)
         });
-        let Some((module, debug)) = cfi else {
+        let Some((
+            module,
+            CfiAt::Fde {
+                debug,
+                full: needs_full,
+            },
+        )) = cfi
+        else {
             if region.refused {
                 return Err(TruncateReason::ModuleMemoryLimit.into());
             }
@@ -378,7 +424,7 @@ impl<M: Binary> AddressSpace<M> {
             let ra = self.evaluator.step(at, first, regs, mem)?;
             return Ok(ra.map(|ra| (ra, signal)));
         }
-        if sections.cfi(debug).needs_full_registers(svma) {
+        if needs_full {
             return Err(Stop::NeedsFullRegisters);
         }
         let address = if first {
