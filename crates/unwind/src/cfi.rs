@@ -5,9 +5,11 @@
 //! framehop tracks only rip, rsp and rbp, and when a row needs anything else (a CFA based on rbx,
 //! a CFA expression, rbp restored from another register, …) it silently falls back to a
 //! frame-pointer walk. Every row is therefore classified here: rows framehop turns into one of
-//! its exact rules go to framehop, all others to the full-register evaluator
-//! ([`crate::full`]). A row that cannot be parsed counts as "not exact" too, so that evaluator
-//! reports it instead of framehop guessing.
+//! its exact rules go to framehop; rows it cannot encode that still need only rip, rsp and rbp
+//! (a CFA beyond framehop's reach: rustc's driver has a 527 KiB frame) go to the evaluator
+//! ([`crate::full`]) for that one frame; all others to the full-register evaluator, from the
+//! leaf. A row that cannot be parsed counts as "not exact" too, so that evaluator reports it
+//! instead of framehop guessing.
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EndianSlice, LittleEndian, RegisterRule, UnwindContext,
@@ -32,6 +34,8 @@ pub const CLONE_GAP: u64 = 16;
 pub struct CfiIndex {
     fdes: Vec<Fde>,
     full: Vec<(u64, u64)>,
+    /// Rows framehop cannot encode whose rules need only rip, rsp and rbp.
+    frame_registers_only: Vec<(u64, u64)>,
     signal: Vec<(u64, u64)>,
     /// Starts of FDEs whose first row marks the return address undefined (a thread's first
     /// frame, e.g. glibc's `thread_start` inside `clone3`), sorted.
@@ -87,7 +91,14 @@ impl CfiIndex {
                             index.outermost.push(start);
                         }
                         first_row = false;
-                        if !framehop_exact(row) {
+                        if framehop_exact(row) {
+                        } else if needs_frame_registers_only(row) {
+                            push_range(
+                                &mut index.frame_registers_only,
+                                row.start_address(),
+                                row.end_address(),
+                            );
+                        } else {
                             push_range(&mut index.full, row.start_address(), row.end_address());
                         }
                     }
@@ -111,6 +122,7 @@ impl CfiIndex {
             reach = reach.max(f.end);
         }
         index.full.sort_unstable();
+        index.frame_registers_only.sort_unstable();
         index.signal.sort_unstable();
         index.outermost.sort_unstable();
         index
@@ -154,7 +166,8 @@ impl CfiIndex {
     /// Memory the index holds on the heap, in bytes.
     pub fn heap_bytes(&self) -> usize {
         self.fdes.capacity() * std::mem::size_of::<Fde>()
-            + (self.full.capacity() + self.signal.capacity()) * 16
+            + (self.full.capacity() + self.frame_registers_only.capacity() + self.signal.capacity())
+                * 16
             + self.outermost.capacity() * 8
     }
 
@@ -184,6 +197,13 @@ impl CfiIndex {
     /// parsed), so only the full-register evaluator may unwind it.
     pub fn needs_full_registers(&self, svma: u64) -> bool {
         in_ranges(&self.full, svma)
+    }
+
+    /// Whether the row at `svma` is one framehop cannot encode that the evaluator unwinds from
+    /// rip, rsp and rbp alone (see the module's doc). [`CfiIndex::needs_full_registers`] comes
+    /// first where both hold (an address past a nested FDE's end).
+    pub fn needs_frame_registers_only(&self, svma: u64) -> bool {
+        in_ranges(&self.frame_registers_only, svma)
     }
 
     /// Address ranges that need full-register evaluation (merged where adjacent).
@@ -240,6 +260,22 @@ pub fn framehop_exact<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>
         }
         _ => false,
     }
+}
+
+/// Whether a row framehop does not encode needs only rip, rsp and rbp: the return address at
+/// CFA-8, the CFA at rsp or rbp plus an offset, rbp kept or saved at an offset from the CFA.
+/// (Rules for other registers only say where their values are; the walk does not need them.)
+fn needs_frame_registers_only<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>(
+    row: &UnwindTableRow<T, S>,
+) -> bool {
+    let ra_at_cfa = matches!(row.register(X86_64::RA), Some(RegisterRule::Offset(-8)));
+    let bp_simple = matches!(
+        row.register(X86_64::RBP),
+        None | Some(RegisterRule::SameValue) | Some(RegisterRule::Offset(_))
+    );
+    let cfa_simple = matches!(*row.cfa(),
+        CfaRule::RegisterAndOffset { register, .. } if register == X86_64::RSP || register == X86_64::RBP);
+    ra_at_cfa && bp_simple && cfa_simple
 }
 
 #[cfg(test)]
@@ -324,22 +360,32 @@ pub(crate) mod tests {
             ],
             // rbp restored from another register.
             vec![I::Register(X86_64::RBP, X86_64::RBX)],
-            // A CFA offset framehop would round.
+            // A CFA offset framehop would round, and one past its reach (a 600 KB frame): the
+            // evaluator unwinds them from rip, rsp and rbp alone.
             vec![I::CfaOffset(12)],
+            vec![
+                I::CfaOffset(16),
+                I::Offset(X86_64::RBP, -16),
+                I::CfaOffset(600_016),
+            ],
         ]);
         let idx = index(&bytes);
-        assert_eq!(idx.len(), 4);
+        assert_eq!(idx.len(), 5);
         assert!((0x1000..0x1100).all(|a| !idx.needs_full_registers(a)));
         assert!(!idx.needs_full_registers(0x1100 + 11));
         assert!(idx.needs_full_registers(0x1100 + 12));
         assert!(idx.needs_full_registers(0x11ff));
         assert!(!idx.needs_full_registers(0x1203));
         assert!(idx.needs_full_registers(0x1204));
-        assert!(idx.needs_full_registers(0x1304));
-        assert!(idx.covers(0x13ff) && !idx.covers(0x1400) && !idx.covers(0xfff));
+        assert!(!idx.needs_full_registers(0x1304) && idx.needs_frame_registers_only(0x1304));
+        assert!(!idx.needs_frame_registers_only(0x1303));
+        assert!(!idx.needs_frame_registers_only(0x140b));
+        assert!(!idx.needs_full_registers(0x140c) && idx.needs_frame_registers_only(0x140c));
+        assert!(!idx.needs_frame_registers_only(0x1204) && !idx.needs_frame_registers_only(0x1110));
+        assert!(idx.covers(0x14ff) && !idx.covers(0x1500) && !idx.covers(0xfff));
         assert_eq!(
             idx.full_register_ranges(),
-            &[(0x110c, 0x1200), (0x1204, 0x1300), (0x1304, 0x1400)]
+            &[(0x110c, 0x1200), (0x1204, 0x1300)]
         );
     }
 

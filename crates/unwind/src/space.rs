@@ -65,8 +65,13 @@ enum CfiAt {
     /// No FDE covers it.
     None,
     /// An FDE of `.debug_frame` (`debug`) or `.eh_frame`; `full`: its row needs registers
-    /// framehop does not track.
-    Fde { debug: bool, full: bool },
+    /// framehop does not track; `own_rule`: framehop cannot encode its row, which needs only
+    /// rip, rsp and rbp (the evaluator unwinds that frame in the fast walk).
+    Fde {
+        debug: bool,
+        full: bool,
+        own_rule: bool,
+    },
 }
 
 /// What a validated return address is.
@@ -117,9 +122,14 @@ impl From<TruncateReason> for Stop {
 
 /// Which CFI covers link-time address `svma` (`.eh_frame` first).
 fn cfi_at(sections: &crate::sections::UnwindSections, svma: u64) -> CfiAt {
-    let fde = |debug: bool| CfiAt::Fde {
-        debug,
-        full: sections.cfi(debug).needs_full_registers(svma),
+    let fde = |debug: bool| {
+        let cfi = sections.cfi(debug);
+        let full = cfi.needs_full_registers(svma);
+        CfiAt::Fde {
+            debug,
+            full,
+            own_rule: !full && cfi.needs_frame_registers_only(svma),
+        }
     };
     if sections.eh_frame_covers(svma) {
         fde(false)
@@ -395,6 +405,7 @@ impl<M: Binary> AddressSpace<M> {
             CfiAt::Fde {
                 debug,
                 full: needs_full,
+                own_rule,
             },
         )) = cfi
         else {
@@ -426,6 +437,15 @@ impl<M: Binary> AddressSpace<M> {
         }
         if needs_full {
             return Err(Stop::NeedsFullRegisters);
+        }
+        if own_rule {
+            let ra = self.evaluator.step(at, first, regs, mem)?;
+            let (Some(sp), Some(bp)) = (regs.get(regs::RSP), regs.get(regs::RBP)) else {
+                return Err(Stop::NeedsFullRegisters);
+            };
+            // The fast walk tracks rip, rsp and rbp only (as after a framehop frame).
+            *regs = Registers::new(regs.ip(), sp, bp);
+            return Ok(ra.map(|ra| (ra, false)));
         }
         let address = if first {
             framehop::FrameAddress::from_instruction_pointer(regs.ip())

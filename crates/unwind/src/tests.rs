@@ -47,13 +47,19 @@ const BIG_FP: u64 = 0x1700;
 const REENTRY: u64 = 0x3700;
 /// Another function of the same shape, not a re-entry point.
 const OTHER_ENTRY: u64 = 0x3780;
-const TEXT_END: u64 = 0x3800;
+/// `huge`: `push rbp; sub rsp, 600000` (CFI: CFA = rsp + 600016 from +9, beyond what
+/// framehop encodes), calls the leaves and returns to `HUGE_RA`.
+const HUGE: u64 = 0x3800;
+const HUGE_RA: u64 = HUGE + 0x40;
+/// `huge`'s CFA offset in its body.
+const HUGE_CFA: u64 = 600_016;
+const TEXT_END: u64 = 0x3900;
 
 /// Stack pointer of every sample.
 const SP: u64 = 0x7000_0000;
 
 fn eh_frame() -> Vec<u8> {
-    let fdes: [(u64, Vec<(u32, I)>); 4] = [
+    let fdes: [(u64, Vec<(u32, I)>); 5] = [
         (ROOT, vec![(0, I::Undefined(X86_64::RA))]),
         (
             TRAMP,
@@ -75,6 +81,14 @@ fn eh_frame() -> Vec<u8> {
                 (4, I::CfaRegister(X86_64::RBP)),
                 // After `leave`, at the `ret`: gcc's CFI still names rbp's popped save slot.
                 (0x90, I::Cfa(X86_64::RSP, 8)),
+            ],
+        ),
+        (
+            HUGE,
+            vec![
+                (1, I::CfaOffset(16)),
+                (1, I::Offset(X86_64::RBP, -16)),
+                (8, I::CfaOffset(HUGE_CFA as i32)),
             ],
         ),
     ];
@@ -105,6 +119,7 @@ fn space() -> AddressSpace {
     put(FP_CFI + 0x8f, &[0xc9, 0xc3]);
     put(BIG_FP, &[0x55, 0x48, 0x89, 0xe5]);
     put(CLONE3_SYSCALL, &[0x0f, 0x05]);
+    put(HUGE_RA - 5, &[0xe8, 0, 0, 0, 0]);
     let module = SyntheticBinary::new(
         TEXT,
         &code,
@@ -124,6 +139,7 @@ fn space() -> AddressSpace {
                 "Builtins_InterpreterEnterAtNextBytecode",
             ),
             (OTHER_ENTRY, OTHER_ENTRY + 0x80, "other_entry"),
+            (HUGE, HUGE + 0x100, "huge"),
         ],
     );
     let mut space = AddressSpace::new();
@@ -177,6 +193,29 @@ fn cfi_undefined_return_address_is_the_root() {
     let mut s = space();
     let (end, out) = unwind(&mut s, &regs(ROOT + 0x20, 0, None), &[0; 4]);
     assert_eq!((end, out), (StackEnd::Root, vec![ROOT + 0x20]));
+    assert_eq!(s.full_register_unwinds(), 0);
+}
+
+#[test]
+fn a_frame_too_large_for_framehop_is_unwound_in_the_fast_walk() {
+    // leaf (saved rbx, return into huge), huge's 600,000 bytes of locals, its saved rbp and
+    // its return into root.
+    let mut words = vec![0x77, HUGE_RA];
+    let cfa = 16 + HUGE_CFA;
+    words.resize((cfa / 8) as usize - 2, 0xbad);
+    words.extend([0x1234, ROOT_RA]);
+    let mut s = space();
+    let (end, out) = unwind(&mut s, &regs(LEAF + 0x80, 0xdead, Some(7)), &words);
+    assert_eq!(end, StackEnd::Root);
+    assert_eq!(out, vec![LEAF + 0x80, HUGE_RA, ROOT_RA]);
+    assert_eq!(
+        s.full_register_unwinds(),
+        0,
+        "only huge's frame needs the evaluator, not a walk from the leaf with every register"
+    );
+    // Sampled in huge itself: the same rule for the leaf frame.
+    let (end, out) = unwind(&mut s, &regs(HUGE + 0x20, 0xdead, None), &words[2..]);
+    assert_eq!((end, out), (StackEnd::Root, vec![HUGE + 0x20, ROOT_RA]));
     assert_eq!(s.full_register_unwinds(), 0);
 }
 
