@@ -120,6 +120,24 @@ impl From<TruncateReason> for Stop {
     }
 }
 
+/// [`cfi_at`] for runtime address `lookup` (link-time `svma` in `module`), remembered in `cache`.
+fn remembered_cfi_at<B: Binary + ?Sized>(
+    cache: &mut HashMap<u64, CfiAt>,
+    lookup: u64,
+    module: &B,
+    svma: u64,
+) -> CfiAt {
+    if let Some(&at) = cache.get(&lookup) {
+        return at;
+    }
+    let at = cfi_at(module.unwind_sections(), svma);
+    if cache.len() >= MAX_RETURN_CHECKS {
+        cache.clear();
+    }
+    cache.insert(lookup, at);
+    at
+}
+
 /// Which CFI covers link-time address `svma` (`.eh_frame` first).
 fn cfi_at(sections: &crate::sections::UnwindSections, svma: u64) -> CfiAt {
     let fde = |debug: bool| {
@@ -386,20 +404,10 @@ impl<M: Binary> AddressSpace<M> {
         }
         let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
-        let cfi = region.module.as_deref().map(|m| {
-            let at = match self.cfi_at.get(&lookup) {
-                Some(&at) => at,
-                None => {
-                    let at = cfi_at(m.unwind_sections(), svma);
-                    if self.cfi_at.len() >= MAX_RETURN_CHECKS {
-                        self.cfi_at.clear();
-                    }
-                    self.cfi_at.insert(lookup, at);
-                    at
-                }
-            };
-            (m, at)
-        });
+        let cfi = region
+            .module
+            .as_deref()
+            .map(|m| (m, remembered_cfi_at(&mut self.cfi_at, lookup, m, svma)));
         let Some((
             module,
             CfiAt::Fde {
@@ -511,12 +519,17 @@ impl<M: Binary> AddressSpace<M> {
     /// returned 0 to the child, whose fresh stack is empty, and the child's id (or an error) to
     /// the parent; during the call, rax reads as -ENOSYS. (`clone3` is not among libc's exported
     /// symbols, so names cannot say where it is.)
-    fn clone_gap(&self, regs: &Registers) -> Option<CloneGap> {
+    fn clone_gap(&mut self, regs: &Registers) -> Option<CloneGap> {
         let rax = regs.get(regs::RAX)?;
         let pc = regs.ip();
-        let region = self.region(pc)?;
-        let sections = region.module.as_deref()?.unwind_sections();
+        let region = region_in(&self.regions, pc)?;
+        let module = region.module.as_deref()?;
         let svma = region.svma(pc);
+        if remembered_cfi_at(&mut self.cfi_at, pc, module, svma) != CfiAt::None {
+            // Covered by CFI: no gap (the leaf's step finds this again, remembered).
+            return None;
+        }
+        let sections = module.unwind_sections();
         let cfi_end = sections
             .cfi(false)
             .clone_gap(svma)
