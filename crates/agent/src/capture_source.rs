@@ -325,6 +325,7 @@ impl Forward {
             unwound: n("unwound"),
             fell_back: n("fell_back"),
             no_walk: n("no_walk"),
+            in_copy: n("in_copy"),
             lost_chunks: n("lost_chunks"),
             rows_used: n("rows_used"),
             binaries_refused: n("binaries_refused"),

@@ -53,6 +53,8 @@ pub struct KernelWalkCounts {
     pub fell_back: u64,
     /// Samples of tracked processes that found no walk.
     pub no_walk: u64,
+    /// Samples not walked: their copy reached their thread's outermost frame.
+    pub in_copy: u64,
     /// Walk chunks lost because the ring buffer was full.
     pub lost_chunks: u64,
     /// Rows in the shared table (16 bytes each, counted in `modules.byte_budget`).

@@ -177,12 +177,13 @@ impl Stats {
         );
         if let Some(w) = &self.kernel_walk {
             line.push_str(&format!(
-                " kernel_walk: walks={} unwound={} fell_back={} no_walk={} lost_chunks={} rows={} \
-                 binaries_refused={}",
+                " kernel_walk: walks={} unwound={} fell_back={} no_walk={} in_copy={} lost_chunks={} \
+                 rows={} binaries_refused={}",
                 w.walks,
                 w.unwound,
                 w.fell_back,
                 w.no_walk,
+                w.in_copy,
                 w.lost_chunks,
                 w.rows_used,
                 w.binaries_refused

@@ -14,6 +14,8 @@
 // space (`bpf_task_work_schedule_resume`): its user stack is still as it was at the sample, and
 // the walk has no bound there but the stack's end. A sample taken while such a walk is still to
 // run (or running) has the same user stack, and says so instead of walking (`STOP_SAME`).
+// A sample whose stack copy reaches its thread's outermost frame, where user space last found
+// it (`thread_tops`), is not walked at all: user space unwinds it from the copy (`STOP_IN_COPY`).
 //
 // Build (the object is committed; `crates/capture/tests/bpf_object.rs` checks it matches; every
 // object in this directory is built the same way):
@@ -121,6 +123,7 @@ enum stop {
 	STOP_PENDING = 9,
 	STOP_CONTINUES = 10, // (not last) the walk goes on before the thread returns to user space
 	STOP_SAME = 11, // the thread's walk in task context is still to finish: the same stack
+	STOP_IN_COPY = 12, // not walked: the copy reaches the thread's outermost frame
 };
 
 struct chunk_header {
@@ -174,6 +177,15 @@ struct {
 	__type(value, struct config);
 	__uint(max_entries, 1);
 } config SEC(".maps");
+
+// Each thread's outermost stack address its whole stacks reached (the stack pointer of its
+// root frame), as user space last unwound it; user space removes threads that exit.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); // thread id
+	__type(value, __u64);
+	__uint(max_entries, 4096);
+} thread_tops SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -749,6 +761,13 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	if (pending && pending->busy) {
 		// The thread has not returned to user space since the sample whose walk goes on.
 		w.stop = STOP_SAME;
+		flush(&w, c, 1);
+		return 1;
+	}
+	__u64 *top = bpf_map_lookup_elem(&thread_tops, &w.tid);
+	if (top && w.sp < *top && *top <= w.copy_end) {
+		// Every frame lies in the sample's copy: nothing to read here.
+		w.stop = STOP_IN_COPY;
 		flush(&w, c, 1);
 		return 1;
 	}

@@ -113,7 +113,13 @@ fn check(recording: &Recording, depth: usize) -> Verdict {
     v
 }
 
-fn run(name: &str, flags: &[&str], depth: usize) {
+/// Records the workload at `depth` and checks its stacks; returns how samples used the walk
+/// (None where BPF cannot load outside CI).
+fn run(
+    name: &str,
+    flags: &[&str],
+    depth: usize,
+) -> Option<rootline_capture::recorder::KernelWalkUse> {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let binary = build(name, flags);
     // The main thread's stack must hold the recursion (a KiB a level).
@@ -130,9 +136,7 @@ fn run(name: &str, flags: &[&str], depth: usize) {
     let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
     opts.kernel_walk = KernelWalkMode::On;
     opts.duration = Some(Duration::from_secs(3));
-    let Some(recording) = record_or_skip(&opts) else {
-        return;
-    };
+    let recording = record_or_skip(&opts)?;
     let v = check(&recording, depth);
     let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
     println!(
@@ -181,6 +185,28 @@ fn run(name: &str, flags: &[&str], depth: usize) {
         v.live_marked <= kw.fell_back,
         "{name}: only a sample unwound the usual way (its walk stopped early) reads frames live"
     );
+    Some(kw)
+}
+
+/// The same program recursing 4 levels: each thread's whole stack fits in the 16 KiB a sample
+/// copies, so once a thread has one whole sample the program stops walking its samples (they
+/// are unwound from their copy), and the stacks stay whole.
+#[test]
+fn shallow_stacks_are_not_walked_once_their_threads_root_is_known() {
+    for (name, flags) in [
+        ("rebuild-shallow-fp", &["-O2", "-fno-omit-frame-pointer"]),
+        ("rebuild-shallow-nofp", &["-O2", "-fomit-frame-pointer"]),
+    ] {
+        let Some(kw) = run(name, flags, 4) else {
+            return;
+        };
+        let sampled = kw.unwound + kw.fell_back + kw.no_walk + kw.in_copy;
+        assert!(
+            kw.in_copy * 10 >= sampled * 9,
+            "{name}: {} of {sampled} samples not walked",
+            kw.in_copy
+        );
+    }
 }
 
 #[test]

@@ -385,18 +385,21 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
         let stops: Vec<String> = w
             .stops
             .iter()
+            .filter(|(s, _)| **s != rootline_capture::kernel_walk::WalkStop::InCopy)
             .map(|(s, n)| format!("{n} {}", s.name()))
             .collect();
         let _ = writeln!(
             err,
             "rootline: in-kernel stack walk: {} walks, {} frames; {} samples unwound with it, {} \
-             needed more and were unwound the usual way, {} found no walk; walks ended: {}; {} \
-             chunks lost (ring full), {} walks broken; {} rows in the table{}{}{}{}",
+             needed more and were unwound the usual way, {} found no walk, {} needed none (their \
+             copy reached their thread's outermost frame); walks ended: {}; {} chunks lost \
+             (ring full), {} walks broken; {} rows in the table{}{}{}{}",
             w.walks,
             w.frames,
             kw.unwound,
             kw.fell_back,
             kw.no_walk,
+            kw.in_copy,
             if stops.is_empty() {
                 "-".to_string()
             } else {

@@ -37,6 +37,9 @@ pub enum WalkStop {
     /// A frame in a binary still being read: the stack above it was sent whole (up to a
     /// bound) instead.
     Pending,
+    /// Not walked: the sample's copy reaches its thread's outermost frame (see
+    /// [`crate::kernel_walk::KernelWalk::thread_whole`]).
+    InCopy,
     /// A value the program does not send.
     Other(u8),
 }
@@ -53,6 +56,7 @@ impl WalkStop {
             7 => WalkStop::Limit,
             8 => WalkStop::Lost,
             9 => WalkStop::Pending,
+            12 => WalkStop::InCopy,
             c => WalkStop::Other(c),
         }
     }
@@ -69,6 +73,7 @@ impl WalkStop {
             WalkStop::Limit => "frame-limit",
             WalkStop::Lost => "ring-full",
             WalkStop::Pending => "binary-pending",
+            WalkStop::InCopy => "not walked (in the copy)",
             WalkStop::Other(_) => "other",
         }
     }

@@ -67,6 +67,9 @@ pub const DEFAULT_MAX_FRAMES: u32 = 1536;
 /// Default [`KernelWalkOptions::pending_dump_bytes`] where memory is not bounded.
 pub const DEFAULT_PENDING_DUMP_BYTES: u32 = 1024 * 1024;
 
+/// Most threads whose outermost stack address the program knows (its `thread_tops` map).
+const MAX_THREAD_TOPS: usize = 4096;
+
 /// Most binaries (paths) rows on demand remembers as asked for.
 const MAX_WANTED: usize = 4096;
 
@@ -167,6 +170,9 @@ pub struct KernelWalk {
     procs: BpfHashMap<MapData, u32, Proc>,
     /// Threads' walks going on as task work (None: they end at `max_frames`).
     task_walks: Option<BpfHashMap<MapData, u32, TaskWalkSlot>>,
+    /// Each thread's outermost stack address, as sent to the program (`thread_tops`).
+    thread_tops: BpfHashMap<MapData, u32, u64>,
+    tops: HashMap<u32, u64>,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, Counters>,
     rows: RowTable,
@@ -260,6 +266,8 @@ impl KernelWalk {
                 Some(_) => Some(take(&mut ebpf, "task_walks")?.try_into().map_err(maps)?),
                 None => None,
             },
+            thread_tops: take(&mut ebpf, "thread_tops")?.try_into().map_err(maps)?,
+            tops: HashMap::default(),
             ring: take(&mut ebpf, "chunks")?.try_into().map_err(maps)?,
             counters: take(&mut ebpf, "counters")?.try_into().map_err(maps)?,
             ebpf,
@@ -460,6 +468,32 @@ impl KernelWalk {
         if let Some(map) = self.task_walks.as_mut() {
             // Absent when the thread's walks never went on as task work.
             let _ = map.remove(&tid);
+        }
+        self.thread_not_in_copy(tid);
+    }
+
+    /// Thread `tid`'s sample was unwound whole, from its registers to its outermost frame,
+    /// whose stack pointer is `top`: the program does not walk the thread's samples whose copy
+    /// reaches `top` ([`WalkStop::InCopy`]); they are unwound from their copy. The highest `top`
+    /// is kept (a thread's outermost frame stays where it is); at most [`MAX_THREAD_TOPS`]
+    /// threads.
+    pub fn thread_whole(&mut self, tid: u32, top: u64) {
+        match self.tops.get(&tid) {
+            Some(&known) if known >= top => return,
+            None if self.tops.len() >= MAX_THREAD_TOPS => return,
+            _ => {}
+        }
+        if self.thread_tops.insert(tid, top, 0).is_ok() {
+            self.tops.insert(tid, top);
+        }
+    }
+
+    /// A sample of `tid` that was not walked for its copy was not whole from its copy (its
+    /// outermost frame was not where it had been, as after an `exec`): the thread's samples are
+    /// walked again until it has another whole one.
+    pub fn thread_not_in_copy(&mut self, tid: u32) {
+        if self.tops.remove(&tid).is_some() {
+            let _ = self.thread_tops.remove(&tid);
         }
     }
 

@@ -893,6 +893,7 @@ fn finish_metadata(profile: &mut Profile, stats: &Stats) {
             ("kernel_walk.unwound", kw.unwound),
             ("kernel_walk.fell_back", kw.fell_back),
             ("kernel_walk.no_walk", kw.no_walk),
+            ("kernel_walk.in_copy", kw.in_copy),
             ("kernel_walk.dumps_dropped", kw.dumps_dropped),
             ("kernel_walk.rows_used", w.rows_used),
             ("kernel_walk.binaries_refused", w.binaries_refused),

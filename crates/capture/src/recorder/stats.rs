@@ -53,6 +53,9 @@ pub struct KernelWalkUse {
     /// Samples of tracked processes that found no walk (the program had not yet seen their
     /// process's mappings, or the walk was lost).
     pub no_walk: u64,
+    /// Samples the program did not walk because their copy reached their thread's outermost
+    /// frame: unwound from the copy alone.
+    pub in_copy: u64,
     /// Samples set aside whose walk's stack dump was dropped because the dumps kept already
     /// held their limit ([`crate::recorder::RecordOptions::kernel_walk_kept_dumps`]).
     pub dumps_dropped: u64,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::kernel_walk::KernelStack;
+use crate::kernel_walk::{KernelStack, WalkStop};
 use crate::perf_event::Sample;
 use crate::process::FileKey;
 use crate::unwind::{Registers, StackEnd, TruncateReason};
@@ -59,7 +59,10 @@ impl Pipeline {
             return None;
         }
         let key = (s.pid, s.tid);
-        let walk = self.kernel_walk_of(s, regs);
+        let claimed = self.kernel_walk_of(s, regs);
+        // Not walked, its stack lying in its copy: unwound from that alone (`note_thread_top`).
+        let in_copy = claimed.as_ref().is_some_and(|w| w.stop == WalkStop::InCopy);
+        let walk = claimed.clone().filter(|_| !in_copy);
         let space_gen = self.lifetimes.space_gen(s.pid);
         let mut input = UserSample {
             space,
@@ -81,7 +84,7 @@ impl Pipeline {
             if let Some(raw) = raw
                 && self.deferrals.has_room(raw.len())
             {
-                self.keep_walk(s, walk);
+                self.keep_walk(s, claimed);
                 self.defer(raw, space, Wait::File(waits_for));
                 return None;
             }
@@ -94,13 +97,16 @@ impl Pipeline {
             && self.deferrals.has_room(raw.len())
             && self.waits_for_jvm(space, s.pid, facts.unwound)
         {
-            self.keep_walk(s, walk);
+            self.keep_walk(s, claimed);
             self.defer(raw, space, Wait::File(None));
             return None;
         }
         let proof = &mut self.proof;
         let ending = stack_end(&facts, || proof.confirm(key));
         self.unwinder.apply(&ending);
+        let sps = std::mem::take(&mut self.unwinder.sps);
+        self.note_thread_top(s.tid, ending.end, &sps, in_copy);
+        self.unwinder.sps = sps;
         if ending.arm_watch {
             let walk = self.unwinder.walk(copy_end);
             self.proof.arm_inside(key, s.time, &walk, space_gen);
@@ -299,13 +305,29 @@ impl Pipeline {
         }
         let kw = self.kernel_walk.as_mut()?;
         let walk = kw.claim(s.tid, s.time, (regs.ip(), regs.sp(), regs.bp()));
-        if walk.is_none() && kw.tracks(s.pid) {
-            self.stats
-                .kernel_walk
-                .get_or_insert_with(Default::default)
-                .no_walk += 1;
+        let use_ = self.stats.kernel_walk.get_or_insert_with(Default::default);
+        match &walk {
+            None if kw.tracks(s.pid) => use_.no_walk += 1,
+            Some(w) if w.stop == WalkStop::InCopy => use_.in_copy += 1,
+            _ => {}
         }
         walk
+    }
+
+    /// Tells the in-kernel walk where thread `tid`'s outermost frame lies after a whole stack
+    /// (`sps`: each frame's stack pointer, the outermost last), so that samples whose copy
+    /// reaches it are not walked; or, after a sample not walked for that reason (`in_copy`) whose
+    /// stack was not whole, that it is not there. A stack of one frame says nothing (a leaf in a
+    /// function that starts threads is a root wherever it is).
+    fn note_thread_top(&mut self, tid: u32, end: StackEnd, sps: &[u64], in_copy: bool) {
+        let Some(kw) = self.kernel_walk.as_mut() else {
+            return;
+        };
+        match (end, sps) {
+            (StackEnd::Root, [_, .., top]) => kw.thread_whole(tid, *top),
+            (StackEnd::Truncated(_), _) if in_copy => kw.thread_not_in_copy(tid),
+            _ => {}
+        }
     }
 
     /// Keeps a sample's walk while the sample is set aside; its stack dumps only while those
