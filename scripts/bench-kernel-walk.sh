@@ -11,7 +11,9 @@
 # 2. rustc compiling a crate from the local cargo registry (RUSTC_CRATE, default regex-syntax):
 #    share of rustc's samples that reach a thread root with no [truncated]/[unknown] frame, and
 #    the profiler's CPU above the bare run (user+sys of profiler and compiler minus the bare
-#    compiler's in the same round, median of RUNS rounds).
+#    compiler's in the same round, median of RUNS rounds), and the profiler's own CPU (user+sys
+#    of profiler and compiler minus the compiler's own in that run: what the total costs apart
+#    from what the compiler is charged, the sampling interrupt and in-kernel walk among it).
 #
 # Usage: scripts/bench-kernel-walk.sh            (root; DEPTHS="1000 10000" RUN_SECONDS=4 RUNS=3)
 set -euo pipefail
@@ -61,7 +63,8 @@ record() {
         perf_folded "$TMP/p.data" >"$out" ;;
     samply) rm -f "$TMP/s.json.gz"
         timeout --signal=INT "$secs" samply record --save-only -r 999 -p "$pid" -o "$TMP/s.json.gz" >/dev/null 2>&1 || true
-        if [ -s "$TMP/s.json.gz" ]; then python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$out"; else : >"$out"; fi ;;
+        # --save-only writes an unsymbolicated profile, which the reader refuses: no share then.
+        python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$out" 2>/dev/null || : >"$out" ;;
     esac
 }
 
@@ -107,7 +110,10 @@ if [ -z "$CRATE_DIR" ]; then
     echo "rustc: no ${RUSTC_CRATE:-regex-syntax} in the local cargo registry; skipped"
     exit 0
 fi
-RUSTC_CMD=(rustc --edition 2021 --crate-type lib --crate-name bench -C opt-level=2 -C codegen-units=4 \
+# The compiler runs under /usr/bin/time, which writes its own CPU (user, sys) to $TMP/compiler.cpu:
+# a profiler's own CPU is the total less the compiler's (unlike the total, it hardly varies from
+# round to round).
+RUSTC_CMD=(/usr/bin/time -f "%U %S" -o "$TMP/compiler.cpu" rustc --edition 2021 --crate-type lib --crate-name bench -C opt-level=2 -C codegen-units=4 \
     --cap-lints allow -o "$TMP/libbench.rlib" "$CRATE_DIR/src/lib.rs")
 echo "== rustc compiling $(basename "$CRATE_DIR") (-C opt-level=2, 4 codegen units), median of $RUNS"
 cpu_of() { # CPU seconds (user+sys) of a command and its children
@@ -137,7 +143,7 @@ PY
 # that round's bare run: this VM's runs vary by 10-20% over minutes, more than a profiler costs.
 # samply needs kernel.perf_event_paranoid <= 1 even as root (its check), and --save-only writes
 # an unsymbolicated profile, so only its CPU is compared.
-declare -A extra
+declare -A extra own
 bare_all=()
 for _ in $(seq "$RUNS"); do
     bare=$(cpu_of "${RUSTC_CMD[@]}")
@@ -152,6 +158,7 @@ for _ in $(seq "$RUNS"); do
             [ -s "$TMP/s.json.gz" ] || echo "samply wrote nothing (kernel.perf_event_paranoid must be <= 1)" >&2 ;;
         esac
         extra[$tool]+="$(python3 -c "print(f\"{$c - $bare:.2f}\")") "
+        own[$tool]+="$(python3 -c "u, s = open('$TMP/compiler.cpu').read().split(); print(f'{$c - float(u) - float(s):.2f}')") "
     done
 done
 med() { python3 -c 'import statistics,sys; print(f"{statistics.median(map(float, sys.argv[1:])):.2f}")' "$@"; }
@@ -164,6 +171,9 @@ for tool in "${tools[@]}"; do
     esac
     # shellcheck disable=SC2086
     m=$(med ${extra[$tool]})
-    printf "%-24s +%5.2fs CPU over bare (%.2fx; each round: %s)  %s\n" "$tool" "$m" \
-        "$(python3 -c "print(1 + $m / $bare_med)")" "${extra[$tool]% }" "$(whole_share "$TMP/$tool.folded")"
+    # shellcheck disable=SC2086
+    o=$(med ${own[$tool]})
+    printf "%-24s +%5.2fs CPU over bare (%.2fx; each round: %s), own %.2fs (%s)  %s\n" "$tool" "$m" \
+        "$(python3 -c "print(1 + $m / $bare_med)")" "${extra[$tool]% }" "$o" "${own[$tool]% }" \
+        "$(whole_share "$TMP/$tool.folded")"
 done
