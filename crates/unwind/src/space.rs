@@ -553,11 +553,10 @@ impl<M: Binary> AddressSpace<M> {
         if let Some(&checked) = self.return_checks.get(&ra) {
             return checked;
         }
-        let checked = self.check_return_address(ra, mem);
-        if self
-            .region(ra.wrapping_sub(1))
-            .is_some_and(|r| r.module.is_some())
-        {
+        let region = self.region(ra.wrapping_sub(1));
+        let in_binary = region.is_some_and(|r| r.module.is_some());
+        let checked = self.check_return_address(region, ra, mem);
+        if in_binary {
             if self.return_checks.len() >= MAX_RETURN_CHECKS {
                 self.return_checks.clear();
             }
@@ -566,16 +565,16 @@ impl<M: Binary> AddressSpace<M> {
         checked
     }
 
-    /// Validates a recovered return address: inside an executable region, right after a call,
-    /// or one of the few entries frames return into by design (see [`ReturnKind`]).
+    /// Validates a recovered return address: inside an executable region (`region`, the one
+    /// holding `ra - 1`), right after a call, or one of the few entries frames return into by
+    /// design (see [`ReturnKind`]).
     fn check_return_address(
         &self,
+        region: Option<&Region<M>>,
         ra: u64,
         mem: &mut dyn Memory,
     ) -> Result<ReturnKind, TruncateReason> {
-        let region = self
-            .region(ra.wrapping_sub(1))
-            .ok_or(TruncateReason::NotAfterCall)?;
+        let region = region.ok_or(TruncateReason::NotAfterCall)?;
         if region.module.is_none() && mem.jit_pushed_return(ra) {
             return Ok(ReturnKind::AfterCall);
         }
