@@ -111,7 +111,8 @@ impl Pipeline {
             kernel_walk: None,
             kept_walks: Default::default(),
             kept_dump_bytes: 0,
-            kept_dump_limit: super::KEPT_DUMP_BYTES,
+            // No walk, no dumps: `set_kernel_walk` gives the limit.
+            kept_dump_limit: 0,
             walk_memos: WalkMemos::default(),
             alloc: None,
             alloc_weight: None,
