@@ -221,6 +221,7 @@ fn load_kernel_walk(
         // program sends one only while the ring is mostly empty and within each CPU's
         // allowance, and the samples set aside keep at most `kernel_walk_kept_dumps` of them.
         walk_opts.rows_on_demand = true;
+        walk_opts.pending_dump_rate_kib = crate::kernel_walk::BOUNDED_DUMP_KIB_PER_SECOND;
     }
     if let Some(rows) = opts.kernel_walk_rows {
         // The caller counts the whole table: rows are placed while they fit it.
