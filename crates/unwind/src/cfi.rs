@@ -91,15 +91,13 @@ impl CfiIndex {
                             index.outermost.push(start);
                         }
                         first_row = false;
-                        if framehop_exact(row) {
-                        } else if needs_frame_registers_only(row) {
-                            push_range(
-                                &mut index.frame_registers_only,
-                                row.start_address(),
-                                row.end_address(),
-                            );
-                        } else {
-                            push_range(&mut index.full, row.start_address(), row.end_address());
+                        if !framehop_exact(row) {
+                            let ranges = if needs_frame_registers_only(row) {
+                                &mut index.frame_registers_only
+                            } else {
+                                &mut index.full
+                            };
+                            push_range(ranges, row.start_address(), row.end_address());
                         }
                     }
                     Ok(None) => break,
