@@ -180,7 +180,8 @@ pub struct KernelWalk {
     procs: BpfHashMap<MapData, u32, Proc>,
     /// Threads' walks going on as task work (None: they end at `max_frames`).
     task_walks: Option<BpfHashMap<MapData, u32, TaskWalkSlot>>,
-    /// Each thread's outermost stack address, as sent to the program (`thread_tops`).
+    /// Each thread's outermost stack address, as sent to the program (`thread_tops`) and as
+    /// kept here (`tops`, so that an unchanged one costs no system call).
     thread_tops: BpfHashMap<MapData, u32, u64>,
     tops: HashMap<u32, u64>,
     ring: RingBuf<MapData>,

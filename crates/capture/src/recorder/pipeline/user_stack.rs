@@ -104,9 +104,12 @@ impl Pipeline {
         let proof = &mut self.proof;
         let ending = stack_end(&facts, || proof.confirm(key));
         self.unwinder.apply(&ending);
-        let sps = std::mem::take(&mut self.unwinder.sps);
-        self.note_thread_top(s.tid, ending.end, &sps, in_copy);
-        self.unwinder.sps = sps;
+        // The outermost frame's stack pointer, when the stack has more than the leaf.
+        let outermost = match self.unwinder.sps.as_slice() {
+            [_, .., top] => Some(*top),
+            _ => None,
+        };
+        self.note_thread_top(s.tid, ending.end, outermost, in_copy);
         if ending.arm_watch {
             let walk = self.unwinder.walk(copy_end);
             self.proof.arm_inside(key, s.time, &walk, space_gen);
@@ -315,16 +318,16 @@ impl Pipeline {
     }
 
     /// Tells the in-kernel walk where thread `tid`'s outermost frame lies after a whole stack
-    /// (`sps`: each frame's stack pointer, the outermost last), so that samples whose copy
-    /// reaches it are not walked; or, after a sample not walked for that reason (`in_copy`) whose
-    /// stack was not whole, that it is not there. A stack of one frame says nothing (a leaf in a
-    /// function that starts threads is a root wherever it is).
-    fn note_thread_top(&mut self, tid: u32, end: StackEnd, sps: &[u64], in_copy: bool) {
+    /// (`outermost`: that frame's stack pointer, None for a stack of the leaf alone), so that
+    /// samples whose copy reaches it are not walked; or, after a sample not walked for that
+    /// reason (`in_copy`) whose stack was not whole, that it is not there. A stack of one frame
+    /// says nothing (a leaf in a function that starts threads is a root wherever it is).
+    fn note_thread_top(&mut self, tid: u32, end: StackEnd, outermost: Option<u64>, in_copy: bool) {
         let Some(kw) = self.kernel_walk.as_mut() else {
             return;
         };
-        match (end, sps) {
-            (StackEnd::Root, [_, .., top]) => kw.thread_whole(tid, *top),
+        match (end, outermost) {
+            (StackEnd::Root, Some(top)) => kw.thread_whole(tid, top),
             (StackEnd::Truncated(_), _) if in_copy => kw.thread_not_in_copy(tid),
             _ => {}
         }
