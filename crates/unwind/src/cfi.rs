@@ -1,15 +1,25 @@
 //! An index of one CFI section's FDEs (`.eh_frame` or `.debug_frame`), built once when a module
-//! loads: which addresses an FDE covers, where that FDE lies in the section, and which rows
-//! framehop cannot evaluate exactly.
+//! loads: which addresses an FDE covers and where that FDE lies in the section; and, for each
+//! FDE the first time an address in it is looked up, which of its rows framehop cannot evaluate
+//! exactly.
 //!
 //! framehop tracks only rip, rsp and rbp, and when a row needs anything else (a CFA based on rbx,
 //! a CFA expression, rbp restored from another register, …) it silently falls back to a
-//! frame-pointer walk. Every row is therefore classified here: rows framehop turns into one of
-//! its exact rules go to framehop; rows it cannot encode that still need only rip, rsp and rbp
-//! (a CFA beyond framehop's reach: rustc's driver has a 527 KiB frame) go to the evaluator
-//! ([`crate::full`]) for that one frame; all others to the full-register evaluator, from the
-//! leaf. A row that cannot be parsed counts as "not exact" too, so that evaluator reports it
-//! instead of framehop guessing.
+//! frame-pointer walk. Every row an unwind reaches is therefore classified here ([`RowClass`]):
+//! rows framehop turns into one of its exact rules go to framehop; rows it cannot encode that
+//! still need only rip, rsp and rbp (a CFA beyond framehop's reach: rustc's driver has a 527 KiB
+//! frame) go to the evaluator ([`crate::full`]) for that one frame; all others to the
+//! full-register evaluator, from the leaf. A row that cannot be parsed counts as "not exact" too,
+//! so that evaluator reports it instead of framehop guessing.
+//!
+//! Classifying is per FDE and lazy: a large binary has hundreds of thousands of FDEs, of which a
+//! recording reaches a few thousand, and reading every row at load took most of a module's load
+//! time. Each FDE's outcome is one byte ([`CfiIndex::heap_bytes`] counts them); the few FDEs
+//! with rows framehop cannot encode keep those rows' ranges in a map.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EndianSlice, LittleEndian, RegisterRule, UnwindContext,
@@ -28,31 +38,54 @@ struct Fde {
 /// `syscall`, `test`, `jl`, `je`, `ret`).
 pub const CLONE_GAP: u64 = 16;
 
-/// The FDEs of one section, sorted by start address, and the address ranges whose rows need
-/// full-register evaluation.
+/// How the unwinder may evaluate the CFI row at an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowClass {
+    /// framehop encodes it exactly.
+    Exact,
+    /// framehop cannot encode it, but it needs only rip, rsp and rbp: the evaluator unwinds
+    /// that one frame in the fast walk.
+    FrameRegistersOnly,
+    /// It needs registers framehop does not track (or could not be parsed): only the
+    /// full-register evaluator may unwind it.
+    FullRegisters,
+}
+
+/// A run of an FDE's rows that are not [`RowClass::Exact`]: start, end, and their class.
+type InexactRows = (u64, u64, RowClass);
+
+/// An FDE's classification byte: not yet classified (0), or `CLASSIFIED` with the others.
+const CLASSIFIED: u8 = 1;
+/// Its first row marks the return address undefined: a thread's first frame (e.g. glibc's
+/// `thread_start` inside `clone3`).
+const OUTERMOST: u8 = 2;
+/// Some of its rows are not [`RowClass::Exact`]: their ranges are in [`CfiIndex::inexact`].
+const INEXACT: u8 = 4;
+
+/// The FDEs of one section, sorted by start address, and what is known of their rows.
 #[derive(Debug, Default)]
 pub struct CfiIndex {
     fdes: Vec<Fde>,
-    full: Vec<(u64, u64)>,
-    /// Rows framehop cannot encode whose rules need only rip, rsp and rbp.
-    frame_registers_only: Vec<(u64, u64)>,
+    /// One classification byte per FDE (same order), written once when it is first looked up.
+    classes: Vec<AtomicU8>,
+    /// For FDEs with `INEXACT` rows: each such row's range and class, by FDE position.
+    inexact: Mutex<HashMap<usize, Box<[InexactRows]>>>,
+    /// Addresses past a nested FDE's end, inside the FDE around it (see [`CfiIndex::build`]).
+    past_nested: Vec<(u64, u64)>,
     signal: Vec<(u64, u64)>,
-    /// Starts of FDEs whose first row marks the return address undefined (a thread's first
-    /// frame, e.g. glibc's `thread_start` inside `clone3`), sorted.
-    outermost: Vec<u64>,
 }
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
 impl CfiIndex {
-    /// Walks every FDE of `section` and classifies every row. A malformed entry ends the walk;
-    /// the FDEs read so far stay usable.
+    /// Reads every FDE's header in `section`: the ranges they cover and which are signal
+    /// trampolines. Their rows are read later, per FDE ([`CfiIndex::row_class`]). A malformed
+    /// entry ends the walk; the FDEs read so far stay usable.
     pub fn build<'a, S>(section: &S, bases: &BaseAddresses) -> CfiIndex
     where
         S: UnwindSection<Slice<'a>>,
     {
         let mut index = CfiIndex::default();
-        let mut ctx = UnwindContext::new();
         let mut entries = section.entries(bases);
         while let Ok(Some(entry)) = entries.next() {
             let CieOrFde::Fde(partial) = entry else {
@@ -74,38 +107,6 @@ impl CfiIndex {
                 // The caller of a signal trampoline is an interrupted instruction, which framehop
                 // would treat as a return address.
                 index.signal.push((start, end));
-                index.full.push((start, end));
-                continue;
-            }
-            let Ok(mut rows) = fde.rows(section, bases, &mut ctx) else {
-                index.full.push((start, end));
-                continue;
-            };
-            let mut first_row = true;
-            loop {
-                match rows.next_row() {
-                    Ok(Some(row)) => {
-                        if first_row
-                            && matches!(row.register(X86_64::RA), Some(RegisterRule::Undefined))
-                        {
-                            index.outermost.push(start);
-                        }
-                        first_row = false;
-                        if !framehop_exact(row) {
-                            let ranges = if needs_frame_registers_only(row) {
-                                &mut index.frame_registers_only
-                            } else {
-                                &mut index.full
-                            };
-                            push_range(ranges, row.start_address(), row.end_address());
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(_) => {
-                        push_range(&mut index.full, start, end);
-                        break;
-                    }
-                }
             }
         }
         index.fdes.sort_unstable_by_key(|f| (f.start, f.end));
@@ -115,15 +116,37 @@ impl CfiIndex {
         let mut reach = 0;
         for f in &index.fdes {
             if reach > f.end {
-                index.full.push((f.end, reach));
+                index.past_nested.push((f.end, reach));
             }
             reach = reach.max(f.end);
         }
-        index.full.sort_unstable();
-        index.frame_registers_only.sort_unstable();
+        index.past_nested.sort_unstable();
         index.signal.sort_unstable();
-        index.outermost.sort_unstable();
+        index.classes = (0..index.fdes.len()).map(|_| AtomicU8::new(0)).collect();
         index
+    }
+
+    /// How the row at `svma` may be evaluated (`section` and `bases` are the ones the index was
+    /// built from). The covering FDE's rows are read the first time one of its addresses is
+    /// asked for. An address no FDE covers is [`RowClass::Exact`] (the caller checks cover).
+    pub fn row_class<'a, S>(&self, section: &S, bases: &BaseAddresses, svma: u64) -> RowClass
+    where
+        S: UnwindSection<Slice<'a>>,
+    {
+        if in_ranges(&self.past_nested, svma) || in_ranges(&self.signal, svma) {
+            return RowClass::FullRegisters;
+        }
+        let Some(i) = self.fde_index_at(svma) else {
+            return RowClass::Exact;
+        };
+        if self.class_of(i, section, bases) & INEXACT == 0 {
+            return RowClass::Exact;
+        }
+        let inexact = self.inexact.lock().unwrap_or_else(|e| e.into_inner());
+        inexact
+            .get(&i)
+            .and_then(|rows| rows.iter().find(|r| r.0 <= svma && svma < r.1))
+            .map_or(RowClass::Exact, |r| r.2)
     }
 
     /// When `svma` lies in a short gap in the CFI (at most [`CLONE_GAP`] bytes between one FDE's
@@ -132,7 +155,10 @@ impl CfiIndex {
     /// parent's CFI ends at the system call, because it does not describe the child, and the
     /// child's `thread_start` begins a few instructions later; the instructions between
     /// (`test`, `jl`, `je`, `ret`) do not move the stack pointer.
-    pub fn clone_gap(&self, svma: u64) -> Option<u64> {
+    pub fn clone_gap<'a, S>(&self, section: &S, bases: &BaseAddresses, svma: u64) -> Option<u64>
+    where
+        S: UnwindSection<Slice<'a>>,
+    {
         if self.covers(svma) {
             return None;
         }
@@ -141,8 +167,8 @@ impl CfiIndex {
         let next = self.fdes.get(i)?;
         (prev.end <= svma
             && next.start - prev.end <= CLONE_GAP
-            && self.outermost.binary_search(&next.start).is_ok())
-        .then_some(prev.end)
+            && self.class_of(i, section, bases) & OUTERMOST != 0)
+            .then_some(prev.end)
     }
 
     /// Whether `svma` lies in a signal trampoline (an FDE whose CIE has the `S` augmentation,
@@ -161,12 +187,12 @@ impl CfiIndex {
         self.fdes.len()
     }
 
-    /// Memory the index holds on the heap, in bytes.
+    /// Memory the index holds on the heap, in bytes, when built (the ranges of rows found
+    /// inexact later are few: a handful of FDEs a binary).
     pub fn heap_bytes(&self) -> usize {
         self.fdes.capacity() * std::mem::size_of::<Fde>()
-            + (self.full.capacity() + self.frame_registers_only.capacity() + self.signal.capacity())
-                * 16
-            + self.outermost.capacity() * 8
+            + self.classes.capacity()
+            + (self.past_nested.capacity() + self.signal.capacity()) * 16
     }
 
     /// Whether the section has no FDE.
@@ -176,38 +202,133 @@ impl CfiIndex {
 
     /// Whether an FDE covers the link-time address `svma`.
     pub fn covers(&self, svma: u64) -> bool {
-        self.fde_at(svma).is_some()
+        self.fde_index_at(svma).is_some()
     }
 
     /// Section offset of the FDE covering `svma` (the latest-starting one when FDEs nest).
     pub fn fde_at(&self, svma: u64) -> Option<usize> {
+        self.fde_index_at(svma).map(|i| self.fdes[i].offset)
+    }
+
+    /// Position of the FDE covering `svma` (the latest-starting one when FDEs nest).
+    fn fde_index_at(&self, svma: u64) -> Option<usize> {
         // Ranges may nest or overlap (rare); check the few that start at or before `svma`.
         let i = self.fdes.partition_point(|f| f.start <= svma);
-        self.fdes[..i]
-            .iter()
+        (i.saturating_sub(4)..i)
             .rev()
-            .take(4)
-            .find(|f| svma < f.end)
-            .map(|f| f.offset)
+            .find(|&j| svma < self.fdes[j].end)
     }
 
-    /// Whether the row at `svma` needs registers framehop does not track (or could not be
-    /// parsed), so only the full-register evaluator may unwind it.
-    pub fn needs_full_registers(&self, svma: u64) -> bool {
-        in_ranges(&self.full, svma)
+    /// Address ranges whose rows need full-register evaluation (merged where adjacent). Reads
+    /// every FDE's rows: for diagnostics and tests, not for unwinding.
+    pub fn full_register_ranges<'a, S>(&self, section: &S, bases: &BaseAddresses) -> Vec<(u64, u64)>
+    where
+        S: UnwindSection<Slice<'a>>,
+    {
+        let mut ranges = self.past_nested.clone();
+        ranges.extend_from_slice(&self.signal);
+        for i in 0..self.fdes.len() {
+            if self.class_of(i, section, bases) & INEXACT == 0 {
+                continue;
+            }
+            let inexact = self.inexact.lock().unwrap_or_else(|e| e.into_inner());
+            for &(start, end, class) in inexact.get(&i).into_iter().flatten() {
+                if class == RowClass::FullRegisters {
+                    ranges.push((start, end));
+                }
+            }
+        }
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
+            push_range(&mut merged, start, end);
+        }
+        merged
     }
 
-    /// Whether the row at `svma` is one framehop cannot encode that the evaluator unwinds from
-    /// rip, rsp and rbp alone (see the module's doc). [`CfiIndex::needs_full_registers`] comes
-    /// first where both hold (an address past a nested FDE's end).
-    pub fn needs_frame_registers_only(&self, svma: u64) -> bool {
-        in_ranges(&self.frame_registers_only, svma)
+    /// FDE `i`'s classification byte, reading its rows the first time.
+    fn class_of<'a, S>(&self, i: usize, section: &S, bases: &BaseAddresses) -> u8
+    where
+        S: UnwindSection<Slice<'a>>,
+    {
+        let Some(byte) = self.classes.get(i) else {
+            return CLASSIFIED;
+        };
+        let known = byte.load(Ordering::Acquire);
+        if known & CLASSIFIED != 0 {
+            return known;
+        }
+        let f = self.fdes[i];
+        let (class, rows) = classify_rows(section, bases, f);
+        if !rows.is_empty() {
+            let mut inexact = self.inexact.lock().unwrap_or_else(|e| e.into_inner());
+            inexact.insert(i, rows.into_boxed_slice());
+        }
+        // Two threads classifying one FDE at once store the same outcome.
+        byte.store(class, Ordering::Release);
+        class
     }
+}
 
-    /// Address ranges that need full-register evaluation (merged where adjacent).
-    pub fn full_register_ranges(&self) -> &[(u64, u64)] {
-        &self.full
+/// Reads FDE `f`'s rows: its classification byte and the ranges of its rows that are not
+/// [`RowClass::Exact`] (the whole FDE when its rows cannot be read).
+fn classify_rows<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    f: Fde,
+) -> (u8, Vec<InexactRows>)
+where
+    S: UnwindSection<Slice<'a>>,
+{
+    let unreadable = (
+        CLASSIFIED | INEXACT,
+        vec![(f.start, f.end, RowClass::FullRegisters)],
+    );
+    let Ok(fde) = section.fde_from_offset(bases, S::Offset::from(f.offset), S::cie_from_offset)
+    else {
+        return unreadable;
+    };
+    let mut ctx = UnwindContext::new();
+    let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
+        return unreadable;
+    };
+    let mut class = CLASSIFIED;
+    let mut ranges: Vec<InexactRows> = Vec::new();
+    let mut first_row = true;
+    loop {
+        match table.next_row() {
+            Ok(Some(row)) => {
+                if first_row && matches!(row.register(X86_64::RA), Some(RegisterRule::Undefined)) {
+                    class |= OUTERMOST;
+                }
+                first_row = false;
+                if framehop_exact(row) {
+                    continue;
+                }
+                let kind = if needs_frame_registers_only(row) {
+                    RowClass::FrameRegistersOnly
+                } else {
+                    RowClass::FullRegisters
+                };
+                match ranges.last_mut() {
+                    Some(last) if last.1 == row.start_address() && last.2 == kind => {
+                        last.1 = row.end_address();
+                    }
+                    _ => ranges.push((row.start_address(), row.end_address(), kind)),
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                ranges.clear();
+                ranges.push((f.start, f.end, RowClass::FullRegisters));
+                break;
+            }
+        }
     }
+    if !ranges.is_empty() {
+        class |= INEXACT;
+    }
+    (class, ranges)
 }
 
 /// Whether one of `ranges` (sorted by start) holds `svma`. Ranges may nest or overlap (rare);
@@ -217,12 +338,12 @@ fn in_ranges(ranges: &[(u64, u64)], svma: u64) -> bool {
     ranges[..i].iter().rev().take(4).any(|r| svma < r.1)
 }
 
-/// Appends `start..end`, merging it into the previous range when they touch.
+/// Appends `start..end`, merging it into the previous range when they touch or overlap.
 fn push_range(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) {
     if let Some(last) = ranges.last_mut()
-        && last.1 == start
+        && last.1 >= start
     {
-        last.1 = end;
+        last.1 = last.1.max(end);
         return;
     }
     ranges.push((start, end));
@@ -336,9 +457,43 @@ pub(crate) mod tests {
         out.0.into_vec()
     }
 
-    fn index(bytes: &[u8]) -> CfiIndex {
+    /// An index over a test `.eh_frame`, with its section at hand for the lazy row lookups.
+    struct TestIndex<'a> {
+        section: gimli::EhFrame<Slice<'a>>,
+        bases: BaseAddresses,
+        idx: CfiIndex,
+    }
+
+    impl TestIndex<'_> {
+        fn needs_full_registers(&self, svma: u64) -> bool {
+            self.idx.row_class(&self.section, &self.bases, svma) == RowClass::FullRegisters
+        }
+
+        fn needs_frame_registers_only(&self, svma: u64) -> bool {
+            self.idx.row_class(&self.section, &self.bases, svma) == RowClass::FrameRegistersOnly
+        }
+
+        fn full_register_ranges(&self) -> Vec<(u64, u64)> {
+            self.idx.full_register_ranges(&self.section, &self.bases)
+        }
+    }
+
+    impl std::ops::Deref for TestIndex<'_> {
+        type Target = CfiIndex;
+        fn deref(&self) -> &CfiIndex {
+            &self.idx
+        }
+    }
+
+    fn index(bytes: &[u8]) -> TestIndex<'_> {
         let section = gimli::EhFrame::new(bytes, LittleEndian);
-        CfiIndex::build(&section, &BaseAddresses::default().set_eh_frame(0))
+        let bases = BaseAddresses::default().set_eh_frame(0);
+        let idx = CfiIndex::build(&section, &bases);
+        TestIndex {
+            section,
+            bases,
+            idx,
+        }
     }
 
     #[test]
@@ -383,8 +538,32 @@ pub(crate) mod tests {
         assert!(idx.covers(0x14ff) && !idx.covers(0x1500) && !idx.covers(0xfff));
         assert_eq!(
             idx.full_register_ranges(),
-            &[(0x110c, 0x1200), (0x1204, 0x1300)]
+            [(0x110c, 0x1200), (0x1204, 0x1300)]
         );
+    }
+
+    #[test]
+    fn rows_are_read_only_for_the_fdes_looked_up() {
+        let bytes = eh_frame(&[
+            vec![I::CfaOffset(16)],
+            vec![I::CfaRegister(X86_64::RBX)],
+            vec![I::CfaOffset(12)],
+        ]);
+        let idx = index(&bytes);
+        let classified = |idx: &TestIndex<'_>| {
+            idx.classes
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed) & CLASSIFIED != 0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(classified(&idx), [false, false, false]);
+        assert!(idx.needs_full_registers(0x1104));
+        assert_eq!(classified(&idx), [false, true, false]);
+        // Asked again, the answer comes from what was kept; other FDEs stay unread.
+        assert!(idx.needs_full_registers(0x1104) && !idx.needs_full_registers(0x1100));
+        assert!(!idx.needs_full_registers(0x1004));
+        assert_eq!(classified(&idx), [true, true, false]);
+        assert_eq!(idx.inexact.lock().expect("not poisoned").len(), 1);
     }
 
     #[test]
@@ -393,7 +572,7 @@ pub(crate) mod tests {
         // end that one does not cover it, and framehop would guess frame pointers.
         let bytes = eh_frame_at(&[(0x1000, 0x100, vec![]), (0x1010, 0x10, vec![])]);
         let idx = index(&bytes);
-        assert_eq!(idx.full_register_ranges(), &[(0x1020, 0x1100)]);
+        assert_eq!(idx.full_register_ranges(), [(0x1020, 0x1100)]);
         assert!(idx.covers(0x1050) && idx.needs_full_registers(0x1050));
         assert!(!idx.needs_full_registers(0x1018) && !idx.needs_full_registers(0x1008));
     }

@@ -8,9 +8,9 @@
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use gimli::{BaseAddresses, DebugFrame, EhFrame, EndianSlice, LittleEndian};
 
-use crate::cfi::CfiIndex;
+use crate::cfi::{CfiIndex, RowClass};
 
 /// An unwind section's bytes, handed to framehop as section data.
 #[derive(Clone)]
@@ -99,11 +99,57 @@ impl UnwindSections {
         (self.eh_cfi.len(), self.debug_cfi.len())
     }
 
-    /// Link-time ranges whose CFI rows need more registers than rip, rsp and rbp.
+    /// Link-time ranges whose CFI rows need more registers than rip, rsp and rbp (`.eh_frame`
+    /// ranges, then `.debug_frame` ones). Reads every row: for diagnostics and tests.
     pub fn full_register_ranges(&self) -> Vec<(u64, u64)> {
-        let mut v = self.eh_cfi.full_register_ranges().to_vec();
-        v.extend_from_slice(self.debug_cfi.full_register_ranges());
+        let mut v = Vec::new();
+        if let Some(section) = self.eh_frame_section() {
+            v = self
+                .eh_cfi
+                .full_register_ranges(&section, &self.cfi_bases(false));
+        }
+        if let Some(section) = self.debug_frame_section() {
+            v.extend(
+                self.debug_cfi
+                    .full_register_ranges(&section, &self.cfi_bases(true)),
+            );
+        }
         v
+    }
+
+    /// How the unwinder may evaluate the row at link-time address `svma` in `.debug_frame`
+    /// (`debug`) or `.eh_frame` (see [`CfiIndex::row_class`]).
+    pub fn row_class(&self, debug: bool, svma: u64) -> RowClass {
+        let bases = self.cfi_bases(debug);
+        if debug {
+            self.debug_frame_section().map_or(RowClass::Exact, |s| {
+                self.debug_cfi.row_class(&s, &bases, svma)
+            })
+        } else {
+            self.eh_frame_section()
+                .map_or(RowClass::Exact, |s| self.eh_cfi.row_class(&s, &bases, svma))
+        }
+    }
+
+    /// [`CfiIndex::clone_gap`] in `.eh_frame`, then in `.debug_frame`.
+    pub fn clone_gap(&self, svma: u64) -> Option<u64> {
+        let eh = self
+            .eh_frame_section()
+            .and_then(|s| self.eh_cfi.clone_gap(&s, &self.cfi_bases(false), svma));
+        eh.or_else(|| {
+            self.debug_frame_section()
+                .and_then(|s| self.debug_cfi.clone_gap(&s, &self.cfi_bases(true), svma))
+        })
+    }
+
+    fn eh_frame_section(&self) -> Option<EhFrame<EndianSlice<'_, LittleEndian>>> {
+        Some(EhFrame::new(self.eh_frame_bytes()?, LittleEndian))
+    }
+
+    fn debug_frame_section(&self) -> Option<DebugFrame<EndianSlice<'_, LittleEndian>>> {
+        let mut section = DebugFrame::new(self.debug_frame_bytes()?, LittleEndian);
+        section.set_address_size(8);
+        Some(section)
     }
 
     /// Whether an `.eh_frame` FDE covers link-time address `svma`.
@@ -190,17 +236,11 @@ impl UnwindSections {
     fn cfi_index(&self, debug: bool) -> CfiIndex {
         let bases = self.cfi_bases(debug);
         if debug {
-            let Some(bytes) = self.debug_frame_bytes() else {
-                return CfiIndex::default();
-            };
-            let mut section = DebugFrame::new(bytes, LittleEndian);
-            section.set_address_size(8);
-            CfiIndex::build(&section, &bases)
+            self.debug_frame_section()
+                .map_or_else(CfiIndex::default, |s| CfiIndex::build(&s, &bases))
         } else {
-            let Some(bytes) = self.eh_frame_bytes() else {
-                return CfiIndex::default();
-            };
-            CfiIndex::build(&EhFrame::new(bytes, LittleEndian), &bases)
+            self.eh_frame_section()
+                .map_or_else(CfiIndex::default, |s| CfiIndex::build(&s, &bases))
         }
     }
 }

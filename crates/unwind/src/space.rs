@@ -15,6 +15,7 @@ use framehop::Unwinder as _;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 
 use crate::binary::Binary;
+use crate::cfi::RowClass;
 use crate::full;
 use crate::memory::{FrameObserver, Memory, NoObserver};
 use crate::nocfi;
@@ -141,12 +142,11 @@ fn remembered_cfi_at<B: Binary + ?Sized>(
 /// Which CFI covers link-time address `svma` (`.eh_frame` first).
 fn cfi_at(sections: &crate::sections::UnwindSections, svma: u64) -> CfiAt {
     let fde = |debug: bool| {
-        let cfi = sections.cfi(debug);
-        let full = cfi.needs_full_registers(svma);
+        let class = sections.row_class(debug, svma);
         CfiAt::Fde {
             debug,
-            full,
-            own_rule: !full && cfi.needs_frame_registers_only(svma),
+            full: class == RowClass::FullRegisters,
+            own_rule: class == RowClass::FrameRegistersOnly,
         }
     };
     if sections.eh_frame_covers(svma) {
@@ -530,10 +530,7 @@ impl<M: Binary> AddressSpace<M> {
             return None;
         }
         let sections = module.unwind_sections();
-        let cfi_end = sections
-            .cfi(false)
-            .clone_gap(svma)
-            .or_else(|| sections.cfi(true).clone_gap(svma))?;
+        let cfi_end = sections.clone_gap(svma)?;
         Some(if rax == 0 {
             CloneGap::Child
         } else {
