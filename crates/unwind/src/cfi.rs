@@ -127,26 +127,30 @@ impl CfiIndex {
     }
 
     /// How the row at `svma` may be evaluated (`section` and `bases` are the ones the index was
-    /// built from). The covering FDE's rows are read the first time one of its addresses is
-    /// asked for. An address no FDE covers is [`RowClass::Exact`] (the caller checks cover).
-    pub fn row_class<'a, S>(&self, section: &S, bases: &BaseAddresses, svma: u64) -> RowClass
+    /// built from); None when no FDE covers it. The covering FDE's rows are read the first time
+    /// one of its addresses is asked for.
+    pub fn row_class<'a, S>(
+        &self,
+        section: &S,
+        bases: &BaseAddresses,
+        svma: u64,
+    ) -> Option<RowClass>
     where
         S: UnwindSection<Slice<'a>>,
     {
+        let i = self.fde_index_at(svma)?;
         if in_ranges(&self.past_nested, svma) || in_ranges(&self.signal, svma) {
-            return RowClass::FullRegisters;
+            return Some(RowClass::FullRegisters);
         }
-        let Some(i) = self.fde_index_at(svma) else {
-            return RowClass::Exact;
-        };
         if self.class_of(i, section, bases) & INEXACT == 0 {
-            return RowClass::Exact;
+            return Some(RowClass::Exact);
         }
         let inexact = self.inexact.lock().unwrap_or_else(|e| e.into_inner());
-        inexact
+        let class = inexact
             .get(&i)
             .and_then(|rows| rows.iter().find(|r| r.0 <= svma && svma < r.1))
-            .map_or(RowClass::Exact, |r| r.2)
+            .map_or(RowClass::Exact, |r| r.2);
+        Some(class)
     }
 
     /// When `svma` lies in a short gap in the CFI (at most [`CLONE_GAP`] bytes between one FDE's
@@ -272,11 +276,7 @@ impl CfiIndex {
 
 /// Reads FDE `f`'s rows: its classification byte and the ranges of its rows that are not
 /// [`RowClass::Exact`] (the whole FDE when its rows cannot be read).
-fn classify_rows<'a, S>(
-    section: &S,
-    bases: &BaseAddresses,
-    f: Fde,
-) -> (u8, Vec<InexactRows>)
+fn classify_rows<'a, S>(section: &S, bases: &BaseAddresses, f: Fde) -> (u8, Vec<InexactRows>)
 where
     S: UnwindSection<Slice<'a>>,
 {
@@ -466,11 +466,12 @@ pub(crate) mod tests {
 
     impl TestIndex<'_> {
         fn needs_full_registers(&self, svma: u64) -> bool {
-            self.idx.row_class(&self.section, &self.bases, svma) == RowClass::FullRegisters
+            self.idx.row_class(&self.section, &self.bases, svma) == Some(RowClass::FullRegisters)
         }
 
         fn needs_frame_registers_only(&self, svma: u64) -> bool {
-            self.idx.row_class(&self.section, &self.bases, svma) == RowClass::FrameRegistersOnly
+            self.idx.row_class(&self.section, &self.bases, svma)
+                == Some(RowClass::FrameRegistersOnly)
         }
 
         fn full_register_ranges(&self) -> Vec<(u64, u64)> {

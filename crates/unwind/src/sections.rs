@@ -118,16 +118,15 @@ impl UnwindSections {
     }
 
     /// How the unwinder may evaluate the row at link-time address `svma` in `.debug_frame`
-    /// (`debug`) or `.eh_frame` (see [`CfiIndex::row_class`]).
-    pub fn row_class(&self, debug: bool, svma: u64) -> RowClass {
-        let bases = self.cfi_bases(debug);
+    /// (`debug`) or `.eh_frame` (see [`CfiIndex::row_class`]); None when that section has no FDE
+    /// for it.
+    pub fn row_class(&self, debug: bool, svma: u64) -> Option<RowClass> {
         if debug {
-            self.debug_frame_section().map_or(RowClass::Exact, |s| {
-                self.debug_cfi.row_class(&s, &bases, svma)
-            })
+            let s = self.debug_frame_section()?;
+            self.debug_cfi.row_class(&s, &self.cfi_bases(true), svma)
         } else {
-            self.eh_frame_section()
-                .map_or(RowClass::Exact, |s| self.eh_cfi.row_class(&s, &bases, svma))
+            let s = self.eh_frame_section()?;
+            self.eh_cfi.row_class(&s, &self.cfi_bases(false), svma)
         }
     }
 

@@ -9,7 +9,9 @@
 //! strictly increasing, return address right after a call in an executable mapping); a failed
 //! step ends the stack with a [`TruncateReason`] from [`crate::policy`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 
 use framehop::Unwinder as _;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -95,9 +97,9 @@ impl<M> Default for AddressSpace<M> {
             eh_cache: CacheX86_64::new(),
             debug_cache: CacheX86_64::new(),
             evaluator: full::Evaluator::default(),
-            roots: HashMap::new(),
-            return_checks: HashMap::new(),
-            cfi_at: HashMap::new(),
+            roots: HashMap::default(),
+            return_checks: HashMap::default(),
+            cfi_at: HashMap::default(),
             full_register_unwinds: 0,
             instruction_frames: Vec::new(),
             caller_at_entry: false,
@@ -141,20 +143,17 @@ fn remembered_cfi_at<B: Binary + ?Sized>(
 
 /// Which CFI covers link-time address `svma` (`.eh_frame` first).
 fn cfi_at(sections: &crate::sections::UnwindSections, svma: u64) -> CfiAt {
-    let fde = |debug: bool| {
-        let class = sections.row_class(debug, svma);
-        CfiAt::Fde {
-            debug,
-            full: class == RowClass::FullRegisters,
-            own_rule: class == RowClass::FrameRegistersOnly,
-        }
+    let (debug, class) = match sections.row_class(false, svma) {
+        Some(class) => (false, class),
+        None => match sections.row_class(true, svma) {
+            Some(class) => (true, class),
+            None => return CfiAt::None,
+        },
     };
-    if sections.eh_frame_covers(svma) {
-        fde(false)
-    } else if sections.debug_frame_covers(svma) {
-        fde(true)
-    } else {
-        CfiAt::None
+    CfiAt::Fde {
+        debug,
+        full: class == RowClass::FullRegisters,
+        own_rule: class == RowClass::FrameRegistersOnly,
     }
 }
 
