@@ -415,6 +415,7 @@ impl Pipeline {
                     kw.thread_exited(tid);
                 }
                 self.walk_memos.forget((pid, tid));
+                self.tables.forget_path(tid);
                 self.lifetimes.exited(pid, tid);
             }
             Record::Switch {

@@ -110,7 +110,18 @@ pub(crate) struct RawTables {
     node_index: FastMap<(u32, u32), u32>,
     /// Lengths of the three tables at the last [`RawTables::take_new`].
     sent: (usize, usize, usize),
+    /// Per thread, the trie path of its last user stack (see [`RawTables::node_on_path`]), and
+    /// the steps they hold together (at most [`MAX_PATH_STEPS`]).
+    paths: FastMap<u32, Vec<PathStep>>,
+    path_steps: usize,
 }
+
+/// Most steps the threads' last paths hold together (8 MiB): past it, a thread's path is not
+/// kept, and its next stack is interned frame by frame.
+const MAX_PATH_STEPS: usize = 256 * 1024;
+
+/// One step of a thread's last trie path: parent node, frame, and the node they make.
+pub(crate) type PathStep = (u32, RawFrame, u32);
 
 impl RawTables {
     /// Empty tables.
@@ -119,6 +130,7 @@ impl RawTables {
             mapping_index: FastMap::new(),
             frame_index: FastMap::new(),
             node_index: FastMap::new(),
+            paths: FastMap::new(),
             ..RawTables::default()
         }
     }
@@ -172,6 +184,52 @@ impl RawTables {
         })
     }
 
+    /// [`RawTables::node`] for the `depth`-th frame (from the root) of a stack interned root
+    /// first, where `path` is the thread's last stack's path (from [`RawTables::take_path`]):
+    /// a step its last stack made from the same parent with the same frame gives the same node
+    /// without the two hash lookups (successive stacks of a thread share most outer frames).
+    pub fn node_on_path(
+        &mut self,
+        path: &mut Vec<PathStep>,
+        depth: usize,
+        parent: u32,
+        frame: RawFrame,
+    ) -> u32 {
+        if let Some(&(p, f, node)) = path.get(depth)
+            && p == parent
+            && f == frame
+        {
+            return node;
+        }
+        let node = self.node(parent, frame);
+        path.truncate(depth);
+        if path.len() == depth {
+            path.push((parent, frame, node));
+        }
+        node
+    }
+
+    /// Thread `tid`'s last trie path (empty if none), to pass to [`RawTables::node_on_path`]
+    /// and give back with [`RawTables::put_path`].
+    pub fn take_path(&mut self, tid: u32) -> Vec<PathStep> {
+        let path = self.paths.remove(&tid).unwrap_or_default();
+        self.path_steps -= path.len();
+        path
+    }
+
+    /// Keeps `path` as thread `tid`'s last, if the paths have room.
+    pub fn put_path(&mut self, tid: u32, path: Vec<PathStep>) {
+        if self.path_steps + path.len() <= MAX_PATH_STEPS {
+            self.path_steps += path.len();
+            self.paths.insert(tid, path);
+        }
+    }
+
+    /// Forgets a thread's last path (it exited).
+    pub fn forget_path(&mut self, tid: u32) {
+        drop(self.take_path(tid));
+    }
+
     /// Distinct frames plus trie nodes held.
     pub fn entries(&self) -> usize {
         self.frames.len() + self.nodes.len()
@@ -196,6 +254,74 @@ impl RawTables {
         self.frame_index.clear();
         self.nodes.clear();
         self.node_index.clear();
+        self.paths.clear();
+        self.path_steps = 0;
         self.sent = (0, 0, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(address: u64) -> RawFrame {
+        RawFrame {
+            kind: RawKind::Unknown,
+            address,
+            live: false,
+        }
+    }
+
+    /// Interns `stack` (root first) on thread `tid`'s path from `root`; its leaf's node.
+    fn intern(t: &mut RawTables, tid: u32, root: u32, stack: &[u64]) -> u32 {
+        let mut path = t.take_path(tid);
+        let mut node = root;
+        for (depth, &a) in stack.iter().enumerate() {
+            node = t.node_on_path(&mut path, depth, node, frame(a));
+        }
+        t.put_path(tid, path);
+        node
+    }
+
+    #[test]
+    fn a_threads_last_path_gives_the_nodes_the_trie_would() {
+        let mut t = RawTables::new();
+        let a = intern(&mut t, 1, NO_NODE, &[10, 20, 30]);
+        let b = intern(&mut t, 1, NO_NODE, &[10, 20, 40]);
+        // Another thread, and a stack under another root with the same frames.
+        let c = intern(&mut t, 2, NO_NODE, &[10, 20, 30]);
+        let root = t.node(NO_NODE, frame(5));
+        let d = intern(&mut t, 1, root, &[10, 20, 30]);
+        let mut direct = RawTables::new();
+        let leaf = |t: &mut RawTables, root: u32, stack: &[u64]| {
+            stack.iter().fold(root, |n, &a| t.node(n, frame(a)))
+        };
+        let (a2, b2) = (
+            leaf(&mut direct, NO_NODE, &[10, 20, 30]),
+            leaf(&mut direct, NO_NODE, &[10, 20, 40]),
+        );
+        let root2 = direct.node(NO_NODE, frame(5));
+        let d2 = leaf(&mut direct, root2, &[10, 20, 30]);
+        assert_eq!((a, b, c, d), (a2, b2, a2, d2));
+        assert_eq!(t.nodes, direct.nodes);
+        assert_eq!(t.path_steps, 3 + 3);
+        t.forget_path(1);
+        assert_eq!(t.path_steps, 3);
+        t.clear();
+        assert_eq!((t.paths.len(), t.path_steps), (0, 0));
+        // After a clear the ids start again: no step of an old path is reused.
+        assert_eq!(intern(&mut t, 2, NO_NODE, &[10]), 0);
+    }
+
+    #[test]
+    fn paths_past_their_budget_are_not_kept() {
+        let mut t = RawTables::new();
+        let deep: Vec<u64> = (0..MAX_PATH_STEPS as u64).collect();
+        intern(&mut t, 1, NO_NODE, &deep);
+        intern(&mut t, 2, NO_NODE, &[1, 2]);
+        assert_eq!((t.paths.len(), t.path_steps), (1, MAX_PATH_STEPS));
+        t.forget_path(1);
+        intern(&mut t, 2, NO_NODE, &[1, 2]);
+        assert_eq!(t.path_steps, 2);
     }
 }

@@ -182,7 +182,8 @@ impl Pipeline {
         };
         let mut outer_in_files = true;
         let mut node_at_b = None;
-        for i in (own..upto).rev() {
+        let mut path = self.tables.take_path(s.tid);
+        for (step, i) in (own..upto).rev().enumerate() {
             let addr = addrs[i];
             let is_return = i > 0 && !self.unwinder.instruction_frames.contains(&i);
             let lookup = if is_return {
@@ -212,7 +213,7 @@ impl Pipeline {
                 address: addr,
                 live,
             };
-            node = self.tables.node(node, frame);
+            node = self.tables.node_on_path(&mut path, step, node, frame);
             if keep_b == Some(i) {
                 node_at_b = Some(node);
             }
@@ -220,6 +221,7 @@ impl Pipeline {
                 node_at_memo = Some(node);
             }
         }
+        self.tables.put_path(s.tid, path);
         if let (Some(from), Some(node), true, Some(walk), Some((_, state, low))) = (
             memo_from,
             node_at_memo,
