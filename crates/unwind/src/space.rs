@@ -43,8 +43,8 @@ pub struct AddressSpace<M> {
     /// Cleared when the regions change, and past [`MAX_RETURN_CHECKS`].
     return_checks: HashMap<u64, Result<ReturnKind, TruncateReason>>,
     /// Which CFI covers each lookup address met, found by binary searches over a binary's
-    /// FDEs (hundreds of thousands in a compiler): cleared with `return_checks`, at most
-    /// [`MAX_RETURN_CHECKS`].
+    /// FDEs (hundreds of thousands in a compiler): cleared with `return_checks`, and past
+    /// [`MAX_CFI_LOOKUPS`].
     cfi_at: HashMap<u64, CfiAt>,
     full_register_unwinds: u64,
     /// Indices into the last unwind's output of frames whose address is an instruction, not a
@@ -61,6 +61,10 @@ pub struct AddressSpace<M> {
 /// Most return addresses an [`AddressSpace`] remembers as checked (a few hundred KiB: rustc's
 /// hot call sites fit).
 const MAX_RETURN_CHECKS: usize = 1 << 14;
+
+/// Most lookup addresses an [`AddressSpace`] remembers the covering CFI of (as many as the
+/// return checks: the same call sites, plus the leaves).
+const MAX_CFI_LOOKUPS: usize = 1 << 14;
 
 /// The CFI covering a lookup address in a binary's code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +138,7 @@ fn remembered_cfi_at<B: Binary + ?Sized>(
         return at;
     }
     let at = cfi_at(module.unwind_sections(), svma);
-    if cache.len() >= MAX_RETURN_CHECKS {
+    if cache.len() >= MAX_CFI_LOOKUPS {
         cache.clear();
     }
     cache.insert(lookup, at);
