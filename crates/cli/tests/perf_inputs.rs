@@ -334,7 +334,7 @@ const RECURSION: &str = r#"
 volatile unsigned long sink;
 FN unsigned long fib(int n) { return n < 2 ? (sink++, (unsigned long)n) : fib(n - 1) + fib(n - 2); }
 FN unsigned long deep(int n) {
-    if (n == 0) { for (int i = 0; i < 2000; i++) sink += i; return sink; }
+    if (n == 0) { for (int i = 0; i < 200000; i++) sink += i; return sink; }
     return deep(n - 1) + 1;
 }
 FN void run_fib(void) { sink += fib(24); }
