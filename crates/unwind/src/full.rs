@@ -7,9 +7,9 @@
 //! the stack with [`TruncateReason::UnwindRuleMissing`]; nothing is guessed.
 
 use gimli::{
-    BaseAddresses, CfaRule, DebugFrame, EhFrame, EndianSlice, Evaluation, EvaluationResult,
-    LittleEndian, Location, Piece, Register, RegisterRule, UnwindContext, UnwindExpression,
-    UnwindSection, UnwindTableRow, Value, X86_64,
+    BaseAddresses, CfaRule, EndianSlice, Evaluation, EvaluationResult, LittleEndian, Location,
+    Piece, Register, RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow,
+    Value, X86_64,
 };
 
 use crate::memory::Memory;
@@ -81,19 +81,16 @@ impl Evaluator {
             .ok_or(TruncateReason::CfiError)?;
         let bases = at.sections.cfi_bases(at.debug);
         if at.debug {
-            let bytes = at
+            let section = at
                 .sections
-                .debug_frame_bytes()
+                .debug_frame_section()
                 .ok_or(TruncateReason::CfiError)?;
-            let mut section = DebugFrame::new(bytes, LittleEndian);
-            section.set_address_size(8);
             row_in(&section, &bases, offset, at.svma, &mut self.ctx, f)
         } else {
-            let bytes = at
+            let section = at
                 .sections
-                .eh_frame_bytes()
+                .eh_frame_section()
                 .ok_or(TruncateReason::CfiError)?;
-            let section = EhFrame::new(bytes, LittleEndian);
             row_in(&section, &bases, offset, at.svma, &mut self.ctx, f)
         }
     }

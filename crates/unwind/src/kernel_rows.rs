@@ -11,8 +11,8 @@
 //! On x86_64 the return address always lies at CFA-8.
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, RegisterRule,
-    UnwindContext, UnwindSection, UnwindTableRow, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, EndianSlice, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection, UnwindTableRow, X86_64,
 };
 
 use crate::sections::UnwindSections;
@@ -68,20 +68,18 @@ pub fn kernel_rows(sections: &UnwindSections) -> Vec<KernelRow> {
     let (eh, debug) = sections.fde_counts();
     let mut rows = Vec::new();
     if eh > 0
-        && let Some(bytes) = sections.eh_frame_bytes()
+        && let Some(section) = sections.eh_frame_section()
     {
         collect(
-            &EhFrame::new(bytes, LittleEndian),
+            &section,
             &sections.cfi_bases(false),
             sections,
             false,
             &mut rows,
         );
     } else if debug > 0
-        && let Some(bytes) = sections.debug_frame_bytes()
+        && let Some(section) = sections.debug_frame_section()
     {
-        let mut section = DebugFrame::new(bytes, LittleEndian);
-        section.set_address_size(8);
         collect(
             &section,
             &sections.cfi_bases(true),

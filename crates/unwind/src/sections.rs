@@ -141,11 +141,13 @@ impl UnwindSections {
         })
     }
 
-    fn eh_frame_section(&self) -> Option<EhFrame<EndianSlice<'_, LittleEndian>>> {
+    /// `.eh_frame` as gimli reads it.
+    pub(crate) fn eh_frame_section(&self) -> Option<EhFrame<EndianSlice<'_, LittleEndian>>> {
         Some(EhFrame::new(self.eh_frame_bytes()?, LittleEndian))
     }
 
-    fn debug_frame_section(&self) -> Option<DebugFrame<EndianSlice<'_, LittleEndian>>> {
+    /// `.debug_frame` as gimli reads it (8-byte addresses).
+    pub(crate) fn debug_frame_section(&self) -> Option<DebugFrame<EndianSlice<'_, LittleEndian>>> {
         let mut section = DebugFrame::new(self.debug_frame_bytes()?, LittleEndian);
         section.set_address_size(8);
         Some(section)
