@@ -73,14 +73,26 @@ pub(crate) struct UserUnwinder {
     pub past_copy: Option<(usize, State, u64)>,
 }
 
+/// The sample whose thread's live-read plan an unwind asks for if it reads live memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlanFor {
+    /// The thread, `(pid, tid)`.
+    pub key: (u32, u32),
+    /// The sample's time.
+    pub time: u64,
+    /// Its process's mapping generation.
+    pub space_gen: u64,
+}
+
 impl UserUnwinder {
     /// Unwinds `s`: with its in-kernel walk's words past the copy when it has a walk and they
-    /// suffice, else reading and reusing what `plan` allows.
+    /// suffice, else reading and reusing what the live proof plans for `plan_for`'s thread
+    /// (None: no reuse, no proven reads).
     pub fn unwind(
         &mut self,
         parts: &mut UnwindParts<'_>,
         s: &UserSample<'_>,
-        plan: Plan,
+        plan_for: Option<PlanFor>,
     ) -> StackFacts {
         if let Some(walk) = s.kernel {
             let facts = self.unwind_from_kernel(parts, s, walk);
@@ -91,6 +103,11 @@ impl UserUnwinder {
             }
             kw.fell_back += 1;
         }
+        // Planned only here: planning reads the thread's watch (a system call), which a stack
+        // the kernel walked does not need.
+        let plan = plan_for.map_or_else(Plan::default, |p| {
+            parts.proof.plan(p.key, p.time, s.copy_end(), p.space_gen)
+        });
         self.unwind_with_plan(parts, s, plan)
     }
 

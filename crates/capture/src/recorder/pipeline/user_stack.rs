@@ -12,10 +12,10 @@ use crate::unwind::{Registers, StackEnd, TruncateReason};
 use super::Pipeline;
 use crate::recorder::deferral::{Deferred, Wait};
 use crate::recorder::live_proof::ProvenOuter;
-use crate::recorder::outer_cache::{Outer, Plan};
+use crate::recorder::outer_cache::Outer;
 use crate::recorder::raw::{NO_NODE, RawFrame, RawKind};
 use crate::recorder::stack_end::{StackFacts, stack_end};
-use crate::recorder::user_unwind::{UnwindParts, UserSample};
+use crate::recorder::user_unwind::{PlanFor, UnwindParts, UserSample};
 use crate::recorder::walk_memo::Memo;
 
 impl Pipeline {
@@ -78,7 +78,11 @@ impl Pipeline {
         if let Some(w) = walk.as_deref() {
             input.kernel_reuse = self.walk_memos.usable(key, w, copy_end, space_gen);
         }
-        let plan = self.proof.plan(key, s.time, copy_end, space_gen);
+        let plan = Some(PlanFor {
+            key,
+            time: s.time,
+            space_gen,
+        });
         let mut facts = self.unwind(&input, plan);
         while let Some(waits_for) = self.touches_pending(space, &facts) {
             if let Some(raw) = raw
@@ -354,19 +358,19 @@ impl Pipeline {
         }
     }
 
-    fn unwind(&mut self, s: &UserSample<'_>, plan: Plan) -> StackFacts {
+    fn unwind(&mut self, s: &UserSample<'_>, plan: Option<PlanFor>) -> StackFacts {
         let facts = self.unwind_once(s, plan);
         if facts.end_after_reads() == StackEnd::Truncated(TruncateReason::UnmappedAddress)
             && s.space == s.pid
             && self.lifetimes.refresh_due(s.pid)
         {
             self.processes.refresh(s.pid);
-            return self.unwind_once(s, Plan::default());
+            return self.unwind_once(s, None);
         }
         facts
     }
 
-    fn unwind_once(&mut self, s: &UserSample<'_>, plan: Plan) -> StackFacts {
+    fn unwind_once(&mut self, s: &UserSample<'_>, plan: Option<PlanFor>) -> StackFacts {
         let mut parts = UnwindParts {
             processes: &mut self.processes,
             jit: &mut self.jit,
