@@ -16,6 +16,7 @@
 //! `crates/capture/tests/bpf_object.rs` checks the object matches its source where clang is
 //! installed.
 
+mod btf_scan;
 mod join;
 mod layout;
 mod row_cache;

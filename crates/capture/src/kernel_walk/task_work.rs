@@ -24,9 +24,8 @@ fn kfunc_call(id: u32) -> [u8; 8] {
 
 /// The running kernel's BTF id of [`KFUNC`]; None when it has none (older than 6.18, or no BTF).
 pub(super) fn kfunc_id() -> Option<u32> {
-    let btf = aya::Btf::from_sys_fs().ok()?;
-    btf.id_by_type_name_kind(KFUNC, aya_obj::btf::BtfKind::Func)
-        .ok()
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
+    super::btf_scan::func_id(&btf, KFUNC)
 }
 
 /// `object` with every placeholder call replaced: by a call of the kfunc `id`, or by `r0 = -1`
