@@ -13,7 +13,8 @@
 //! is one line; `--tiers` splits the self time of the hottest such methods by tier
 //! (`Calls::Spin(int32) [OptimizedTier1OSR]`).
 
-use std::collections::HashMap;
+// Keys are frame names, hashed once per frame of every distinct stack: a fast hash.
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::io::{self, Write};
 use std::path::PathBuf;
 
@@ -206,7 +207,7 @@ pub fn write_report(
     // Self and total per function name.
     let mut self_time: HashMap<&str, i64> = HashMap::new();
     let mut total_time: HashMap<&str, i64> = HashMap::new();
-    let mut seen: Vec<&str> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
     for (&stack, &value) in &sums {
         seen.clear();
         let mut leaf_done = false;
@@ -219,8 +220,7 @@ pub fn write_report(
                 *self_time.entry(name).or_default() += value;
                 leaf_done = true;
             }
-            if !seen.contains(&name) {
-                seen.push(name);
+            if seen.insert(name) {
                 *total_time.entry(name).or_default() += value;
             }
         }

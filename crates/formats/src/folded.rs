@@ -216,7 +216,7 @@ pub(crate) fn push_frame_name(line: &mut String, name: &str) {
     }
     // Names rarely hold one of them: copy the runs between them whole.
     let mut rest = name;
-    while let Some(at) = rest.find([';', '\n', '\r']) {
+    while let Some(at) = memchr::memchr3(b';', b'\n', b'\r', rest.as_bytes()) {
         line.push_str(&rest[..at]);
         line.push(if rest.as_bytes()[at] == b';' {
             ':'
