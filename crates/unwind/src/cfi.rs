@@ -87,11 +87,20 @@ impl CfiIndex {
     {
         let mut index = CfiIndex::default();
         let mut entries = section.entries(bases);
+        // FDEs come in long runs sharing one CIE: it is parsed once a run.
+        let mut last_cie = None;
         while let Ok(Some(entry)) = entries.next() {
             let CieOrFde::Fde(partial) = entry else {
                 continue;
             };
-            let Ok(fde) = partial.parse(S::cie_from_offset) else {
+            let Ok(fde) = partial.parse(|section, bases, offset| match &last_cie {
+                Some((at, cie)) if *at == offset => Ok(Clone::clone(cie)),
+                _ => {
+                    let cie = S::cie_from_offset(section, bases, offset)?;
+                    last_cie = Some((offset, cie.clone()));
+                    Ok(cie)
+                }
+            }) else {
                 continue;
             };
             if fde.len() == 0 {
