@@ -41,6 +41,9 @@ enum Value {
     Leaf(Register),
     /// The leaf's stack word at `[rsp + n]`.
     Stack(u32),
+    /// The address leaf `rsp + n` (a frame pointer the path set: `mov rbp, rsp`), through
+    /// which the path may read back words it pushed (`mov rbp, [rbp]`).
+    Address(i64),
     /// Anything else.
     Other,
 }
@@ -161,9 +164,11 @@ pub fn leaf_return(code: &[u8], at: usize) -> Option<Option<NoCfiRule>> {
     let saved_bp = match (bp, ra) {
         (Value::Leaf(Register::RBP), _) => None,
         (Value::Stack(n), _) => Some(n),
-        // Returning with `rbp` pointed at a frame built on the stack for the caller: an
-        // out-of-line prologue, before the frame is built.
-        (_, Value::Stack(n)) => return Some(Some(NoCfiRule::OutOfLinePrologue { ra: n })),
+        // Returning with `rbp` pointed at a frame the path built on the stack for the caller
+        // (`mov rbp, rsp`): an out-of-line prologue, before the frame is built.
+        (Value::Address(_), Value::Stack(n)) => {
+            return Some(Some(NoCfiRule::OutOfLinePrologue { ra: n }));
+        }
         _ => return Some(None),
     };
     match ra {
@@ -173,7 +178,7 @@ pub fn leaf_return(code: &[u8], at: usize) -> Option<Option<NoCfiRule>> {
         Value::Leaf(_) => Some(None),
         Value::Stack(0) if saved_bp.is_none() => Some(Some(NoCfiRule::ReturnAtSp)),
         Value::Stack(n) => Some(Some(NoCfiRule::ReturnAt { ra: n, saved_bp })),
-        Value::Other => None,
+        Value::Address(_) | Value::Other => None,
     }
 }
 
@@ -334,6 +339,10 @@ fn execute(m: &mut Machine, instr: &Instruction, info: &mut InstructionInfoFacto
         && instr.op0_register().is_gpr64()
     {
         let v = match instr.op1_kind() {
+            OpKind::Register if is_sp(instr.op1_register()) => match m.rsp {
+                Some(x) if m.floating.is_empty() => Value::Address(x),
+                _ => Value::Other,
+            },
             OpKind::Register if instr.op1_register().is_gpr64() => m.reg(instr.op1_register()),
             OpKind::Memory
                 if is_sp(instr.memory_base())
@@ -343,6 +352,15 @@ fn execute(m: &mut Machine, instr: &Instruction, info: &mut InstructionInfoFacto
                 m.rsp.map_or(Value::Other, |x| {
                     m.word(x + instr.memory_displacement64() as i64)
                 })
+            }
+            // A word the path can place: read through the frame pointer it set.
+            OpKind::Memory if instr.memory_index() == Register::None => {
+                match m.reg(instr.memory_base()) {
+                    Value::Address(x) if m.floating.is_empty() => {
+                        m.word(x + instr.memory_displacement64() as i64)
+                    }
+                    _ => Value::Other,
+                }
             }
             _ => Value::Other,
         };

@@ -103,3 +103,41 @@ fn tail_call_through_a_register() {
     let pushed = [0x51, 0xff, 0xe1];
     assert_eq!(leaf_return(&pushed, 0), None);
 }
+
+/// The shape of V8's `Call_*_Baseline_Compact` slow paths: a frame built (`push rbp; mov rbp,
+/// rsp; push 0x22`), then dropped by loading the saved `rbp` back through the frame pointer and
+/// moving `rsp` over it, and a tail call to the generic `Call`.
+const FRAME_DROPPED_BEFORE_TAIL_CALL: &[u8] = &[
+    0x55, // 0 push rbp
+    0x48, 0x89, 0xe5, // 1 mov rbp,rsp
+    0x6a, 0x22, // 4 push 0x22
+    0x48, 0x8b, 0x6d, 0x00, // 6 mov rbp,[rbp+0x0]
+    0x48, 0x83, 0xc4, 0x10, // 10 add rsp,0x10
+    0xe9, 0x00, 0x01, 0x00, 0x00, // 14 jmp (out of the function)
+];
+
+#[test]
+fn a_frame_dropped_before_a_tail_call_is_no_out_of_line_prologue() {
+    // From the entry: the saved `rbp` read back through the frame pointer is the leaf's.
+    assert_eq!(
+        leaf_return(FRAME_DROPPED_BEFORE_TAIL_CALL, 0),
+        rule(NoCfiRule::ReturnAtSp)
+    );
+    // After the push: the caller's `rbp` at [rsp], its return address above.
+    assert_eq!(
+        leaf_return(FRAME_DROPPED_BEFORE_TAIL_CALL, 1),
+        rule(NoCfiRule::ReturnAt {
+            ra: 8,
+            saved_bp: Some(0)
+        })
+    );
+    // With the frame pointer set before the sample, the word it reloads is not one the path
+    // can place: no rule (the caller is not taken to be at its entry, which would skip it).
+    for at in [4, 6] {
+        assert_eq!(
+            leaf_return(FRAME_DROPPED_BEFORE_TAIL_CALL, at),
+            Some(None),
+            "at {at}"
+        );
+    }
+}
