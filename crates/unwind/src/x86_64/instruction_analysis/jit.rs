@@ -130,19 +130,130 @@ pub fn rule_in_memory<M: Memory + ?Sized>(
     if !mem.read_code(function.start, &mut start) {
         return None;
     }
+    // Code entered by a jump to its prologue: simulated from there (see `entry_after_jump`).
+    let mut entry = Vec::new();
+    let (prologue, offset) = match entry_after_jump(&start, function.end - function.start) {
+        Some(at) if offset > 0 => {
+            entry.resize(
+                (function.end - function.start - at).min(PROLOGUE_BYTES) as usize,
+                0,
+            );
+            if !mem.read_code(function.start + at, &mut entry) {
+                return None;
+            }
+            match prologue_state(&entry, usize::MAX) {
+                // The code before the prologue runs in the frame it builds.
+                Some(built) if built.fp && offset < at as usize => {
+                    if !leaf {
+                        return Some(built.rule());
+                    }
+                    (&entry[..], usize::MAX)
+                }
+                Some(built) if built.fp => (&entry[..], offset - at as usize),
+                _ => (&start[..], offset),
+            }
+        }
+        _ => (&start[..], offset),
+    };
     if !leaf {
-        return caller_rule(&start, offset);
+        return caller_rule(prologue, offset);
     }
     let mut at_ip = vec![0u8; function.end.saturating_sub(target).min(EPILOGUE_BYTES) as usize];
     if !mem.read_code(target, &mut at_ip) {
         at_ip.clear();
     }
-    leaf_rule(&start, offset, &at_ip)
+    leaf_rule(prologue, offset, &at_ip)
+}
+
+/// When a function's first instruction jumps forward within it (`len` bytes), the offset it
+/// lands on. V8's regular-expression code starts so: its prologue (`push rbp; mov rbp, rsp`,
+/// the saved registers) comes after the matching code, which it jumps back into, so everything
+/// between the first instruction and the prologue runs in the frame the prologue builds.
+fn entry_after_jump(start: &[u8], len: u64) -> Option<u64> {
+    let mut decoder = iced_x86::Decoder::with_ip(64, start, 0, iced_x86::DecoderOptions::NONE);
+    let jump = decoder.decode();
+    (jump.mnemonic() == iced_x86::Mnemonic::Jmp
+        && matches!(
+            jump.op0_kind(),
+            iced_x86::OpKind::NearBranch64 | iced_x86::OpKind::NearBranch32
+        ))
+    .then(|| jump.near_branch_target())
+    .filter(|&at| at > jump.len() as u64 && at < len)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Code at address 0x1000 and nothing else.
+    struct CodeAt(&'static [u8]);
+
+    impl Memory for CodeAt {
+        fn read_stack_u64(&mut self, _addr: u64) -> Result<u64, crate::policy::ReadFailure> {
+            Err(crate::policy::ReadFailure::Unreadable)
+        }
+        fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+            let Some(at) = addr.checked_sub(0x1000).map(|a| a as usize) else {
+                return false;
+            };
+            match self.0.get(at..at + buf.len()) {
+                Some(bytes) => {
+                    buf.copy_from_slice(bytes);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    /// The shape of V8's regular-expression code: a jump to the prologue at the end, which
+    /// builds a frame-pointer frame and jumps back into the matching code.
+    const ENTRY_AFTER_BODY: &[u8] = &[
+        0xe9, 0x0c, 0x00, 0x00, 0x00, // 0 jmp 17
+        0x48, 0x83, 0xc7, 0x07, // 5 add rdi,7
+        0x85, 0xc0, // 9 test eax,eax
+        0x75, 0xf8, // 11 jnz 5
+        0xeb, 0xf6, // 13 jmp 5
+        0xcc, 0xcc, // 15 int3 (padding)
+        0x55, // 17 push rbp
+        0x48, 0x89, 0xe5, // 18 mov rbp,rsp
+        0x53, // 21 push rbx
+        0x6a, 0x00, // 22 push 0
+        0xeb, 0xe7, // 24 jmp 5
+    ];
+
+    #[test]
+    fn code_entered_by_a_jump_to_its_prologue_runs_in_its_frame() {
+        let function = 0x1000..0x1000 + ENTRY_AFTER_BODY.len() as u64;
+        let mut mem = CodeAt(ENTRY_AFTER_BODY);
+        let mut rule =
+            |off: u64, leaf: bool| rule_in_memory(function.clone(), 0x1000 + off, leaf, &mut mem);
+        // At the first instruction nothing is pushed yet; in the prologue, what it pushed.
+        assert_eq!(rule(0, true), Some(NoCfiRule::ReturnAtSp));
+        assert_eq!(rule(17, true), Some(NoCfiRule::ReturnAtSp));
+        assert_eq!(
+            rule(18, true),
+            Some(NoCfiRule::ReturnAt {
+                ra: 8,
+                saved_bp: Some(0)
+            })
+        );
+        // The matching code before the prologue: the frame it built (it was read as nothing
+        // pushed, from the jump that begins the code).
+        for off in [5, 9, 11, 13] {
+            assert_eq!(rule(off, true), Some(NoCfiRule::FramePointer), "at {off}");
+        }
+        assert_eq!(rule(8, false), Some(NoCfiRule::FramePointer));
+        // Without the frame pointer set by what the jump lands on, the code is read as before.
+        let mut plain = ENTRY_AFTER_BODY.to_vec();
+        plain[18..21].copy_from_slice(&[0x90, 0x90, 0x90]);
+        let plain: &'static [u8] = plain.leak();
+        let mut mem = CodeAt(plain);
+        assert_eq!(
+            rule_in_memory(function.clone(), 0x1000 + 9, true, &mut mem),
+            leaf_rule(plain, 9, &plain[9..])
+        );
+    }
 
     /// `push rbp; mov rbp,rsp; push rbx; sub rsp,0x18; mov eax,[rdi]; test eax,eax; jz +2;
     ///  call rax; add rsp,0x18; pop rbx; pop rbp; ret`
