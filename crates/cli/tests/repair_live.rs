@@ -53,13 +53,24 @@ fn names(p: &Profile, stack: rootline_profile::StackId) -> Vec<&str> {
 fn has_whole_recursion_sample(trace: &Path, pid: u32) -> bool {
     let p = rootline_dotnet::read_profile(std::fs::File::open(trace).unwrap()).unwrap();
     let s = p.samples();
-    (0..s.len()).any(|i| {
-        let n = names(&p, s.stacks[i]);
-        // Repair needs at least `min_overlap` (2) recursion frames in common with the cut stacks.
-        p.thread(s.threads[i]).tid == pid
-            && n.first() == Some(&MAIN)
+    // The main thread's samples in time order: the repair aligns a cut sample against the whole
+    // samples next to it (and the repairs before it), so a whole one inside the recursion must
+    // be a neighbour of a cut one.
+    let main: Vec<Vec<&str>> = (0..s.len())
+        .filter(|&i| p.thread(s.threads[i]).tid == pid)
+        .map(|i| names(&p, s.stacks[i]))
+        .collect();
+    // Repair needs at least `min_overlap` (2) recursion frames in common with the cut stacks.
+    let whole_inside = |n: &Vec<&str>| {
+        n.first() == Some(&MAIN)
             && n.get(2) == Some(&DOWN)
             && n.iter().filter(|&&f| f == DOWN).count() >= 2
+    };
+    let cut = |n: &Vec<&str>| n.first() != Some(&MAIN) && n.contains(&DOWN);
+    (0..main.len()).any(|i| {
+        whole_inside(&main[i])
+            && (i.checked_sub(1).is_some_and(|j| cut(&main[j]))
+                || main.get(i + 1).is_some_and(|n| cut(n)))
     })
 }
 
