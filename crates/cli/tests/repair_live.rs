@@ -70,7 +70,7 @@ fn has_whole_recursion_sample(trace: &Path, pid: u32) -> bool {
     (0..main.len()).any(|i| {
         whole_inside(&main[i])
             && (i.checked_sub(1).is_some_and(|j| cut(&main[j]))
-                || main.get(i + 1).is_some_and(|n| cut(n)))
+                || main.get(i + 1).is_some_and(&cut))
     })
 }
 
