@@ -289,6 +289,13 @@ impl CodeModule {
         Some(start)
     }
 
+    /// End of the function containing `svma`, when its symbol has a size (None when unknown).
+    pub fn function_end(&self, svma: u64) -> Option<u64> {
+        let i = self.functions.partition_point(|f| f.0 <= svma);
+        let (start, end) = *self.functions.get(i.checked_sub(1)?)?;
+        (end > start && svma < end).then_some(end)
+    }
+
     /// The (raw, possibly mangled) name of the symbol containing `svma`, from `.symtab` or
     /// `.dynsym` (read from the file).
     pub fn symbol_name(&self, svma: u64) -> Option<String> {
@@ -430,6 +437,10 @@ impl Binary for CodeModule {
 
     fn function_start(&self, svma: u64) -> Option<u64> {
         CodeModule::function_start(self, svma)
+    }
+
+    fn function_end(&self, svma: u64) -> Option<u64> {
+        CodeModule::function_end(self, svma)
     }
 
     fn in_thread_entry(&self, svma: u64) -> bool {

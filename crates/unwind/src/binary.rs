@@ -17,6 +17,10 @@ pub trait Binary: Send + Sync {
     fn code<'b>(&self, svma: u64, buf: &'b mut [u8]) -> Option<&'b [u8]>;
     /// The start of the function containing `svma`, from the symbol tables.
     fn function_start(&self, svma: u64) -> Option<u64>;
+    /// The end of the function containing `svma`, when its symbol has a size.
+    fn function_end(&self, _svma: u64) -> Option<u64> {
+        None
+    }
     /// Whether `svma` lies in a function that starts threads (see
     /// [`crate::policy::is_thread_entry`]).
     fn in_thread_entry(&self, svma: u64) -> bool;

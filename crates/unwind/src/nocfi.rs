@@ -17,14 +17,24 @@ use crate::x86_64::instruction_analysis::{NoCfiRule, OsrSlot, jit, native};
 /// Bytes past the instruction read for the path to the function's return.
 const PATH_BYTES: usize = 1024;
 
-/// The function's code from `start` through `PATH_BYTES` past `offset` (less where the code
-/// ends sooner; at least through the instruction at `offset`).
+/// The function's code from `start`: all of it when its end is known and it fits in `buf`
+/// (a jump past a shorter slice would be taken for a tail call out of the function, when it
+/// goes to the function's own deferred code), else through `PATH_BYTES` past `offset` (less
+/// where the code ends sooner; at least through the instruction at `offset`).
 fn read_path<'b, M: Binary + ?Sized>(
     m: &M,
     start: u64,
     offset: usize,
     buf: &'b mut [u8],
 ) -> Option<&'b [u8]> {
+    if let Some(len) = m
+        .function_end(start)
+        .and_then(|end| usize::try_from(end.checked_sub(start)?).ok())
+        .filter(|&len| len > offset && len <= buf.len())
+        && m.code(start, &mut buf[..len]).is_some()
+    {
+        return Some(&buf[..len]);
+    }
     let mut len = (offset + PATH_BYTES).min(buf.len());
     while len > offset + 16 {
         if m.code(start, &mut buf[..len]).is_some() {
@@ -228,4 +238,39 @@ pub(crate) fn exec(
     }
     *regs = caller;
     Ok(Some(ra))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synthetic::SyntheticBinary;
+    use crate::x86_64::instruction_analysis::jit::leaf_rule_on_path;
+
+    #[test]
+    fn a_function_that_fits_is_read_whole_for_its_paths() {
+        // A frame built at the start; from offset 4 the path jumps to the function's own
+        // epilogue, past `PATH_BYTES`.
+        let mut code = vec![0xcc; 1600];
+        code[..4].copy_from_slice(&[0x55, 0x48, 0x89, 0xe5]); // push rbp; mov rbp,rsp
+        code[4..9].copy_from_slice(&[0xe9, 0xf3, 0x05, 0x00, 0x00]); // jmp 1532
+        code[1532..1534].copy_from_slice(&[0x5d, 0xc3]); // pop rbp; ret
+        let text = 0x1000;
+        let binary = SyntheticBinary::new(text, &code, 0, &[], &[(text, text + 1600, "f")]);
+        let mut buf = [0u8; 4096 + PATH_BYTES];
+        let whole = read_path(&binary, text, 4, &mut buf).expect("readable");
+        assert_eq!(whole.len(), 1600);
+        assert_eq!(
+            leaf_rule_on_path(whole, 4),
+            Some(NoCfiRule::ReturnAt {
+                ra: 8,
+                saved_bp: Some(0)
+            })
+        );
+        // Cut at `PATH_BYTES` past the instruction, the jump reads as a tail call and the saved
+        // `rbp` as the return address: what the whole read avoids.
+        assert_eq!(
+            leaf_rule_on_path(&whole[..4 + PATH_BYTES], 4),
+            Some(NoCfiRule::ReturnAtSp)
+        );
+    }
 }

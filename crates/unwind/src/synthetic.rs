@@ -76,6 +76,10 @@ impl Binary for SyntheticBinary {
         self.function(svma).map(|f| f.0)
     }
 
+    fn function_end(&self, svma: u64) -> Option<u64> {
+        self.function(svma).map(|f| f.1)
+    }
+
     fn in_thread_entry(&self, svma: u64) -> bool {
         self.function(svma).is_some_and(|f| f.2)
     }
