@@ -88,8 +88,16 @@ struct mapping {
 	__u32 row_count;
 	__u32 kind; // ROW_NONE (no table), ROW_FP (frame pointers throughout), ROW_RSP (table) or
 		    // ROW_PENDING (its binary is still being read)
-	__u32 pad;
+	__u32 flags; // MAPPING_CODE_MOVES
 };
+
+// A mapping whose code may change after the sample (JIT code: the runtime moves and replaces
+// it): the 8 code bytes before each return address into it are sent, read at the sample's
+// instant, since by the time user space checks that the address follows a call they may be
+// another function's.
+#define MAPPING_CODE_MOVES 1
+// Marks a sent word as those code bytes (at the address without the mark), not a stack word.
+#define CODE_WORD (1ULL << 63)
 
 struct proc {
 	__u32 count;
@@ -534,6 +542,14 @@ __attribute__((noinline)) int step_frame(struct walk *w)
 	if (w->map.kind == ROW_PENDING) {
 		w->stop = STOP_PENDING;
 		return 1;
+	}
+	if (!w->leaf && (w->map.flags & MAPPING_CODE_MOVES)) {
+		__u64 code = 0;
+		if (bpf_probe_read_user(&code, sizeof(code), (void *)(w->ip - 8)) == 0 &&
+		    emit(w, (w->ip - 8) | CODE_WORD, code) != 0) {
+			w->stop = STOP_LOST;
+			return 1;
+		}
 	}
 	if (!find_row(w, lookup)) {
 		w->stop = STOP_NO_RULE;

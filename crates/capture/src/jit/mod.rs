@@ -488,6 +488,18 @@ pub struct JitMemory<'a> {
     pub stack: SampleStack<'a>,
     /// The process's JIT state.
     pub jit: &'a mut JitProcess,
+    /// Code bytes read at the sample's instant, 8 at each address (sorted): the in-kernel
+    /// walk's, before each return address into JIT code, whose bytes may have changed since.
+    pub sample_code: &'a [(u64, u64)],
+}
+
+/// The `len` bytes at `addr` when one of the sample's code words (`(address, 8 bytes)`, sorted)
+/// holds them all.
+fn sample_code_at(words: &[(u64, u64)], addr: u64, len: usize) -> Option<&[u8]> {
+    let i = words.partition_point(|w| w.0 <= addr).checked_sub(1)?;
+    let (at, bytes) = &words[i];
+    let from = usize::try_from(addr - at).ok()?;
+    bytemuck::bytes_of(bytes).get(from..from.checked_add(len)?)
 }
 
 impl Memory for JitMemory<'_> {
@@ -496,6 +508,10 @@ impl Memory for JitMemory<'_> {
     }
 
     fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        if let Some(bytes) = sample_code_at(self.sample_code, addr, buf.len()) {
+            buf.copy_from_slice(bytes);
+            return true;
+        }
         self.jit.read_code(addr, buf)
     }
 

@@ -105,3 +105,24 @@ fn this_process_has_its_own_namespace_pid_and_map_path() {
         PathBuf::from(format!("/proc/{me}/root/tmp/perf-{own}.map"))
     );
 }
+
+#[test]
+fn code_read_at_the_sample_is_used_where_it_covers_the_bytes_asked() {
+    let words = [
+        (0x1000, u64::from_le_bytes([1, 2, 3, 4, 5, 6, 7, 8])),
+        (0x2000, u64::from_le_bytes([9, 10, 11, 12, 13, 14, 15, 16])),
+    ];
+    assert_eq!(
+        sample_code_at(&words, 0x1000, 8),
+        Some(&[1, 2, 3, 4, 5, 6, 7, 8][..])
+    );
+    assert_eq!(
+        sample_code_at(&words, 0x2003, 5),
+        Some(&[12, 13, 14, 15, 16][..])
+    );
+    // Past a word's 8 bytes, before the first, or between two: not held.
+    assert_eq!(sample_code_at(&words, 0x2004, 5), None);
+    assert_eq!(sample_code_at(&words, 0xfff, 2), None);
+    assert_eq!(sample_code_at(&words, 0x1800, 1), None);
+    assert_eq!(sample_code_at(&[], 0x1000, 1), None);
+}

@@ -90,6 +90,9 @@ pub struct KernelStack {
     /// Stack dumps (a walk that reached a binary still being read): consecutive words from
     /// each address.
     spans: Vec<(u64, Vec<u64>)>,
+    /// The 8 code bytes before each return address into JIT code, read at the sample's
+    /// instant: `(address, bytes)`, sorted by address.
+    code: Vec<(u64, u64)>,
     /// Frames the kernel walked.
     pub frames: u32,
     /// Why the walk ended.
@@ -131,10 +134,17 @@ impl KernelStack {
             bp: 0,
             words,
             spans: Vec::new(),
+            code: Vec::new(),
             frames: 0,
             stop: WalkStop::Root,
             end: (0, 0),
         }
+    }
+
+    /// The code bytes the walk read before return addresses into JIT code: `(address, the 8
+    /// bytes from it)`, sorted by address.
+    pub fn code(&self) -> &[(u64, u64)] {
+        &self.code
     }
 
     /// Bytes of its stack dumps.
@@ -147,6 +157,7 @@ impl KernelStack {
         KernelStack {
             words: self.words.clone(),
             spans: Vec::new(),
+            code: self.code.clone(),
             ..*self
         }
     }
@@ -220,6 +231,8 @@ const PER_THREAD: usize = 4096;
 /// The program's `STOP_CONTINUES`: (in a chunk that is not the last) the walk goes on as task
 /// work.
 const STOP_CONTINUES: u8 = 10;
+/// The mark of a sent word that holds code bytes (`CODE_WORD` in the program).
+const CODE_WORD: u64 = 1 << 63;
 /// The program's `STOP_SAME`: the sample has the user stack of the thread's walk still going on.
 const STOP_SAME: u8 = 11;
 
@@ -301,6 +314,17 @@ impl Join {
             self.assembling.insert(h.tid, (head, collected, spans));
             return;
         }
+        // Code bytes come marked among the stack words.
+        let mut code = Vec::new();
+        collected.retain(|&(addr, value)| {
+            let is_code = addr & CODE_WORD != 0;
+            if is_code {
+                code.push((addr & !CODE_WORD, value));
+            }
+            !is_code
+        });
+        code.sort_unstable_by_key(|w| w.0);
+        code.dedup_by_key(|w| w.0);
         // The walk reads outward and sends each frame's words in address order, so they come
         // sorted (a deep walk has tens of thousands); a walk that followed a guess may not.
         if !collected.is_sorted_by_key(|w| w.0) {
@@ -314,6 +338,7 @@ impl Join {
             bp: first.bp,
             words: collected,
             spans,
+            code,
             frames: h.frames,
             stop: WalkStop::from_code(h.stop),
             end: (h.end_ip, h.end_sp),

@@ -14,6 +14,9 @@ pub(super) const MAPPING_NONE: u32 = RowKind::None as u32;
 /// `struct mapping.kind` of a mapping whose binary is still being read (`ROW_PENDING`): the
 /// walk ends there and sends the stack above it (`struct config.dump_bytes`).
 pub(super) const MAPPING_PENDING: u32 = 7;
+/// `struct mapping.flags` of a mapping whose code may change after a sample (JIT code): the
+/// walk sends the 8 code bytes before each return address into it (`MAPPING_CODE_MOVES`).
+pub(super) const MAPPING_CODE_MOVES: u32 = 1;
 
 /// `struct row`.
 #[repr(C)]
@@ -52,7 +55,7 @@ pub(super) struct Mapping {
     pub row_start: u32,
     pub row_count: u32,
     pub kind: u32,
-    pub pad: u32,
+    pub flags: u32,
 }
 
 /// `struct proc`.

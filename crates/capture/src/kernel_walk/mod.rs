@@ -36,8 +36,8 @@ use crate::unwind::AddressSpace;
 
 pub use join::{JoinStats, KernelStack, WalkStop, WordsReader};
 use layout::{
-    Config, Counters, MAPPING_FRAME_POINTERS, MAPPING_NONE, MAPPING_PENDING, MAPPING_TABLE,
-    MAX_MAPPINGS, Mapping, Proc, TaskWalkSlot,
+    Config, Counters, MAPPING_CODE_MOVES, MAPPING_FRAME_POINTERS, MAPPING_NONE, MAPPING_PENDING,
+    MAPPING_TABLE, MAX_MAPPINGS, Mapping, Proc, TaskWalkSlot,
 };
 use rows::{MappedRows, RowTable};
 
@@ -374,6 +374,9 @@ impl KernelWalk {
                 m.kind = MAPPING_NONE;
             } else if self.dumps && pending(r.start) {
                 m.kind = MAPPING_PENDING;
+            } else {
+                // Code with no file (JIT code): the runtime moves and replaces it.
+                m.flags = MAPPING_CODE_MOVES;
             }
             proc.m[n] = m;
             n += 1;

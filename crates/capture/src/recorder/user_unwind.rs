@@ -130,6 +130,7 @@ impl UserUnwinder {
                 fallback: Some(&mut words as &mut dyn MemoryReader),
             },
             jit: parts.jit.process(s.pid),
+            sample_code: walk.code(),
         };
         let (past, low) = (Cell::new(false), Cell::new(u64::MAX));
         let mut guarded = NotPending {
@@ -193,6 +194,7 @@ impl UserUnwinder {
                 fallback: parts.proof.start((s.pid, s.tid), copy_end, s.stack),
             },
             jit: parts.jit.process(s.pid),
+            sample_code: s.kernel.map_or(&[], |k| k.code()),
         };
         self.states.clear();
         self.states.push((s.regs, false));

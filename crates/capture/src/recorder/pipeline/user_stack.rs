@@ -113,7 +113,7 @@ impl Pipeline {
             [_, .., top] => Some(*top),
             _ => None,
         };
-        self.note_thread_top(s.tid, ending.end, outermost, in_copy);
+        self.note_thread_top(s.pid, s.tid, ending.end, outermost, in_copy);
         if ending.arm_watch {
             let walk = self.unwinder.walk(copy_end);
             self.proof.arm_inside(key, s.time, &walk, space_gen);
@@ -328,12 +328,27 @@ impl Pipeline {
     /// samples whose copy reaches it are not walked; or, after a sample not walked for that
     /// reason (`in_copy`) whose stack was not whole, that it is not there. A stack of one frame
     /// says nothing (a leaf in a function that starts threads is a root wherever it is).
-    fn note_thread_top(&mut self, tid: u32, end: StackEnd, outermost: Option<u64>, in_copy: bool) {
+    fn note_thread_top(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        end: StackEnd,
+        outermost: Option<u64>,
+        in_copy: bool,
+    ) {
+        // A process with JIT code (its runtime names code in a perf map or jitdump) has its
+        // stacks walked at every sample, even when the copy holds them: the walk takes the code
+        // bytes before return addresses into JIT code at the sample's instant (the runtime moves
+        // and replaces that code: read later, they may be another function's, and the return
+        // address would seem to follow no call). Its threads go in and out of JIT code too often
+        // for a thread's last stack to tell.
+        let has_jit = end == StackEnd::Root && self.jit.process(pid).symbol_count() > 0;
         let Some(kw) = self.kernel_walk.as_mut() else {
             return;
         };
         match (end, outermost) {
-            (StackEnd::Root, Some(top)) => kw.thread_whole(tid, top),
+            (StackEnd::Root, Some(_)) if has_jit && in_copy => kw.thread_not_in_copy(tid),
+            (StackEnd::Root, Some(top)) if !has_jit => kw.thread_whole(tid, top),
             (StackEnd::Truncated(_), _) if in_copy => kw.thread_not_in_copy(tid),
             _ => {}
         }
