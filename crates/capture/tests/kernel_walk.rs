@@ -285,11 +285,18 @@ fn reused_outer_frames_follow_the_outer_stack_when_it_changes() {
     );
     assert!(whole >= 500, "only {whole} whole stacks in a leaf");
     // Launched, the program's first samples come while its binary is still being read: a walk
-    // there sends at most 1 MiB of its 10 MiB stack, and those stacks end `live-unproven`
-    // (50 of ~4,200 on a loaded fresh-clone run; 0–20 on a quiet machine).
+    // there sends at most 1 MiB of its 10 MiB stack, and those stacks end `live-unproven` (how
+    // many depends on how long the reading takes: 8–500 of ~4,200 from quiet machines to
+    // loaded fresh-clone runs). The others must stay whole.
+    let pending = kw
+        .walk
+        .stops
+        .get(&rootline_capture::kernel_walk::WalkStop::Pending)
+        .copied()
+        .unwrap_or(0);
     assert!(
-        truncated * 100 <= whole * 5,
-        "{truncated} truncated against {whole} whole"
+        truncated.saturating_sub(pending) * 100 <= whole * 5,
+        "{truncated} truncated ({pending} walks ended at a binary being read) against {whole} whole"
     );
     assert!(
         kw.outer_reused > 0,
