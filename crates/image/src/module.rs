@@ -279,8 +279,7 @@ impl CodeModule {
 
     /// Start of the function containing `svma`, from the symbol tables (None when unknown).
     pub fn function_start(&self, svma: u64) -> Option<u64> {
-        let i = self.functions.partition_point(|f| f.0 <= svma);
-        let (start, end) = *self.functions.get(i.checked_sub(1)?)?;
+        let (start, end) = self.function_before(svma)?;
         // A symbol with a size must contain the address; a sizeless boundary is trusted up to the
         // next boundary (the gap check keeps a far-away start from being used).
         if end > start && svma >= end {
@@ -291,9 +290,14 @@ impl CodeModule {
 
     /// End of the function containing `svma`, when its symbol has a size (None when unknown).
     pub fn function_end(&self, svma: u64) -> Option<u64> {
-        let i = self.functions.partition_point(|f| f.0 <= svma);
-        let (start, end) = *self.functions.get(i.checked_sub(1)?)?;
+        let (start, end) = self.function_before(svma)?;
         (end > start && svma < end).then_some(end)
+    }
+
+    /// The function symbol starting last at or before `svma`: `(start, end)`.
+    fn function_before(&self, svma: u64) -> Option<(u64, u64)> {
+        let i = self.functions.partition_point(|f| f.0 <= svma);
+        self.functions.get(i.checked_sub(1)?).copied()
     }
 
     /// The (raw, possibly mangled) name of the symbol containing `svma`, from `.symtab` or
