@@ -172,13 +172,8 @@ pub fn rule_in_memory<M: Memory + ?Sized>(
 fn entry_after_jump(start: &[u8], len: u64) -> Option<u64> {
     let mut decoder = iced_x86::Decoder::with_ip(64, start, 0, iced_x86::DecoderOptions::NONE);
     let jump = decoder.decode();
-    (jump.mnemonic() == iced_x86::Mnemonic::Jmp
-        && matches!(
-            jump.op0_kind(),
-            iced_x86::OpKind::NearBranch64 | iced_x86::OpKind::NearBranch32
-        ))
-    .then(|| jump.near_branch_target())
-    .filter(|&at| at > jump.len() as u64 && at < len)
+    super::decode::jump_within(&jump, usize::try_from(len).ok()?)
+        .filter(|&at| at > jump.len() as u64)
 }
 
 #[cfg(test)]
