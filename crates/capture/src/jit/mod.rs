@@ -436,6 +436,11 @@ impl JitMaps {
         })
     }
 
+    /// Whether `pid`'s runtime has named any JIT code (without making state for it).
+    pub fn names_code(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| p.symbol_count() > 0)
+    }
+
     /// The process exec'd: its old JIT state no longer applies.
     pub fn exec(&mut self, pid: u32) {
         self.procs.remove(&pid);

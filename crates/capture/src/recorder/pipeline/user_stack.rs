@@ -342,7 +342,7 @@ impl Pipeline {
         // and replaces that code: read later, they may be another function's, and the return
         // address would seem to follow no call). Its threads go in and out of JIT code too often
         // for a thread's last stack to tell.
-        let has_jit = end == StackEnd::Root && self.jit.process(pid).symbol_count() > 0;
+        let has_jit = end == StackEnd::Root && self.jit.names_code(pid);
         let Some(kw) = self.kernel_walk.as_mut() else {
             return;
         };
