@@ -750,6 +750,27 @@ static __always_inline int continue_in_task(struct walk *w, struct chunk *c)
 	return 1;
 }
 
+// Where the sample's copy of the stack will end. The kernel copies from the stack pointer up to
+// `copy_bytes`, but only up to the first page it cannot read without faulting: a page the thread
+// has not touched yet (a frame that lowered the stack pointer onto a fresh page and has not
+// written there), where the copy is empty. The walk sends every word it reads past that point,
+// so the frames the copy should have held still arrive.
+static __always_inline __u64 copy_end(__u64 sp, __u32 copy_bytes)
+{
+	__u64 end = sp + copy_bytes;
+	__u64 page = sp;
+	// The copy is at most 64 KiB (a sample's size is 16 bits): 17 pages at most.
+	for (int k = 0; k < 17; k++) {
+		if (page >= end)
+			break;
+		__u8 b;
+		if (bpf_probe_read_user(&b, 1, (void *)page) != 0)
+			return page;
+		page = (page & ~4095ULL) + 4096;
+	}
+	return end;
+}
+
 SEC("perf_event")
 int walk_user_stack(struct bpf_perf_event_data *ctx)
 {
@@ -769,7 +790,7 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	w.ip = BPF_CORE_READ(regs, ip);
 	w.sp = BPF_CORE_READ(regs, sp);
 	w.bp = BPF_CORE_READ(regs, bp);
-	w.copy_end = w.sp + cfg->copy_bytes;
+	w.copy_end = copy_end(w.sp, cfg->copy_bytes);
 	w.pid = pid;
 	w.tid = (__u32)id;
 	w.leaf = 1;

@@ -321,3 +321,57 @@ fn the_program_loads_where_walks_cannot_go_on_as_task_work() {
         Err(e) => panic!("the program without task work does not load: {e}"),
     }
 }
+
+/// `tests/c/fresh_page.c`: the leaf lowers the stack pointer onto a page the thread never
+/// touched and spins there, so the kernel copies nothing with those samples (its copy stops at
+/// the first page it cannot read). The walk sends the words it reads from where the copy will
+/// end, not from where it would end whole: the stacks are whole, not `stack-not-copied`.
+#[test]
+fn stacks_are_whole_when_the_kernel_copies_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = c_program::build_c("fresh_page.c", "fresh-page", &["-O2"]);
+    let child = Killed(
+        Command::new(&binary)
+            .arg("30")
+            .spawn()
+            .expect("starts the workload"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
+    opts.kernel_walk = KernelWalkMode::On;
+    opts.duration = Some(Duration::from_secs(2));
+    let Some(recording) = record_or_skip(&opts) else {
+        return;
+    };
+    let profile = &recording.profile;
+    let (mut in_hold, mut whole) = (0u64, 0u64);
+    let mut frames = Vec::new();
+    let mut other = std::collections::BTreeMap::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        if names.last() != Some(&"hold") {
+            continue;
+        }
+        in_hold += 1;
+        if matches!(
+            names.as_slice(),
+            [clone, "start_thread", "second", "cycle", "hold"] if clone.ends_with("clone3")
+        ) {
+            whole += 1;
+        } else {
+            *other.entry(names.join(";")).or_insert(0u64) += 1;
+        }
+    }
+    println!(
+        "fresh page: {whole} of {in_hold} samples in the leaf whole; others: {other:?}; truncated: \
+         {:?}",
+        recording.stats.truncated
+    );
+    assert!(in_hold >= 200, "only {in_hold} samples in the leaf");
+    assert!(
+        whole * 100 >= in_hold * 99,
+        "{whole} of {in_hold} whole; others: {other:?}"
+    );
+}

@@ -1,0 +1,70 @@
+// A thread whose leaf lowers its stack pointer onto a page the thread has never touched and
+// spins there without writing to it: the kernel cannot copy the stack for those samples (it
+// copies from the stack pointer and stops at the first page it cannot read without faulting),
+// though the frames above, on pages in use, are all there.
+//
+// Usage: fresh_page SECONDS
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+// Lowers the stack pointer by 6 KiB (below the caller's page: onto pages never touched), spins
+// about a millisecond touching no memory, and returns. Its CFI describes each step.
+void hold(void);
+__asm__(".text\n"
+        ".globl hold\n"
+        ".type hold, @function\n"
+        "hold:\n"
+        ".cfi_startproc\n"
+        "  sub $0x1800, %rsp\n"
+        ".cfi_adjust_cfa_offset 0x1800\n"
+        "  mov $1000000, %ecx\n"
+        "1:\n"
+        "  dec %ecx\n"
+        "  jnz 1b\n"
+        "  add $0x1800, %rsp\n"
+        ".cfi_adjust_cfa_offset -0x1800\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size hold, .-hold\n");
+
+static volatile int stop;
+
+__attribute__((noinline)) static void cycle(void)
+{
+	while (!stop) {
+		hold();
+		__asm__ volatile("" ::: "memory");
+	}
+}
+
+static void *second(void *arg)
+{
+	(void)arg;
+	cycle();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	int seconds = argc > 1 ? atoi(argv[1]) : 5;
+	// The thread's own stack, without huge pages: only the pages it touches are present.
+	size_t size = 1 << 20;
+	void *stack = mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
+			   0);
+	if (stack == MAP_FAILED)
+		return 1;
+	madvise(stack, size, MADV_NOHUGEPAGE);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setstack(&attr, stack, size);
+	pthread_t t;
+	if (pthread_create(&t, &attr, second, 0) != 0)
+		return 1;
+	sleep(seconds);
+	stop = 1;
+	pthread_join(t, 0);
+	return 0;
+}
