@@ -418,8 +418,8 @@ pub const CAPTURE_ALLOWANCE: usize = 40 << 20;
 /// 1,000-frame walk sends about 50 KiB), so a few MiB ride out a pause of the sampler thread;
 /// walks that find it full end early, counted (`kernel_walk.lost_chunks`). A new process's
 /// first samples, before its binaries' rows are placed, send their stack whole (up to 1 MiB,
-/// only while the ring is at most a quarter full): 8 MiB leaves room for a few of them in
-/// every round.
+/// page by page while the ring is at most a quarter full): 8 MiB leaves room for a few of them
+/// in every round.
 pub const KERNEL_WALK_RING_BYTES: usize = 8 << 20;
 
 /// Most bytes of those stack dumps held by samples set aside (until their binaries are read).

@@ -39,6 +39,12 @@ struct pt_regs___kernel {
 	unsigned long ip;
 } __attribute__((preserve_access_index));
 
+// The stack's memory region, for where a dump ends.
+struct vm_area_struct {
+	unsigned long vm_start;
+	unsigned long vm_end;
+} __attribute__((preserve_access_index));
+
 #define MAX_MAPPINGS 512
 #define CHUNK_WORDS 256
 
@@ -234,6 +240,8 @@ struct walk {
 	__u32 seq;
 	__u8 stop;
 	__u8 leaf;
+	__u8 dump_in_vma; // 1: `dump_end` is the end of the stack's region (pages it cannot read
+			  // below it are holes, passed over)
 	__u64 dump_at; // the next stack address a dump sends
 	__u64 dump_end;
 	// The mapping and row of the last lookup (recursion repeats them).
@@ -625,6 +633,14 @@ static long step(__u32 i, void *ctx)
 	return step_frame(ctx) ? 1 : 0;
 }
 
+// Whether the ring has room for another page of a stack dump: dumps fill at most a quarter of
+// it, so that walks keep theirs.
+static __always_inline int ring_has_room_for_dump(void)
+{
+	return bpf_ringbuf_query(&chunks, BPF_RB_AVAIL_DATA) + 4096 + sizeof(struct chunk_header) <=
+	       bpf_ringbuf_query(&chunks, BPF_RB_RING_SIZE) / 4;
+}
+
 // Sends the stack from `dump_at` up to the next page boundary (or `dump_end`) as one span
 // chunk; nonzero when the dump ends (its end, an unreadable page: the top of the stack, or a
 // full ring).
@@ -644,8 +660,17 @@ __attribute__((noinline)) int dump_page(struct walk *w)
 	__u64 len = next - at;
 	if (len == 0 || len > 4096)
 		return 1;
-	if (bpf_probe_read_user(c->words, len, (void *)at) != 0)
+	if (!ring_has_room_for_dump())
 		return 1;
+	if (bpf_probe_read_user(c->words, len, (void *)at) != 0) {
+		// Below the end of the stack's region, a page the thread never touched (the unused
+		// part of a large frame, or a leaf's frame on a fresh page): the frames above it
+		// are still to come. Otherwise the stack's end.
+		if (!w->dump_in_vma)
+			return 1;
+		w->dump_at = next;
+		return 0;
+	}
 	c->h.seq = w->seq++;
 	c->h.words = len / 8;
 	c->h.last = 0;
@@ -656,6 +681,13 @@ __attribute__((noinline)) int dump_page(struct walk *w)
 		return 1;
 	}
 	w->dump_at = next;
+	return 0;
+}
+
+// `bpf_find_vma`'s callback: the end of the region holding the stack pointer.
+static long stack_region_end(struct task_struct *task, struct vm_area_struct *vma, void *ctx)
+{
+	*(__u64 *)ctx = BPF_CORE_READ(vma, vm_end);
 	return 0;
 }
 
@@ -835,17 +867,29 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	struct dump_budget *budget = 0;
 	if (w.stop == STOP_PENDING && dump != 0 && dump <= (64 << 20))
 		budget = dump_budget(cfg);
-	if (budget && budget->tokens >= dump &&
-	    bpf_ringbuf_query(&chunks, BPF_RB_AVAIL_DATA) + dump <=
-		    bpf_ringbuf_query(&chunks, BPF_RB_RING_SIZE) / 4) {
+	if (budget && budget->tokens >= 4096 && ring_has_room_for_dump()) {
 		// The frame's binary has no rows yet (it was mapped a moment ago): send its stack as
 		// it is, for user space to unwind once it has read the binary. Only within this
 		// CPU's allowance (a start-up's burst, not a steady stream: the reader has other
-		// work) and while the ring is mostly empty (the other walks keep their room).
+		// work) and, page by page, while the ring is mostly empty (the other walks keep
+		// their room; most stacks are a few pages, far below `dump`).
 		if (w.words != 0 && flush(&w, c, 0) != 0)
 			return 1;
+		if (dump > budget->tokens)
+			dump = budget->tokens;
 		w.dump_at = (w.sp > w.copy_end ? w.sp : w.copy_end) & ~7ULL;
 		w.dump_end = w.dump_at + dump;
+		// Bounded by the stack's region where the kernel can say (it may not, in an
+		// interrupt that came while the address space was locked): then unreadable pages
+		// inside it are passed over.
+		__u64 region_end = 0;
+		if (bpf_find_vma(bpf_get_current_task_btf(), w.sp, stack_region_end, &region_end,
+				 0) == 0 &&
+		    region_end > w.dump_at) {
+			w.dump_in_vma = 1;
+			if (region_end < w.dump_end)
+				w.dump_end = region_end;
+		}
 		__u64 from = w.dump_at;
 		bpf_loop(dump / 4096 + 2, dump_step, &w, 0);
 		__u64 sent = w.dump_at - from;
