@@ -240,7 +240,8 @@ pub struct ModulesConfig {
     /// ReadyToRun images' method tables, JIT runtimes' perf map and jitdump symbols). A binary
     /// that does not fit is not loaded; its frames end their stacks as
     /// `[truncated: module-memory-limit]` until there is room (binaries of exited processes are
-    /// freed). Default 64 MiB (rustc's 150 MB driver library needs 16 and libLLVM 24, .NET
+    /// freed, and a binary a running process needs may take their room at once, going over the
+    /// budget until they are). Default 64 MiB (rustc's 150 MB driver library needs 16 and libLLVM 24, .NET
     /// 3.1's CoreLib 4).
     #[serde(deserialize_with = "de_bytes")]
     pub byte_budget: usize,

@@ -21,6 +21,8 @@ struct Counts {
     tables: AtomicUsize,
     /// Code pages the modules have cached (at most [`PAGE_CACHE_BYTES`] and a page).
     pages: AtomicUsize,
+    /// Tables the owner can let go of when a load needs their room ([`ModuleBudget::set_reclaimable`]).
+    reclaimable: AtomicUsize,
 }
 
 impl ModuleBudget {
@@ -35,18 +37,33 @@ impl ModuleBudget {
     }
 
     /// Whether tables of `needed` bytes fit in `limit` next to the live ones (the code page
-    /// cache all modules share, [`PAGE_CACHE_BYTES`], has its room set aside).
+    /// cache all modules share, [`PAGE_CACHE_BYTES`], has its room set aside), counting the
+    /// room of reclaimable tables as free: the owner lets go of those once the load is in.
     pub fn fits(&self, needed: usize, limit: usize) -> bool {
         let room = limit.saturating_sub(PAGE_CACHE_BYTES);
-        self.tables().saturating_add(needed) <= room
+        let held = self.tables().saturating_sub(self.reclaimable());
+        held.saturating_add(needed) <= room
+    }
+
+    /// Says how many bytes of the live tables their owner does not need and lets go of when
+    /// room is wanted (a binary mapped only by processes that exited): a load may take their
+    /// room ([`ModuleBudget::fits`]), leaving the live bytes over the limit until the owner has
+    /// let go of them.
+    pub fn set_reclaimable(&self, bytes: usize) {
+        self.counts.reclaimable.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The bytes last said reclaimable ([`ModuleBudget::set_reclaimable`]).
+    pub fn reclaimable(&self) -> usize {
+        self.counts.reclaimable.load(Ordering::Relaxed)
     }
 
     /// The memory `limit` has room for next to the live tables (the code page cache's room set
-    /// aside).
+    /// aside; reclaimable tables' room counted free, as in [`ModuleBudget::fits`]).
     pub fn room(&self, limit: usize) -> usize {
         limit
             .saturating_sub(PAGE_CACHE_BYTES)
-            .saturating_sub(self.tables())
+            .saturating_sub(self.tables().saturating_sub(self.reclaimable()))
     }
 
     /// Counts `bytes` of tables other than a module's (a ReadyToRun image's methods, a JIT
@@ -109,6 +126,24 @@ impl Drop for TableCharge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_load_may_take_the_room_of_reclaimable_tables() {
+        let budget = ModuleBudget::new();
+        let limit = PAGE_CACHE_BYTES + 1000;
+        let _held = budget.charge(800);
+        assert!(!budget.fits(300, limit));
+        budget.set_reclaimable(200);
+        assert!(budget.fits(400, limit), "800 held, 200 of them reclaimable");
+        assert!(!budget.fits(401, limit));
+        assert_eq!(budget.room(limit), 400);
+        budget.set_reclaimable(5000);
+        assert!(
+            budget.fits(1000, limit),
+            "more said reclaimable than held counts as all"
+        );
+        assert!(!budget.fits(1001, limit));
+    }
 
     #[test]
     fn two_budgets_count_apart_and_charges_end_when_dropped() {

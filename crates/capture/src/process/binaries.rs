@@ -184,6 +184,7 @@ impl Processes {
             state.binaries.insert(start, binary.clone());
             self.installed_pids.push(pid);
         }
+        self.recount_reclaimable();
     }
 
     /// Limits the memory all loaded modules may hold ([`ModuleBudget::live_bytes`]): a binary that would
@@ -208,6 +209,51 @@ impl Processes {
         self.procs
             .values()
             .any(|p| p.space.regions().any(|r| r.refused))
+    }
+
+    /// Tells the module budget how much of it no running process needs: binaries kept for
+    /// processes to come, or mapped only by processes that exited (kept a while for their last
+    /// samples). A binary a running process maps may take that room
+    /// ([`ModuleBudget::set_reclaimable`]) instead of being refused; [`Processes::over_budget`]
+    /// then says the caller is to let those go at once.
+    pub fn recount_reclaimable(&mut self) {
+        if self.module_budget.is_none() {
+            return;
+        }
+        let mut needed: foldhash::HashSet<*const BinaryFile> = foldhash::HashSet::default();
+        for (&pid, p) in &self.procs {
+            // A retired space (its key past any pid) holds samples still to be unwound.
+            if !p.exited || pid >= 1 << 31 {
+                needed.extend(p.binaries.values().map(Arc::as_ptr));
+            }
+        }
+        let mut counted: foldhash::HashSet<*const BinaryFile> = foldhash::HashSet::default();
+        let exited = self
+            .procs
+            .values()
+            .filter(|p| p.exited)
+            .flat_map(|p| p.binaries.values());
+        let cached = self.files.values().filter_map(|e| match e {
+            FileEntry::Ready(b) => Some(b),
+            FileEntry::Loading(_) => None,
+        });
+        let mut bytes = 0;
+        for b in exited.chain(cached) {
+            let at = Arc::as_ptr(b);
+            if !needed.contains(&at) && counted.insert(at) {
+                bytes += b.module.as_ref().map_or(0, |m| m.heap_bytes());
+            }
+        }
+        self.modules.set_reclaimable(bytes);
+    }
+
+    /// Whether the modules hold more than the budget: a load took the room of binaries no
+    /// running process needs ([`Processes::recount_reclaimable`]), which are to go now (the
+    /// exited processes forgotten, the files swept, the tables that name their frames started
+    /// over).
+    pub fn over_budget(&self) -> bool {
+        self.module_budget
+            .is_some_and(|budget| self.modules.live_bytes() > budget)
     }
 
     /// Memory of the modules tracked processes mapped at the last [`Processes::sweep_files`].
@@ -254,6 +300,7 @@ impl Processes {
             });
         }
         self.module_bytes_in_use = in_use;
+        self.recount_reclaimable();
         if !refused_any {
             return refused_elsewhere;
         }
@@ -363,6 +410,51 @@ mod tests {
         assert!(!region.refused);
         let module = region.module.as_ref().expect("loaded now");
         assert!(module.eh_frame_covers(region.svma(here)));
+    }
+
+    #[test]
+    fn binaries_only_exited_processes_map_are_reclaimable() {
+        let modules = rootline_image::ModuleBudget::new();
+        let mut p = Processes::new(modules.clone());
+        p.set_module_budget(usize::MAX);
+        let pid = std::process::id();
+        let child = pid + 1_000_000;
+        p.get(pid);
+        p.fork(child, pid);
+        let held = modules.live_bytes();
+        assert!(held > 0, "this test's binaries are loaded");
+        p.recount_reclaimable();
+        assert_eq!(modules.reclaimable(), 0, "both processes run");
+        p.exited(pid);
+        assert_eq!(
+            modules.reclaimable(),
+            0,
+            "the child still maps every binary"
+        );
+        p.exited(child);
+        let reclaimable = modules.reclaimable();
+        assert!(
+            reclaimable > 0 && reclaimable <= held,
+            "{reclaimable} of {held} bytes reclaimable once both exited"
+        );
+        // A budget the modules already fill has room for the binaries of running processes
+        // only in what exited ones hold, and is then over-committed until they go.
+        // (The code page cache all modules share has its room set aside.)
+        let full = held + rootline_image::PAGE_CACHE_BYTES;
+        p.set_module_budget(full);
+        assert!(!p.over_budget());
+        assert!(p.has_room_for(reclaimable / 2));
+        modules.set_reclaimable(0);
+        assert!(!p.has_room_for(reclaimable / 2));
+        p.recount_reclaimable();
+        p.set_module_budget(held / 2);
+        assert!(p.over_budget());
+        p.remove(pid);
+        p.remove(child);
+        assert!(
+            modules.reclaimable() <= reclaimable,
+            "forgotten processes' binaries are no longer counted as theirs"
+        );
     }
 
     #[test]

@@ -118,6 +118,8 @@ pub struct ProcessState {
     pub maps_read: bool,
     /// Regions (by start) whose binary is still being parsed, and which file they wait for.
     pending: FastMap<u64, FileKey>,
+    /// Whether the process exited (it is kept a while for its last samples).
+    exited: bool,
 }
 
 impl ProcessState {
@@ -234,7 +236,19 @@ impl Processes {
 
     /// Forgets a process that exited.
     pub fn remove(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+        if self.procs.remove(&pid).is_some() {
+            self.recount_reclaimable();
+        }
+    }
+
+    /// The process exited (its last thread is gone): it is kept for its last samples, but the
+    /// binaries only exited processes map no longer hold their room in the module budget
+    /// against a running process's (see [`Processes::recount_reclaimable`]).
+    pub fn exited(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.exited = true;
+            self.recount_reclaimable();
+        }
     }
 
     /// The process's state, reading `/proc/PID/maps` the first time (or after an exec).
@@ -462,6 +476,7 @@ fn new_state() -> ProcessState {
         binaries: FastMap::new(),
         maps_read: false,
         pending: FastMap::new(),
+        exited: false,
     }
 }
 

@@ -32,11 +32,14 @@ impl TableLimit {
 /// Whether, under pressure or with something `refused` for the module budget (the sweeps just
 /// measured the modules in use and let go of the images no process holds; JIT state is held by
 /// its live process), modules no tracked process maps any more, kept alive only by the mappings
-/// of recorded frames, hold a quarter of the module budget: starting the tables over frees them.
+/// of recorded frames, hold a quarter of the module budget, or any of the budget's overshoot (a
+/// load took the room of binaries only exited processes mapped): starting the tables over frees
+/// them.
 fn modules_held_only_by_tables(processes: &Processes, jit: &JitMaps, refused: bool) -> bool {
     processes.module_budget().is_some_and(|budget| {
         let live = processes.modules().live_bytes();
         let in_use = processes.module_bytes_in_use() + jit.bytes();
-        (refused || live > budget / 4 * 3) && live.saturating_sub(in_use) > budget / 4
+        let unused = live.saturating_sub(in_use);
+        ((refused || live > budget / 4 * 3) && unused > budget / 4) || (live > budget && unused > 0)
     })
 }

@@ -12,6 +12,11 @@ use crate::process::thread_name;
 /// How long after its exit record a thread (and, once gone, its process) is forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(2);
 
+/// The same when the memory its binaries hold is wanted (the module budget was over-committed):
+/// long enough for every ring to have been read past its last samples (a round is at most a
+/// flush interval, 200 ms in the agent).
+const FORGET_URGENTLY_AFTER: Duration = Duration::from_millis(200);
+
 /// Shortest time between two re-reads of a process's `/proc/PID/maps`.
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
 
@@ -116,13 +121,19 @@ impl Lifetimes {
         self.exited.push_back((pid, tid, Instant::now()));
     }
 
-    /// Forgets the threads that exited a while ago, and returns the processes among them that
-    /// are gone from `/proc` (their state is to be dropped).
-    pub fn forget_exited(&mut self) -> Vec<u32> {
+    /// Forgets the threads that exited a while ago (`urgent`: a moment ago, when the memory
+    /// their binaries hold is wanted), and returns the processes among them that are gone from
+    /// `/proc` (their state is to be dropped).
+    pub fn forget_exited(&mut self, urgent: bool) -> Vec<u32> {
         let mut gone = Vec::new();
         let now = Instant::now();
+        let after = if urgent {
+            FORGET_URGENTLY_AFTER
+        } else {
+            FORGET_AFTER
+        };
         while let Some(&(pid, tid, at)) = self.exited.front() {
-            if now.duration_since(at) < FORGET_AFTER {
+            if now.duration_since(at) < after {
                 break;
             }
             self.exited.pop_front();

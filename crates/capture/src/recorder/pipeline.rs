@@ -265,7 +265,10 @@ impl Pipeline {
         }
         self.replay_answered_jvms();
         self.sync_kernel_walk();
-        for pid in self.lifetimes.forget_exited() {
+        // A binary a running process maps took the room of ones only exited processes map:
+        // those processes go now, not after their usual grace.
+        let urgent = self.processes.over_budget();
+        for pid in self.lifetimes.forget_exited(urgent) {
             if let Some(kw) = self.kernel_walk.as_mut() {
                 kw.forget_process(pid);
             }
@@ -417,6 +420,9 @@ impl Pipeline {
                 self.walk_memos.forget((pid, tid));
                 self.tables.forget_path(tid);
                 self.lifetimes.exited(pid, tid);
+                if pid == tid {
+                    self.processes.exited(pid);
+                }
             }
             Record::Switch {
                 pid,
