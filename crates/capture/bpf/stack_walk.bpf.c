@@ -53,7 +53,11 @@ struct bpf_task_work {
 	__u64 __opaque;
 };
 struct bpf_map;
-struct task_struct;
+// The sampled thread's process, for whether its parent's stacks are walked.
+struct task_struct {
+	struct task_struct *real_parent;
+	int tgid;
+} __attribute__((preserve_access_index));
 // `bpf_task_work_schedule_resume_impl`, a kfunc. Declared as a helper with an id no helper has,
 // clang emits `call 0x7ffff001`; user space rewrites that instruction before loading into a call
 // of the running kernel's kfunc (found by name in its BTF). On a kernel without it the program
@@ -803,12 +807,22 @@ static __always_inline __u64 copy_end(__u64 sp, __u32 copy_bytes)
 	return end;
 }
 
+// Whether the current process's parent is walked: a process user space has not installed yet
+// (forked or exec'd a moment ago, its records still on their way) is one of those it follows.
+static __always_inline int parent_walked(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 parent = BPF_CORE_READ(task, real_parent, tgid);
+	return bpf_map_lookup_elem(&procs, &parent) != 0;
+}
+
 SEC("perf_event")
 int walk_user_stack(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!bpf_map_lookup_elem(&procs, &pid))
+	int known = bpf_map_lookup_elem(&procs, &pid) != 0;
+	if (!known && !parent_walked())
 		return 1;
 	struct config *cfg = bpf_map_lookup_elem(&config, &zero);
 	struct chunk *c = bpf_map_lookup_elem(&scratch, &zero);
@@ -846,12 +860,18 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 		flush(&w, c, 1);
 		return 1;
 	}
-	__u32 max_frames = cfg->max_frames;
-	if (max_frames == 0 || max_frames > (1 << 23))
-		max_frames = 1 << 23;
-	long n = bpf_loop(max_frames, step, &w, 0);
-	s->walks++;
-	s->frames += w.frames;
+	long n = 0;
+	if (known) {
+		__u32 max_frames = cfg->max_frames;
+		if (max_frames == 0 || max_frames > (1 << 23))
+			max_frames = 1 << 23;
+		n = bpf_loop(max_frames, step, &w, 0);
+		s->walks++;
+		s->frames += w.frames;
+	} else {
+		// Nothing to walk by yet: the stack is sent as for a binary still being read.
+		w.stop = STOP_PENDING;
+	}
 	if (w.stop == 0) {
 		struct walk *h = bpf_map_lookup_elem(&handoff, &zero);
 		if (h) {
@@ -894,6 +914,22 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 		bpf_loop(dump / 4096 + 2, dump_step, &w, 0);
 		__u64 sent = w.dump_at - from;
 		budget->tokens = budget->tokens > sent ? budget->tokens - sent : 0;
+		c = bpf_map_lookup_elem(&scratch, &zero);
+		if (!c)
+			return 1;
+	}
+	__u64 nominal_end = w.sp + cfg->copy_bytes;
+	if (w.copy_end < nominal_end && w.stop != STOP_ROOT && w.dump_at == 0) {
+		// The kernel's copy stops short (at a page the thread never touched) and the walk
+		// did not reach the root: what the copy would have held is sent, pages that cannot
+		// be read passed over, for user space's own unwind of the first frames (a leaf whose
+		// rule the walk does not evaluate, on a fresh page, had nothing to unwind by).
+		if (w.words != 0 && flush(&w, c, 0) != 0)
+			return 1;
+		w.dump_at = w.copy_end;
+		w.dump_end = nominal_end;
+		w.dump_in_vma = 1;
+		bpf_loop(18, dump_step, &w, 0);
 		c = bpf_map_lookup_elem(&scratch, &zero);
 		if (!c)
 			return 1;

@@ -328,14 +328,25 @@ fn the_program_loads_where_walks_cannot_go_on_as_task_work() {
 /// end, not from where it would end whole: the stacks are whole, not `stack-not-copied`.
 #[test]
 fn stacks_are_whole_when_the_kernel_copies_nothing() {
+    fresh_page_stacks_are_whole("hold");
+}
+
+/// The same with a leaf whose frame is found through rbx, a rule the walk does not evaluate: it
+/// stops at the leaf having read nothing, and sends what the copy would have held instead.
+#[test]
+fn stacks_are_whole_when_the_kernel_copies_nothing_and_the_walk_cannot_start() {
+    fresh_page_stacks_are_whole("hold_rbx");
+}
+
+fn fresh_page_stacks_are_whole(leaf: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let binary = c_program::build_c("fresh_page.c", "fresh-page", &["-O2"]);
-    let child = Killed(
-        Command::new(&binary)
-            .arg("30")
-            .spawn()
-            .expect("starts the workload"),
-    );
+    let mut command = Command::new(&binary);
+    command.arg("30");
+    if leaf == "hold_rbx" {
+        command.arg("rbx");
+    }
+    let child = Killed(command.spawn().expect("starts the workload"));
     std::thread::sleep(Duration::from_millis(300));
     let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
     opts.kernel_walk = KernelWalkMode::On;
@@ -351,13 +362,13 @@ fn stacks_are_whole_when_the_kernel_copies_nothing() {
     for i in 0..samples.len() {
         profile.stack_frames_root_first(samples.stacks[i], &mut frames);
         let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
-        if names.last() != Some(&"hold") {
+        if names.last() != Some(&leaf) {
             continue;
         }
         in_hold += 1;
         if matches!(
             names.as_slice(),
-            [clone, "start_thread", "second", "cycle", "hold"] if clone.ends_with("clone3")
+            [clone, "start_thread", "second", "cycle", l] if clone.ends_with("clone3") && *l == leaf
         ) {
             whole += 1;
         } else {
@@ -365,13 +376,74 @@ fn stacks_are_whole_when_the_kernel_copies_nothing() {
         }
     }
     println!(
-        "fresh page: {whole} of {in_hold} samples in the leaf whole; others: {other:?}; truncated: \
-         {:?}",
+        "fresh page ({leaf}): {whole} of {in_hold} samples in the leaf whole; others: {other:?}; \
+         truncated: {:?}",
         recording.stats.truncated
     );
     assert!(in_hold >= 200, "only {in_hold} samples in the leaf");
     assert!(
         whole * 100 >= in_hold * 99,
         "{whole} of {in_hold} whole; others: {other:?}"
+    );
+}
+
+/// `tests/c/fork_deep.c`: the recorded process forks a child every 30 ms that recurses 300 levels
+/// (300 KiB of stack, far past the copy) and rebuilds that stack every millisecond. A child's
+/// first samples come before its fork record has been read: the program walks nothing of a
+/// process user space has not installed, but sends its stack as it is when its parent is walked,
+/// and user space unwinds it once it has read the process.
+#[test]
+fn new_processes_are_whole_from_their_first_samples() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let depth = 300;
+    let binary = c_program::build_c("fork_deep.c", "fork-deep", &["-O2"]);
+    let child = Killed(
+        Command::new(&binary)
+            .args([depth.to_string(), "30".into(), "30".into()])
+            .spawn()
+            .expect("starts the workload"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
+    opts.kernel_walk = KernelWalkMode::On;
+    opts.duration = Some(Duration::from_secs(3));
+    let Some(recording) = record_or_skip(&opts) else {
+        return;
+    };
+    let profile = &recording.profile;
+    let (mut in_leaf, mut whole) = (0u64, 0u64);
+    let mut frames = Vec::new();
+    let mut other = std::collections::BTreeMap::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        if names.last() != Some(&"spin") {
+            continue;
+        }
+        in_leaf += 1;
+        let root = matches!(
+            &names[..names.len().min(5)],
+            ["_start", start, "__libc_start_call_main", "main", "child"]
+                if start.starts_with("__libc_start_main")
+        );
+        let recursion = &names[5.min(names.len())..names.len() - 1];
+        if root && recursion.len() == depth + 1 && recursion.iter().all(|&n| n == "recurse") {
+            whole += 1;
+        } else {
+            let head: Vec<&str> = names.iter().take(3).copied().collect();
+            *other.entry(head.join(";")).or_insert(0u64) += 1;
+        }
+    }
+    let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
+    println!(
+        "new processes: {whole} of {in_leaf} samples in the leaf whole; others: {other:?}; \
+         stops: {:?}",
+        kw.walk.stops
+    );
+    assert!(in_leaf >= 200, "only {in_leaf} samples in the leaf");
+    assert!(
+        whole * 100 >= in_leaf * 99,
+        "{whole} of {in_leaf} whole; others: {other:?}"
     );
 }

@@ -3,7 +3,7 @@
 // copies from the stack pointer and stops at the first page it cannot read without faulting),
 // though the frames above, on pages in use, are all there.
 //
-// Usage: fresh_page SECONDS
+// Usage: fresh_page SECONDS [rbx]   (`rbx`: the leaf is `hold_rbx`)
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
@@ -30,12 +30,43 @@ __asm__(".text\n"
         ".cfi_endproc\n"
         ".size hold, .-hold\n");
 
+// The same, with its frame found through rbx (`CFA = rbx + 16`): a rule the in-kernel walk does
+// not evaluate, so the walk stops at the leaf and user space unwinds it from the stack words.
+void hold_rbx(void);
+__asm__(".text\n"
+        ".globl hold_rbx\n"
+        ".type hold_rbx, @function\n"
+        "hold_rbx:\n"
+        ".cfi_startproc\n"
+        "  push %rbx\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        ".cfi_rel_offset %rbx, 0\n"
+        "  mov %rsp, %rbx\n"
+        ".cfi_def_cfa_register %rbx\n"
+        "  sub $0x1800, %rsp\n"
+        "  mov $1000000, %ecx\n"
+        "1:\n"
+        "  dec %ecx\n"
+        "  jnz 1b\n"
+        "  mov %rbx, %rsp\n"
+        ".cfi_def_cfa_register %rsp\n"
+        "  pop %rbx\n"
+        ".cfi_adjust_cfa_offset -8\n"
+        ".cfi_restore %rbx\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size hold_rbx, .-hold_rbx\n");
+
 static volatile int stop;
+static int through_rbx;
 
 __attribute__((noinline)) static void cycle(void)
 {
 	while (!stop) {
-		hold();
+		if (through_rbx)
+			hold_rbx();
+		else
+			hold();
 		__asm__ volatile("" ::: "memory");
 	}
 }
@@ -50,6 +81,7 @@ static void *second(void *arg)
 int main(int argc, char **argv)
 {
 	int seconds = argc > 1 ? atoi(argv[1]) : 5;
+	through_rbx = argc > 2;
 	// The thread's own stack, without huge pages: only the pages it touches are present.
 	size_t size = 1 << 20;
 	void *stack = mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
