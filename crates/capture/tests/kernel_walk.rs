@@ -44,6 +44,17 @@ fn record_or_skip(opts: &RecordOptions) -> Option<Recording> {
     }
 }
 
+/// Starts `command`, lets it run 300 ms, then records it by PID with the walk on for `seconds`
+/// (None where BPF cannot load outside CI).
+fn record_by_pid(command: &mut Command, seconds: u64) -> Option<Recording> {
+    let child = Killed(command.spawn().expect("starts the workload"));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
+    opts.kernel_walk = KernelWalkMode::On;
+    opts.duration = Some(Duration::from_secs(seconds));
+    record_or_skip(&opts)
+}
+
 struct Killed(Child);
 
 impl Drop for Killed {
@@ -80,15 +91,21 @@ fn check(recording: &Recording, depth: usize) -> Verdict {
             continue;
         }
         let main = matches!(
-            &names[..names.len().min(5)],
-            ["_start", start, "__libc_start_call_main", "main", "cycle"]
-                if start.starts_with("__libc_start_main")
+            &names[..names.len().min(3)],
+            ["_start", start, "__libc_start_call_main"] if start.starts_with("__libc_start_main")
         );
+        // `main` runs `cycle`; in a forked child, `children` does (which `main` may tail-call).
+        let from_main = match names.get(3..6) {
+            Some(["main", "children", "cycle"]) => 6,
+            Some(["main" | "children", "cycle", _]) => 5,
+            _ => 0,
+        };
+        let main = main && from_main > 0;
         let second = matches!(
             &names[..names.len().min(4)],
             [clone, "start_thread", "second", "cycle"] if clone.ends_with("clone3")
         );
-        let body = if main { 5 } else { 4 };
+        let body = if main { from_main } else { 4 };
         let recursion = &names[body.min(names.len())..names.len() - 1];
         if (main || second)
             && recursion.len() == depth + 1
@@ -123,20 +140,13 @@ fn run(
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let binary = build(name, flags);
     // The main thread's stack must hold the recursion (a KiB a level).
-    let child = Killed(
-        Command::new("sh")
-            .arg("-c")
-            .arg("ulimit -s unlimited && exec \"$0\" \"$@\"")
-            .arg(&binary)
-            .args([depth.to_string(), "30".into()])
-            .spawn()
-            .expect("starts the workload"),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
-    opts.kernel_walk = KernelWalkMode::On;
-    opts.duration = Some(Duration::from_secs(3));
-    let recording = record_or_skip(&opts)?;
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg("ulimit -s unlimited && exec \"$0\" \"$@\"")
+        .arg(&binary)
+        .args([depth.to_string(), "30".into()]);
+    let recording = record_by_pid(&mut command, 3)?;
     let v = check(&recording, depth);
     let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
     println!(
@@ -346,68 +356,7 @@ fn fresh_page_stacks_are_whole(leaf: &str) {
     if leaf == "hold_rbx" {
         command.arg("rbx");
     }
-    let child = Killed(command.spawn().expect("starts the workload"));
-    std::thread::sleep(Duration::from_millis(300));
-    let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
-    opts.kernel_walk = KernelWalkMode::On;
-    opts.duration = Some(Duration::from_secs(2));
-    let Some(recording) = record_or_skip(&opts) else {
-        return;
-    };
-    let profile = &recording.profile;
-    let (mut in_hold, mut whole) = (0u64, 0u64);
-    let mut frames = Vec::new();
-    let mut other = std::collections::BTreeMap::new();
-    let samples = profile.samples();
-    for i in 0..samples.len() {
-        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
-        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
-        if names.last() != Some(&leaf) {
-            continue;
-        }
-        in_hold += 1;
-        if matches!(
-            names.as_slice(),
-            [clone, "start_thread", "second", "cycle", l] if clone.ends_with("clone3") && *l == leaf
-        ) {
-            whole += 1;
-        } else {
-            *other.entry(names.join(";")).or_insert(0u64) += 1;
-        }
-    }
-    println!(
-        "fresh page ({leaf}): {whole} of {in_hold} samples in the leaf whole; others: {other:?}; \
-         truncated: {:?}",
-        recording.stats.truncated
-    );
-    assert!(in_hold >= 200, "only {in_hold} samples in the leaf");
-    assert!(
-        whole * 100 >= in_hold * 99,
-        "{whole} of {in_hold} whole; others: {other:?}"
-    );
-}
-
-/// `tests/c/fork_deep.c`: the recorded process forks a child every 30 ms that recurses 300 levels
-/// (300 KiB of stack, far past the copy) and rebuilds that stack every millisecond. A child's
-/// first samples come before its fork record has been read: the program walks nothing of a
-/// process user space has not installed, but sends its stack as it is when its parent is walked,
-/// and user space unwinds it once it has read the process.
-#[test]
-fn new_processes_are_whole_from_their_first_samples() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let depth = 300;
-    let binary = c_program::build_c("fork_deep.c", "fork-deep", &["-O2"]);
-    let child = Killed(
-        Command::new(&binary)
-            .args([depth.to_string(), "30".into(), "30".into()])
-            .spawn()
-            .expect("starts the workload"),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let mut opts = RecordOptions::new(Target::Pids(vec![child.0.id()]));
-    opts.kernel_walk = KernelWalkMode::On;
-    opts.duration = Some(Duration::from_secs(3));
-    let Some(recording) = record_or_skip(&opts) else {
+    let Some(recording) = record_by_pid(&mut command, 2) else {
         return;
     };
     let profile = &recording.profile;
@@ -418,32 +367,59 @@ fn new_processes_are_whole_from_their_first_samples() {
     for i in 0..samples.len() {
         profile.stack_frames_root_first(samples.stacks[i], &mut frames);
         let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
-        if names.last() != Some(&"spin") {
+        if names.last() != Some(&leaf) {
             continue;
         }
         in_leaf += 1;
-        let root = matches!(
-            &names[..names.len().min(5)],
-            ["_start", start, "__libc_start_call_main", "main", "child"]
-                if start.starts_with("__libc_start_main")
-        );
-        let recursion = &names[5.min(names.len())..names.len() - 1];
-        if root && recursion.len() == depth + 1 && recursion.iter().all(|&n| n == "recurse") {
+        if matches!(
+            names.as_slice(),
+            [clone, "start_thread", "second", "cycle", l] if clone.ends_with("clone3") && *l == leaf
+        ) {
             whole += 1;
         } else {
-            let head: Vec<&str> = names.iter().take(3).copied().collect();
-            *other.entry(head.join(";")).or_insert(0u64) += 1;
+            *other.entry(names.join(";")).or_insert(0u64) += 1;
         }
     }
-    let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
     println!(
-        "new processes: {whole} of {in_leaf} samples in the leaf whole; others: {other:?}; \
-         stops: {:?}",
-        kw.walk.stops
+        "fresh page ({leaf}): {whole} of {in_leaf} samples in the leaf whole; others: {other:?}; \
+         truncated: {:?}",
+        recording.stats.truncated
     );
     assert!(in_leaf >= 200, "only {in_leaf} samples in the leaf");
     assert!(
         whole * 100 >= in_leaf * 99,
         "{whole} of {in_leaf} whole; others: {other:?}"
+    );
+}
+
+/// `tests/c/rebuild.c` forking: the recorded process forks a child after child, each rebuilding
+/// a 300-deep recursion (300 KiB of stack, far past the copy) for 30 ms. A child's first samples
+/// come before its fork record has been read: the program has no mappings to walk it by, but
+/// sends its stack as it is since its parent is walked, and user space unwinds it once it has
+/// read the process.
+#[test]
+fn new_processes_are_whole_from_their_first_samples() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let depth = 300;
+    let binary = build("rebuild-fork", &["-O2", "-fomit-frame-pointer"]);
+    let mut command = Command::new(&binary);
+    command.args([depth.to_string(), "30".into(), "30".into()]);
+    let Some(recording) = record_by_pid(&mut command, 3) else {
+        return;
+    };
+    let v = check(&recording, depth);
+    let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
+    println!(
+        "new processes: {:?} of {} samples in the leaf whole; wrong {}, truncated {}; stops: {:?}; \
+         {:?}",
+        v.complete, v.in_leaf, v.wrong, v.truncated, kw.walk.stops, v.examples
+    );
+    assert!(v.in_leaf >= 200, "only {} samples in the leaf", v.in_leaf);
+    assert_eq!(v.wrong, 0, "stacks neither whole nor marked truncated");
+    assert!(
+        v.complete[0] * 100 >= v.in_leaf * 99,
+        "{} of {} whole",
+        v.complete[0],
+        v.in_leaf
     );
 }
