@@ -214,13 +214,14 @@ pub(crate) fn exec(
             let ra = regs.get(reg).ok_or(TruncateReason::UnwindRuleMissing)?;
             (ra, Some(sp), bp)
         }
-        NoCfiRule::ReturnAt { ra, saved_bp } => {
-            let new_bp = match saved_bp {
-                Some(o) => Some(read(mem, sp.wrapping_add(u64::from(o)))?),
-                None => bp,
-            };
-            let ra_at = sp.wrapping_add(u64::from(ra));
-            (read(mem, ra_at)?, ra_at.checked_add(8), new_bp)
+        NoCfiRule::ReturnAt { ra, saved_bp } => return_at(mem, sp, ra, saved_bp, bp)?,
+        NoCfiRule::ReturnAtSavedSp { slot, ra, saved_bp } => {
+            let saved = read(mem, sp.wrapping_add(u64::from(slot)))?;
+            // The stack pointer from before the alignment lies above the aligned one.
+            if saved < sp || !saved.is_multiple_of(8) {
+                return Err(TruncateReason::SpNotIncreasing);
+            }
+            return_at(mem, saved, ra, saved_bp, bp)?
         }
     };
     let new_sp = new_sp.ok_or(TruncateReason::BadFramePointer)?;
@@ -240,11 +241,68 @@ pub(crate) fn exec(
     Ok(Some(ra))
 }
 
+/// The return address at `[sp+ra]`, the caller's stack pointer above it, and its `rbp` read from
+/// `[sp+saved_bp]` when given (else `bp`, unchanged).
+fn return_at(
+    mem: &mut dyn Memory,
+    sp: u64,
+    ra: u32,
+    saved_bp: Option<u32>,
+    bp: Option<u64>,
+) -> Result<(u64, Option<u64>, Option<u64>), TruncateReason> {
+    let read =
+        |mem: &mut dyn Memory, addr: u64| mem.read_stack_u64(addr).map_err(policy::reason_for_read);
+    let new_bp = match saved_bp {
+        Some(o) => Some(read(mem, sp.wrapping_add(u64::from(o)))?),
+        None => bp,
+    };
+    let ra_at = sp.wrapping_add(u64::from(ra));
+    Ok((read(mem, ra_at)?, ra_at.checked_add(8), new_bp))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::synthetic::SyntheticBinary;
     use crate::x86_64::instruction_analysis::jit::leaf_rule_on_path;
+
+    /// Stack words at fixed addresses.
+    struct Words(&'static [(u64, u64)]);
+
+    impl Memory for Words {
+        fn read_stack_u64(&mut self, addr: u64) -> Result<u64, crate::policy::ReadFailure> {
+            self.0
+                .iter()
+                .find(|w| w.0 == addr)
+                .map(|w| w.1)
+                .ok_or(crate::policy::ReadFailure::Unreadable)
+        }
+    }
+
+    #[test]
+    fn a_frame_is_found_through_the_stack_pointer_saved_before_an_alignment() {
+        let frame = Frame {
+            rule: NoCfiRule::ReturnAtSavedSp {
+                slot: 8,
+                ra: 0x100,
+                saved_bp: Some(0x50),
+            },
+            may_end: false,
+        };
+        let mut regs = Registers::new(0x1234, 0x7000, 0);
+        regs.set(regs::RBP, 0x1);
+        let mut mem = Words(&[(0x7008, 0x7018), (0x7118, 0x5555), (0x7068, 0x9000)]);
+        assert_eq!(exec(frame, &mut regs, &mut mem), Ok(Some(0x5555)));
+        assert_eq!((regs.ip(), regs.sp()), (0x5555, 0x7120));
+        assert_eq!(regs.get(regs::RBP), Some(0x9000));
+        // A saved stack pointer below the current one is no frame of this stack.
+        let mut regs = Registers::new(0x1234, 0x7000, 0);
+        let mut mem = Words(&[(0x7008, 0x6000)]);
+        assert_eq!(
+            exec(frame, &mut regs, &mut mem),
+            Err(TruncateReason::SpNotIncreasing)
+        );
+    }
 
     #[test]
     fn a_function_that_fits_is_read_whole_for_its_paths() {

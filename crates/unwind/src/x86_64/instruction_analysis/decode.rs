@@ -21,6 +21,9 @@ pub(super) struct State {
     pub(super) fp: bool,
     /// A .NET On-Stack-Replacement method (see [`NoCfiRule::Osr`]).
     pub(super) osr: bool,
+    /// The stack pointer was aligned down: `ra` and `saved_bp` are relative to the stack pointer
+    /// from before, saved at `[rsp + slot]` (see [`NoCfiRule::ReturnAtSavedSp`]).
+    pub(super) sp_saved_at: Option<u32>,
 }
 
 /// The state at a function's first instruction.
@@ -29,6 +32,7 @@ pub(super) const INITIAL: State = State {
     saved_bp: None,
     fp: false,
     osr: false,
+    sp_saved_at: None,
 };
 
 impl State {
@@ -43,6 +47,13 @@ impl State {
         }
         if self.fp {
             return NoCfiRule::FramePointer;
+        }
+        if let Some(slot) = self.sp_saved_at {
+            return NoCfiRule::ReturnAtSavedSp {
+                slot,
+                ra: self.ra,
+                saved_bp: self.saved_bp,
+            };
         }
         match (self.ra, self.saved_bp) {
             (0, None) => NoCfiRule::ReturnAtSp,

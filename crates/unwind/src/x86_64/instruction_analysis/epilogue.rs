@@ -32,6 +32,7 @@ pub(super) fn epilogue_scan(code: &[u8]) -> Option<State> {
             saved_bp,
             fp: false,
             osr: false,
+            sp_saved_at: None,
         };
         match instr.flow_control() {
             FlowControl::Return => return Some(state),

@@ -56,6 +56,18 @@ pub enum NoCfiRule {
         /// Offset of the return address from `sp`.
         ra: u32,
     },
+    /// The stack pointer was aligned down for a C call (V8's `PrepareCallCFunction`: `mov r10,
+    /// rsp; sub rsp, 8; and rsp, -16; mov [rsp], r10`), so the frame is found through the stack
+    /// pointer from before, which the code saved at `[sp+slot]`: the return address is at
+    /// `[saved+ra]`, the caller's `rbp` at `[saved+saved_bp]` when given, else still in `rbp`.
+    ReturnAtSavedSp {
+        /// Offset from `sp` of the slot holding the stack pointer from before the alignment.
+        slot: u32,
+        /// Offset of the return address from that stack pointer.
+        ra: u32,
+        /// Offset of the saved caller's `rbp` from that stack pointer, once pushed.
+        saved_bp: Option<u32>,
+    },
     /// A .NET On-Stack-Replacement method: its frame sits on the frame of the Tier-0 method it
     /// continues, which it leaves in place and returns through. Its own return-address slot holds
     /// the return address of the Tier-0 method's patchpoint call (the runtime enters the OSR

@@ -74,11 +74,17 @@ fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
     let osr_push = osr_entry(code);
     s.osr = osr_push.is_some();
     let mut instr = Instruction::default();
+    // A copy of `rsp` in another register (`mov r10, rsp`) and the state then; after an
+    // alignment (`and rsp, -16`), the state relative to that copy until the code saves it on
+    // the stack (V8's `PrepareCallCFunction`: see `NoCfiRule::ReturnAtSavedSp`).
+    let mut sp_copy: Option<(Register, State)> = None;
+    let mut aligned = false;
     for _ in 0..MAX_INSTRUCTIONS {
         let at = decoder.position();
         if at == target || s.fp && stop_at_fp {
-            // At the target, or past the prologue of a frame-pointer function.
-            return Some(s);
+            // At the target, or past the prologue of a frame-pointer function (not between an
+            // alignment and the save of the stack pointer it lost).
+            return (!aligned).then_some(s);
         }
         if at > target {
             // The target is not on an instruction boundary.
@@ -93,7 +99,6 @@ fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
             return None;
         }
         let down = match instr.mnemonic() {
-            Mnemonic::Push if op0_is_rsp(&instr) => return None,
             Mnemonic::Push => Some(8),
             Mnemonic::Sub if op0_is_rsp(&instr) => Some(imm(&instr)?),
             Mnemonic::Lea if op0_is_rsp(&instr) => {
@@ -112,17 +117,61 @@ fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
         if is_nop_lea(&instr) {
             continue;
         }
-        if let Some(d) = rbp_store(&instr) {
+        if let Some(d) = rbp_store(&instr).filter(|_| s.sp_saved_at.is_none()) {
             s.saved_bp.get_or_insert(d);
             continue;
         }
         if let Some(n) = down {
+            if aligned {
+                return None;
+            }
+            if let Some(slot) = s.sp_saved_at.as_mut() {
+                // Below the aligned stack pointer: only the save slot moves away.
+                *slot = slot.checked_add(n)?;
+                continue;
+            }
             s.ra = s.ra.checked_add(n)?;
             s.saved_bp = s.saved_bp.map(|b| b + n);
             let pushes_callers_bp = op0_is_rbp(&instr) || osr_push == Some(at);
             if instr.mnemonic() == Mnemonic::Push && pushes_callers_bp && s.saved_bp.is_none() {
                 s.saved_bp = Some(0);
             }
+            continue;
+        }
+        if let Some((reg, copied)) = sp_copy {
+            if instr.mnemonic() == Mnemonic::And && op0_is_rsp(&instr) && aligns_down(&instr) {
+                aligned = true;
+                s = copied;
+                continue;
+            }
+            if aligned && sp_store(&instr) == Some(reg) {
+                s.sp_saved_at = Some(u32::try_from(instr.memory_displacement64() as i64).ok()?);
+                aligned = false;
+                sp_copy = None;
+                continue;
+            }
+            if instr.op_count() > 0
+                && instr.op_kind(0) == OpKind::Register
+                && instr.op0_register() == reg
+            {
+                // The copy is overwritten.
+                if aligned {
+                    return None;
+                }
+                sp_copy = None;
+            }
+        }
+        if s.sp_saved_at.is_none()
+            && instr.mnemonic() == Mnemonic::Mov
+            && instr.op_count() == 2
+            && instr.op_kind(0) == OpKind::Register
+            && instr.op0_register().is_gpr64()
+            && !is_sp(instr.op0_register())
+            && !is_rbp(instr.op0_register())
+            && instr.op_kind(1) == OpKind::Register
+            && is_sp(instr.op1_register())
+        {
+            sp_copy = Some((instr.op0_register(), s));
             continue;
         }
         if op0_is_rbp(&instr) && instr.op0_register() == Register::RBP {
@@ -181,6 +230,25 @@ fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
     Some(s)
 }
 
+/// `and rsp, -2^k`: the stack pointer aligned down.
+fn aligns_down(i: &Instruction) -> bool {
+    i.op_count() == 2
+        && !matches!(i.op_kind(1), OpKind::Register | OpKind::Memory)
+        && (i.immediate(1) as i64) < 0
+        && (i.immediate(1) as i64).unsigned_abs().is_power_of_two()
+}
+
+/// `mov [rsp+d], reg`: the register stored.
+fn sp_store(i: &Instruction) -> Option<Register> {
+    (i.mnemonic() == Mnemonic::Mov
+        && i.op_count() == 2
+        && i.op_kind(0) == OpKind::Memory
+        && is_sp(i.memory_base())
+        && i.memory_index() == Register::None
+        && i.op_kind(1) == OpKind::Register)
+        .then(|| i.op1_register())
+}
+
 /// Skips the `nop`s that follow (alignment padding); whether there was at least one.
 fn padding_follows(decoder: &mut Decoder<'_>) -> bool {
     let mut any = false;
@@ -197,3 +265,6 @@ fn padding_follows(decoder: &mut Decoder<'_>) -> bool {
     }
     any
 }
+
+#[cfg(test)]
+mod tests;
