@@ -374,6 +374,14 @@ impl Replay {
                 entries += 1;
                 if kernel {
                     frames.push(Raw::Kernel(addr));
+                } else if addr == 0 && !first_in_context {
+                    // A zero return address is no caller: the kernel's frame-pointer walk read
+                    // a broken chain (one pointing at itself repeats the zero to the depth
+                    // limit). The stack ends there, marked (so not as an unmarked chain).
+                    frames.push(Raw::Truncated(
+                        crate::unwind::TruncateReason::BadFramePointer,
+                    ));
+                    return (frames, false);
                 } else {
                     user_chain = true;
                     frames.push(self.user(pid, addr, !first_in_context));
