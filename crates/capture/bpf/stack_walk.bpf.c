@@ -885,11 +885,17 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 		return 1;
 	__u32 dump = cfg->dump_bytes;
 	struct dump_budget *budget = 0;
-	if (w.stop == STOP_PENDING && dump != 0 && dump <= (64 << 20))
+	// A walk that could not take its first step (a leaf the rows do not describe as user space
+	// can: a thread inside `clone3`, a rule on other registers) read nothing past the copy:
+	// its stack is sent the same way, for user space's own unwind.
+	int stuck_at_leaf = w.frames == 0 && (w.stop == STOP_NOT_OUTWARD ||
+					      w.stop == STOP_UNSUPPORTED || w.stop == STOP_NO_RULE);
+	if ((w.stop == STOP_PENDING || stuck_at_leaf) && dump != 0 && dump <= (64 << 20))
 		budget = dump_budget(cfg);
 	if (budget && budget->tokens >= 4096 && ring_has_room_for_dump()) {
-		// The frame's binary has no rows yet (it was mapped a moment ago): send its stack as
-		// it is, for user space to unwind once it has read the binary. Only within this
+		// The frame's binary has no rows yet (it was mapped a moment ago), or the walk could
+		// not start: send its stack as it is, for user space to unwind (once it has read the
+		// binary). Only within this
 		// CPU's allowance (a start-up's burst, not a steady stream: the reader has other
 		// work) and, page by page, while the ring is mostly empty (the other walks keep
 		// their room; most stacks are a few pages, far below `dump`).

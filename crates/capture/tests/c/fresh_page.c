@@ -3,7 +3,8 @@
 // copies from the stack pointer and stops at the first page it cannot read without faulting),
 // though the frames above, on pages in use, are all there.
 //
-// Usage: fresh_page SECONDS [rbx]   (`rbx`: the leaf is `hold_rbx`)
+// Usage: fresh_page SECONDS [rbx|deep]   (`rbx`: the leaf is `hold_rbx`; `deep`: `hold_in_place`
+// under 40 frames of `deep`)
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
@@ -57,13 +58,54 @@ __asm__(".text\n"
         ".cfi_endproc\n"
         ".size hold_rbx, .-hold_rbx\n");
 
+// `hold_rbx` without lowering the stack pointer (the copy is whole), called under `deep`: the
+// walk still cannot take its first step, and the stack reaches past the copy.
+void hold_in_place(void);
+__asm__(".text\n"
+        ".globl hold_in_place\n"
+        ".type hold_in_place, @function\n"
+        "hold_in_place:\n"
+        ".cfi_startproc\n"
+        "  push %rbx\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        ".cfi_rel_offset %rbx, 0\n"
+        "  mov %rsp, %rbx\n"
+        ".cfi_def_cfa_register %rbx\n"
+        "  mov $1000000, %ecx\n"
+        "1:\n"
+        "  dec %ecx\n"
+        "  jnz 1b\n"
+        ".cfi_def_cfa_register %rsp\n"
+        "  pop %rbx\n"
+        ".cfi_adjust_cfa_offset -8\n"
+        ".cfi_restore %rbx\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size hold_in_place, .-hold_in_place\n");
+
 static volatile int stop;
 static int through_rbx;
+static int in_place;
+
+// 40 frames of 1 KiB above `hold_in_place`: past the 16 KiB a sample copies.
+__attribute__((noinline)) static int deep(int n)
+{
+	volatile char pad[1024];
+	pad[0] = (char)n;
+	pad[1023] = 1;
+	if (n == 0)
+		hold_in_place();
+	else
+		deep(n - 1);
+	return pad[0] + pad[1023];
+}
 
 __attribute__((noinline)) static void cycle(void)
 {
 	while (!stop) {
-		if (through_rbx)
+		if (in_place)
+			deep(40);
+		else if (through_rbx)
 			hold_rbx();
 		else
 			hold();
@@ -82,6 +124,7 @@ int main(int argc, char **argv)
 {
 	int seconds = argc > 1 ? atoi(argv[1]) : 5;
 	through_rbx = argc > 2;
+	in_place = argc > 2 && argv[2][0] == 'd';
 	// The thread's own stack, without huge pages: only the pages it touches are present.
 	size_t size = 1 << 20;
 	void *stack = mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
