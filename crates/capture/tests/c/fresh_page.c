@@ -31,57 +31,40 @@ __asm__(".text\n"
         ".cfi_endproc\n"
         ".size hold, .-hold\n");
 
-// The same, with its frame found through rbx (`CFA = rbx + 16`): a rule the in-kernel walk does
-// not evaluate, so the walk stops at the leaf and user space unwinds it from the stack words.
-void hold_rbx(void);
-__asm__(".text\n"
-        ".globl hold_rbx\n"
-        ".type hold_rbx, @function\n"
-        "hold_rbx:\n"
-        ".cfi_startproc\n"
-        "  push %rbx\n"
-        ".cfi_adjust_cfa_offset 8\n"
-        ".cfi_rel_offset %rbx, 0\n"
-        "  mov %rsp, %rbx\n"
-        ".cfi_def_cfa_register %rbx\n"
-        "  sub $0x1800, %rsp\n"
-        "  mov $1000000, %ecx\n"
-        "1:\n"
-        "  dec %ecx\n"
-        "  jnz 1b\n"
-        "  mov %rbx, %rsp\n"
-        ".cfi_def_cfa_register %rsp\n"
-        "  pop %rbx\n"
-        ".cfi_adjust_cfa_offset -8\n"
-        ".cfi_restore %rbx\n"
-        "  ret\n"
-        ".cfi_endproc\n"
-        ".size hold_rbx, .-hold_rbx\n");
+// A leaf whose frame is found through rbx (`CFA = rbx + 16`): a rule the in-kernel walk does not
+// evaluate, so the walk stops at the leaf and user space unwinds it from the stack words. It
+// lowers the stack pointer by `LOWER` bytes (onto untouched pages when nonzero) and spins about a
+// millisecond touching no memory.
+#define HOLD_THROUGH_RBX(NAME, LOWER)                                                              \
+	void NAME(void);                                                                           \
+	__asm__(".text\n"                                                                          \
+		".globl " #NAME "\n"                                                                \
+		".type " #NAME ", @function\n" #NAME ":\n"                                          \
+		".cfi_startproc\n"                                                                 \
+		"  push %rbx\n"                                                                    \
+		".cfi_adjust_cfa_offset 8\n"                                                       \
+		".cfi_rel_offset %rbx, 0\n"                                                        \
+		"  mov %rsp, %rbx\n"                                                               \
+		".cfi_def_cfa_register %rbx\n"                                                     \
+		"  sub $" #LOWER ", %rsp\n"                                                        \
+		"  mov $1000000, %ecx\n"                                                           \
+		"1:\n"                                                                             \
+		"  dec %ecx\n"                                                                     \
+		"  jnz 1b\n"                                                                       \
+		"  mov %rbx, %rsp\n"                                                               \
+		".cfi_def_cfa_register %rsp\n"                                                     \
+		"  pop %rbx\n"                                                                     \
+		".cfi_adjust_cfa_offset -8\n"                                                      \
+		".cfi_restore %rbx\n"                                                              \
+		"  ret\n"                                                                          \
+		".cfi_endproc\n"                                                                   \
+		".size " #NAME ", .-" #NAME "\n");
 
-// `hold_rbx` without lowering the stack pointer (the copy is whole), called under `deep`: the
-// walk still cannot take its first step, and the stack reaches past the copy.
-void hold_in_place(void);
-__asm__(".text\n"
-        ".globl hold_in_place\n"
-        ".type hold_in_place, @function\n"
-        "hold_in_place:\n"
-        ".cfi_startproc\n"
-        "  push %rbx\n"
-        ".cfi_adjust_cfa_offset 8\n"
-        ".cfi_rel_offset %rbx, 0\n"
-        "  mov %rsp, %rbx\n"
-        ".cfi_def_cfa_register %rbx\n"
-        "  mov $1000000, %ecx\n"
-        "1:\n"
-        "  dec %ecx\n"
-        "  jnz 1b\n"
-        ".cfi_def_cfa_register %rsp\n"
-        "  pop %rbx\n"
-        ".cfi_adjust_cfa_offset -8\n"
-        ".cfi_restore %rbx\n"
-        "  ret\n"
-        ".cfi_endproc\n"
-        ".size hold_in_place, .-hold_in_place\n");
+// Onto a fresh page, as `hold`.
+HOLD_THROUGH_RBX(hold_rbx, 0x1800)
+// In place (the copy is whole), called under `deep`: the walk still cannot take its first step,
+// and the stack reaches past the copy.
+HOLD_THROUGH_RBX(hold_in_place, 0)
 
 static volatile int stop;
 static int through_rbx;
