@@ -217,6 +217,7 @@ impl Processes {
     /// ([`ModuleBudget::set_reclaimable`]) instead of being refused; [`Processes::over_budget`]
     /// then says the caller is to let those go at once.
     pub fn recount_reclaimable(&mut self) {
+        self.reclaimable_stale = false;
         if self.module_budget.is_none() {
             return;
         }
@@ -245,6 +246,13 @@ impl Processes {
             }
         }
         self.modules.set_reclaimable(bytes);
+    }
+
+    /// Recounts the reclaimable room if processes were removed since it was last counted.
+    pub fn settle_reclaimable(&mut self) {
+        if self.reclaimable_stale {
+            self.recount_reclaimable();
+        }
     }
 
     /// Whether the modules hold more than the budget: a load took the room of binaries no
@@ -451,6 +459,7 @@ mod tests {
         assert!(p.over_budget());
         p.remove(pid);
         p.remove(child);
+        p.settle_reclaimable();
         assert!(
             modules.reclaimable() <= reclaimable,
             "forgotten processes' binaries are no longer counted as theirs"

@@ -156,6 +156,8 @@ pub struct Processes {
     module_budget: Option<usize>,
     /// Memory of the modules tracked processes mapped at the last sweep.
     module_bytes_in_use: usize,
+    /// Processes were removed since the reclaimable room was last counted.
+    reclaimable_stale: bool,
 }
 
 fn is_pseudo(path: &str) -> bool {
@@ -234,10 +236,11 @@ impl Processes {
             .map(|(&pid, state)| (pid, state))
     }
 
-    /// Forgets a process that exited.
+    /// Forgets a process that exited. The module budget's reclaimable room is recounted by
+    /// [`Processes::settle_reclaimable`], once after a batch of these.
     pub fn remove(&mut self, pid: u32) {
         if self.procs.remove(&pid).is_some() {
-            self.recount_reclaimable();
+            self.reclaimable_stale = true;
         }
     }
 

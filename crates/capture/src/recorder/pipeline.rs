@@ -276,6 +276,7 @@ impl Pipeline {
             self.processes.remove(pid);
             self.jit.exec(pid);
         }
+        self.processes.settle_reclaimable();
     }
 
     /// Finishes every set-aside sample (waiting for the loader); call before the last batch.
@@ -315,6 +316,7 @@ impl Pipeline {
             }
         }
         self.deferrals.release_retired(&mut self.processes);
+        self.processes.settle_reclaimable();
     }
 
     /// Starts the tables over (after the batch that passes it) once they hold more than `limit`
