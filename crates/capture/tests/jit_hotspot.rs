@@ -215,6 +215,15 @@ fn whole_and_true_by_pid(test: &str, flags: &[&str]) {
     assert!(v.program_samples >= 500, "{} samples", v.program_samples);
     assert!(whole >= 0.9, "whole and true < 90%");
     assert!(named >= 0.99, "frames named < 99%");
+    // Interpreted frames entered from compiled code (through the adapter that lowers the stack
+    // below the caller's frame) and compiled frames being deoptimized (returning into their
+    // deoptimization handler) are unwound like any other: stacks end short only rarely.
+    assert!(
+        v.truncated * 10_000 <= v.program_samples,
+        "{} of {} stacks truncated",
+        v.truncated,
+        v.program_samples
+    );
     assert_eq!(v.impossible_edges, 0, "impossible caller edges");
     assert_eq!(v.wrong_recursion, 0, "recursion counts unlike HotSpot's");
 }

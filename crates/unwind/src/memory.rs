@@ -38,6 +38,11 @@ pub trait Memory {
     fn jit_pushed_return(&mut self, _ra: u64) -> bool {
         false
     }
+    /// Whether `addr` lies in HotSpot's template interpreter, whose frames keep their caller's
+    /// stack pointer (see [`NoCfiRule::InterpreterFrame`]).
+    fn jit_interpreter(&mut self, _addr: u64) -> bool {
+        false
+    }
     /// Whether `addr` lies in code without a file image the unwinder reads (JIT code, a .NET
     /// ReadyToRun image) whose tables were not loaded for the module memory budget: the bounds
     /// of its functions are unknown, so its frames cannot be unwound exactly.

@@ -151,7 +151,12 @@ pub(crate) fn frame<M: Binary>(
     } else {
         native::caller_rule(function.map(|(code, _)| code)).or_else(|| on_path(&mut path_buf))
     };
-    let rule = rule.ok_or(TruncateReason::NoUnwindInfo)?;
+    let rule = match rule.ok_or(TruncateReason::NoUnwindInfo)? {
+        NoCfiRule::FramePointer if region.module.is_none() && mem.jit_interpreter(lookup) => {
+            NoCfiRule::InterpreterFrame
+        }
+        rule => rule,
+    };
     Ok(Frame { rule, may_end })
 }
 
@@ -169,7 +174,7 @@ pub(crate) fn exec(
     let (ra, new_sp, new_bp) = match frame.rule {
         NoCfiRule::ReturnAtSp => (read(mem, sp)?, sp.checked_add(8), bp),
         NoCfiRule::ReturnAtSpPlus8 => (read(mem, sp.wrapping_add(8))?, sp.checked_add(16), bp),
-        NoCfiRule::FramePointer => {
+        NoCfiRule::FramePointer | NoCfiRule::InterpreterFrame => {
             let bp = bp.ok_or(TruncateReason::UnwindRuleMissing)?;
             if bp == 0 {
                 return if frame.may_end {
@@ -182,7 +187,12 @@ pub(crate) fn exec(
                 return Err(TruncateReason::BadFramePointer);
             }
             let ra = read(mem, bp.wrapping_add(8))?;
-            (ra, bp.checked_add(16), Some(read(mem, bp)?))
+            let new_sp = if frame.rule == NoCfiRule::InterpreterFrame {
+                Some(sender_sp(mem, regs, sp, bp, ra)?)
+            } else {
+                bp.checked_add(16)
+            };
+            (ra, new_sp, Some(read(mem, bp)?))
         }
         NoCfiRule::Osr { slot } => {
             let slot_at = match slot {
@@ -239,6 +249,35 @@ pub(crate) fn exec(
     }
     *regs = caller;
     Ok(Some(ra))
+}
+
+/// The stack pointer of the caller of a HotSpot interpreter frame at `bp` (see
+/// [`NoCfiRule::InterpreterFrame`]) returning to `ra`: `[bp-8]`, or `r13` before that slot is
+/// pushed. A caller that is itself interpreted is found through its frame pointer alone, so
+/// where the slot cannot be read (past the copied stack, where the in-kernel walk read only the
+/// frame-pointer chain) it gets `bp+16`; a compiled caller cannot do without it.
+fn sender_sp(
+    mem: &mut dyn Memory,
+    regs: &Registers,
+    sp: u64,
+    bp: u64,
+    ra: u64,
+) -> Result<u64, TruncateReason> {
+    let sender = if bp.wrapping_sub(8) >= sp {
+        match mem.read_stack_u64(bp.wrapping_sub(8)) {
+            Ok(v) => v,
+            Err(_) if mem.jit_interpreter(ra) => return Ok(bp.wrapping_add(16)),
+            Err(e) => return Err(policy::reason_for_read(e)),
+        }
+    } else {
+        regs.get(regs::R13)
+            .ok_or(TruncateReason::UnwindRuleMissing)?
+    };
+    // The sender's frame lies above the return address; the adapter only ever lowers it.
+    if sender < bp.wrapping_add(16) || !sender.is_multiple_of(8) {
+        return Err(TruncateReason::BadFramePointer);
+    }
+    Ok(sender)
 }
 
 /// The return address at `[sp+ra]`, the caller's stack pointer above it, and its `rbp` read from
@@ -301,6 +340,70 @@ mod tests {
         assert_eq!(
             exec(frame, &mut regs, &mut mem),
             Err(TruncateReason::SpNotIncreasing)
+        );
+    }
+
+    /// Stack words, with HotSpot's interpreter code at 0x4000..0x5000.
+    struct InterpreterWords(&'static [(u64, u64)]);
+
+    impl Memory for InterpreterWords {
+        fn read_stack_u64(&mut self, addr: u64) -> Result<u64, crate::policy::ReadFailure> {
+            Words(self.0).read_stack_u64(addr)
+        }
+        fn jit_interpreter(&mut self, addr: u64) -> bool {
+            (0x4000..0x5000).contains(&addr)
+        }
+    }
+
+    const INTERPRETED: Frame = Frame {
+        rule: NoCfiRule::InterpreterFrame,
+        may_end: false,
+    };
+
+    #[test]
+    fn an_interpreter_frames_caller_starts_at_the_sender_sp_it_kept() {
+        // An interpreted frame at rbp 0x7040 called from compiled code (0x9000) through the
+        // adapter, which lowered the stack by 0x20: the compiled caller's sp is 0x7070, not
+        // rbp + 16.
+        let mut regs = Registers::new(0x4100, 0x7000, 0);
+        regs.set(regs::RBP, 0x7040);
+        let mut mem = InterpreterWords(&[(0x7038, 0x7070), (0x7040, 0x7200), (0x7048, 0x9000)]);
+        assert_eq!(exec(INTERPRETED, &mut regs, &mut mem), Ok(Some(0x9000)));
+        assert_eq!((regs.sp(), regs.get(regs::RBP)), (0x7070, Some(0x7200)));
+        // Right after `enter`, before the sender sp is pushed: it is still in r13.
+        let mut regs = Registers::new(0x4100, 0x7040, 0);
+        regs.set(regs::RBP, 0x7040);
+        regs.set(regs::R13, 0x7070);
+        let mut mem = InterpreterWords(&[(0x7040, 0x7200), (0x7048, 0x9000)]);
+        assert_eq!(exec(INTERPRETED, &mut regs, &mut mem), Ok(Some(0x9000)));
+        assert_eq!(regs.sp(), 0x7070);
+        // A sender sp below the return address is no sender of this frame.
+        let mut regs = Registers::new(0x4100, 0x7000, 0);
+        regs.set(regs::RBP, 0x7040);
+        let mut mem = InterpreterWords(&[(0x7038, 0x7040), (0x7040, 0x7200), (0x7048, 0x9000)]);
+        assert_eq!(
+            exec(INTERPRETED, &mut regs, &mut mem),
+            Err(TruncateReason::BadFramePointer)
+        );
+    }
+
+    #[test]
+    fn an_unreadable_sender_sp_matters_only_to_a_compiled_caller() {
+        // Interpreted caller (0x4200): its frame pointer is all it needs.
+        let mut regs = Registers::new(0x4100, 0x7000, 0);
+        regs.set(regs::RBP, 0x7040);
+        let mut mem = InterpreterWords(&[(0x7040, 0x7200), (0x7048, 0x4200)]);
+        assert_eq!(exec(INTERPRETED, &mut regs, &mut mem), Ok(Some(0x4200)));
+        assert_eq!(regs.sp(), 0x7050);
+        // Compiled caller: the stack ends there rather than start it from a guessed sp.
+        let mut regs = Registers::new(0x4100, 0x7000, 0);
+        regs.set(regs::RBP, 0x7040);
+        let mut mem = InterpreterWords(&[(0x7040, 0x7200), (0x7048, 0x9000)]);
+        assert_eq!(
+            exec(INTERPRETED, &mut regs, &mut mem),
+            Err(policy::reason_for_read(
+                crate::policy::ReadFailure::Unreadable
+            ))
         );
     }
 

@@ -27,6 +27,8 @@ pub const RSP: u16 = 7;
 pub const R8: u16 = 8;
 /// DWARF number of `r12` (`r13`–`r15` follow).
 pub const R12: u16 = 12;
+/// DWARF number of `r13`.
+pub const R13: u16 = 13;
 /// DWARF number of the return address column (`rip`).
 pub const RIP: u16 = 16;
 

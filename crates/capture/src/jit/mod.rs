@@ -546,6 +546,11 @@ impl Memory for JitMemory<'_> {
         self.jit.symbol(ra).is_some_and(|s| s.name.pushed_returns)
     }
 
+    fn jit_interpreter(&mut self, addr: u64) -> bool {
+        // The interpreter is the one blob whose returns are pushed (see `JitName`).
+        self.jit.symbol(addr).is_some_and(|s| s.name.pushed_returns)
+    }
+
     fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
         let function = self.jit_function(lookup)?;
         if let Some((f, rule)) = self.jit.rules.get(&(lookup, leaf))

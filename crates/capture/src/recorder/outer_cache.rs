@@ -262,6 +262,9 @@ impl Memory for Observed<'_, '_> {
     fn jit_pushed_return(&mut self, ra: u64) -> bool {
         self.inner.jit_pushed_return(ra)
     }
+    fn jit_interpreter(&mut self, addr: u64) -> bool {
+        self.inner.jit_interpreter(addr)
+    }
     fn code_refused(&mut self, addr: u64) -> bool {
         self.inner.code_refused(addr)
     }

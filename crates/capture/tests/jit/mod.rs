@@ -366,7 +366,8 @@ pub fn check(profile: &Profile, graph: &Graph<'_>) -> Verdict {
         let program: Vec<&str> = (first..=last).filter_map(|j| short[j]).collect();
         if program.windows(2).any(|w| !edges.contains(&(w[0], w[1]))) {
             v.impossible_edges += 1;
-            bad.get_or_insert("impossible edge");
+            // The worst finding: it names the example even when the stack is also cut.
+            bad = Some("impossible edge");
         }
         if let Some((recursive, leaf, counts)) = &graph.recursion
             && program.contains(leaf)
@@ -398,10 +399,10 @@ pub fn check(profile: &Profile, graph: &Graph<'_>) -> Verdict {
                 k += n;
             }
             v.examples.push(format!("{why}: {}", shown.join(";")));
-            if why == "impossible edge" {
-                // Where each program frame was (address, whether read live), to tell which
-                // instruction's rule went wrong.
-                let at: Vec<String> = (first..=last)
+            if why == "impossible edge" || why == "truncated" {
+                // Where each frame was (address, whether read live), to tell which
+                // instruction's rule went wrong or where the stack was cut.
+                let at: Vec<String> = (0..names.len())
                     .map(|j| {
                         let f = profile.frame(frames[j]);
                         let live = if f.from_live_memory { " live" } else { "" };

@@ -31,6 +31,14 @@ pub enum NoCfiRule {
     ReturnAtSpPlus8,
     /// Inside a frame-pointer body: return address at `[rbp+8]`, caller's `rbp` at `[rbp]`.
     FramePointer,
+    /// A frame of HotSpot's template interpreter: a frame-pointer frame that also keeps its
+    /// caller's stack pointer ("sender sp") at `[rbp-8]`. The two differ when the caller is
+    /// compiled code: the adapter that enters the interpreter from compiled code lowers the
+    /// stack for the interpreter's arguments below the caller's frame, so `rbp+16` lies below
+    /// the caller's stack pointer, and the compiled caller, whose frame is found from its stack
+    /// pointer, must start from the sender sp. While the frame is being built (`[rbp-8]` not
+    /// pushed yet, `rsp == rbp`) the sender sp is still in `r13`, where the adapter put it.
+    InterpreterFrame,
     /// Return address at `[sp+ra]`; the caller's `rbp` at `[sp+saved_bp]` when given, else still
     /// in `rbp` (JIT code: see `jit::frame_state`).
     ReturnAt {
