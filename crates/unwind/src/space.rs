@@ -25,7 +25,9 @@ use crate::policy::{self, StackEnd, TruncateReason};
 use crate::region::Region;
 use crate::regs::{self, Registers};
 use crate::sections::SectionBytes;
-use crate::x86_64::instruction_analysis::{NoCfiRule, is_after_call};
+use crate::x86_64::instruction_analysis::{
+    DEOPTIMIZATION_HANDLER_BYTES, NoCfiRule, is_after_call, is_deoptimization_handler,
+};
 
 /// The executable regions of one process, with their unwind data loaded into framehop.
 pub struct AddressSpace<M> {
@@ -90,6 +92,9 @@ enum ReturnKind {
     SignalTrampoline,
     /// A V8 interpreter re-entry builtin's entry, symbolized as an instruction.
     InterpreterReentry,
+    /// A HotSpot deoptimization handler in the compiled method whose frame this is
+    /// ([`is_deoptimization_handler`]): the frame is unwound as at a call.
+    DeoptimizationHandler,
 }
 
 impl<M> Default for AddressSpace<M> {
@@ -373,7 +378,7 @@ impl<M: Binary> AddressSpace<M> {
                     self.instruction_frames.push(out.len());
                     self.resumes_interpreter = true;
                 }
-                Ok(ReturnKind::AfterCall) => {}
+                Ok(ReturnKind::AfterCall | ReturnKind::DeoptimizationHandler) => {}
                 Err(reason) => return Some(StackEnd::Truncated(reason)),
             }
             out.push(ra);
@@ -599,6 +604,11 @@ impl<M: Binary> AddressSpace<M> {
             {
                 Ok(ReturnKind::InterpreterReentry)
             }
+            // A compiled JVM frame being deoptimized: its return address was redirected to the
+            // handler that hands the frame to the deoptimizer (JIT code: no file image).
+            Some(_) if region.module.is_none() && deoptimization_handler_at(ra, mem) => {
+                Ok(ReturnKind::DeoptimizationHandler)
+            }
             Some(_) => Err(TruncateReason::NotAfterCall),
             // Code we cannot see (anonymous memory without a reader): the executable mapping is
             // all that can be checked.
@@ -624,6 +634,13 @@ fn signal_trampoline_at<M: Binary>(region: &Region<M>, addr: u64) -> bool {
         sections.cfi(false).is_signal_trampoline(svma)
             || sections.cfi(true).is_signal_trampoline(svma)
     })
+}
+
+/// Whether JIT code at `addr` is a HotSpot deoptimization handler (see
+/// [`is_deoptimization_handler`]).
+fn deoptimization_handler_at(addr: u64, mem: &mut dyn Memory) -> bool {
+    let mut code = [0u8; DEOPTIMIZATION_HANDLER_BYTES];
+    mem.read_code(addr, &mut code) && is_deoptimization_handler(addr, &code)
 }
 
 /// Up to 8 code bytes ending at `addr`.

@@ -540,4 +540,5 @@ fn code_a_jvm_has_not_named_yet_ends_the_stack_instead_of_a_guess() {
     );
 }
 
+mod deoptimization;
 mod osr;

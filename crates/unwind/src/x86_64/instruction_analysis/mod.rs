@@ -115,6 +115,30 @@ pub fn is_after_call(before: &[u8]) -> bool {
     })
 }
 
+/// Bytes [`is_deoptimization_handler`] reads at a return address.
+pub const DEOPTIMIZATION_HANDLER_BYTES: usize = 13;
+
+/// Whether `code`, read at `at`, is the deoptimization handler HotSpot places after a compiled
+/// method's body. To deoptimize a compiled frame that is not the executing one, HotSpot
+/// overwrites the return address its callee will return to with the address of that handler,
+/// which pushes its own address (the frame's "return address" while it is unpacked) and jumps
+/// to the deoptimization blob. So the return address follows no call, by HotSpot's design; the
+/// frame is still the compiled method's fixed frame, unwound as at any of its call sites.
+///
+/// The two forms, each naming its own address (so nothing else matches by chance):
+/// - C2: `call next; next: sub qword [rsp], 5; jmp blob` (`e8 00000000 48 832c24 05 e9 …`);
+/// - C1: `mov r10, <at>; push r10; jmp blob` (`49 ba <at> 41 52 e9 …`).
+pub fn is_deoptimization_handler(at: u64, code: &[u8]) -> bool {
+    const C2: [u8; 11] = [0xe8, 0, 0, 0, 0, 0x48, 0x83, 0x2c, 0x24, 0x05, 0xe9];
+    if code.starts_with(&C2) {
+        return true;
+    }
+    code.len() >= DEOPTIMIZATION_HANDLER_BYTES
+        && code[..2] == [0x49, 0xba]
+        && code[2..10] == at.to_le_bytes()
+        && code[10..13] == [0x41, 0x52, 0xe9]
+}
+
 /// Length of an instruction `ff modrm [sib] [disp]` from its ModRM (and SIB) byte.
 fn modrm_length(modrm: u8, sib: Option<u8>) -> Option<usize> {
     let md = modrm >> 6;
