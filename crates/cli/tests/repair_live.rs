@@ -16,6 +16,8 @@ use rootline_profile::{FrameKind, Profile};
 const MAIN: &str = "Rec!Rec.Main(class System.String[])";
 const DOWN: &str = "Rec!Rec.Down(int32,int32)";
 const GAP: &str = rootline_profile::pseudo::REPAIR_GAP;
+/// Iterations of `Spin` at the bottom of the main thread's recursion.
+const SPIN_WORK: u32 = 20_000;
 
 /// Where the stacks of the thread that runs event source callbacks at session start begin.
 const EVENT_SOURCE_CALLBACK: &str =
@@ -48,9 +50,9 @@ fn names(p: &Profile, stack: rootline_profile::StackId) -> Vec<&str> {
     v
 }
 
-/// True when the main thread (tid = pid) has a whole sample caught inside the recursion: without
-/// one, no sample on that thread shows what lies below the cut.
-fn has_whole_recursion_sample(trace: &Path, pid: u32) -> bool {
+/// How many whole samples the main thread (tid = pid) has caught inside the recursion next to a
+/// cut one: without one, no sample on that thread shows what lies below the cut.
+fn whole_recursion_samples(trace: &Path, pid: u32) -> usize {
     let p = rootline_dotnet::read_profile(std::fs::File::open(trace).unwrap()).unwrap();
     let s = p.samples();
     // The main thread's samples in time order: the repair aligns a cut sample against the whole
@@ -67,11 +69,13 @@ fn has_whole_recursion_sample(trace: &Path, pid: u32) -> bool {
             && n.iter().filter(|&&f| f == DOWN).count() >= 2
     };
     let cut = |n: &Vec<&str>| n.first() != Some(&MAIN) && n.contains(&DOWN);
-    (0..main.len()).any(|i| {
-        whole_inside(&main[i])
-            && (i.checked_sub(1).is_some_and(|j| cut(&main[j]))
-                || main.get(i + 1).is_some_and(&cut))
-    })
+    (0..main.len())
+        .filter(|&i| {
+            whole_inside(&main[i])
+                && (i.checked_sub(1).is_some_and(|j| cut(&main[j]))
+                    || main.get(i + 1).is_some_and(&cut))
+        })
+        .count()
 }
 
 /// `Main` spans per thread in a Chromium file, a span that ends where the next begins (the same
@@ -108,11 +112,12 @@ fn repair_restores_main_below_eventpipe_cut_stacks() {
 fn restores_main(runtime: &Runtime) {
     let dir = tempfile::tempdir().unwrap();
     let exe = runtime.build_target(dir.path());
-    let target = runtime.start(&exe, 150, 30);
+    // A short spin at the bottom, so that samples caught while the recursion descends or
+    // returns are common (with the default 200,000 iterations, .NET 8 ran whole traces without
+    // one); still, collect until at least one was caught below the cap.
+    let target = runtime.start_working(&exe, 150, 30, SPIN_WORK);
     let pid = target.pid();
     let trace = dir.path().join("rec.nettrace");
-    // Samples caught while the recursion descends or returns are rare (Spin dominates); collect
-    // until at least one was caught below the cap.
     let mut tries = 0;
     loop {
         tries += 1;
@@ -127,7 +132,9 @@ fn restores_main(runtime: &Runtime) {
             trace.to_str().unwrap(),
         ]);
         assert!(out.status.success(), "{out:?}");
-        if has_whole_recursion_sample(&trace, pid) {
+        let whole = whole_recursion_samples(&trace, pid);
+        eprintln!("trace {tries}: {whole} whole samples inside the recursion next to cut ones");
+        if whole > 0 {
             break;
         }
         assert!(

@@ -96,7 +96,13 @@ impl Runtime {
 
     /// Starts `dotnet Rec.exe deep shallow` on this runtime (see [`Target::start`]).
     pub fn start(&self, exe: &Path, deep: u32, shallow: u32) -> Target {
-        Target::start(&self.dotnet, exe, deep, shallow)
+        Target::start(&self.dotnet, exe, &[deep, shallow])
+    }
+
+    /// Starts `dotnet Rec.exe deep shallow work`: the main thread's recursion spins `work`
+    /// iterations at its bottom (200,000 with [`Runtime::start`]).
+    pub fn start_working(&self, exe: &Path, deep: u32, shallow: u32, work: u32) -> Target {
+        Target::start(&self.dotnet, exe, &[deep, shallow, work])
     }
 }
 
@@ -255,12 +261,11 @@ pub struct Target {
 }
 
 impl Target {
-    /// Starts `dotnet Rec.exe deep shallow` and waits for it to be ready and its socket to exist.
-    pub fn start(dotnet: &Path, exe: &Path, deep: u32, shallow: u32) -> Target {
+    /// Starts `dotnet Rec.exe ARGS…` and waits for it to be ready and its socket to exist.
+    pub fn start(dotnet: &Path, exe: &Path, args: &[u32]) -> Target {
         let mut child = Command::new(dotnet)
             .arg(exe)
-            .arg(deep.to_string())
-            .arg(shallow.to_string())
+            .args(args.iter().map(u32::to_string))
             .env("DOTNET_CLI_TELEMETRY_OPTOUT", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

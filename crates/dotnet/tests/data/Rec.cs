@@ -1,6 +1,7 @@
 // A target for live EventPipe tests: the main thread recurses DEEP frames down before it spins,
 // a worker thread SHALLOW frames; both loop forever and the main thread prints a heartbeat.
-// Usage: dotnet Rec.exe DEEP SHALLOW
+// Usage: dotnet Rec.exe DEEP SHALLOW [WORK] (WORK: Spin's loop count at the bottom of the main
+// thread's recursion, 200000 by default; less makes samples inside the recursion more common).
 using System;
 using System.Runtime.CompilerServices;
 using System.Threading;
@@ -36,6 +37,7 @@ public static class Rec
     {
         int deep = args.Length > 0 ? int.Parse(args[0]) : 150;
         int shallow = args.Length > 1 ? int.Parse(args[1]) : 30;
+        int work = args.Length > 2 ? int.Parse(args[2]) : 200000;
         var worker = new Thread(Shallow);
         worker.IsBackground = true;
         worker.Start(shallow);
@@ -43,7 +45,7 @@ public static class Rec
         Console.Out.Flush();
         while (true)
         {
-            sink += Down(deep, 200000);
+            sink += Down(deep, work);
             Beats++;
             if (Beats % 20 == 0)
             {
