@@ -130,6 +130,10 @@ pub fn rule_in_memory<M: Memory + ?Sized>(
     if !mem.read_code(function.start, &mut start) {
         return None;
     }
+    // Past the entry a method made not entrant still has the frame its prologue built.
+    if offset >= PATCHED_ENTRY_BYTES {
+        restore_patched_entry(&mut start, function.end - function.start);
+    }
     // Code entered by a jump to its prologue: simulated from there (see `entry_after_jump`).
     let mut entry = Vec::new();
     let (prologue, offset) = match entry_after_jump(&start, function.end - function.start) {
@@ -163,6 +167,29 @@ pub fn rule_in_memory<M: Memory + ?Sized>(
         at_ip.clear();
     }
     leaf_rule(prologue, offset, &at_ip)
+}
+
+/// Bytes of the `jmp rel32` HotSpot writes over a method's entry (see [`restore_patched_entry`]).
+const PATCHED_ENTRY_BYTES: usize = 5;
+
+/// Puts back the first instruction of a HotSpot method "made not entrant" (replaced by a better
+/// compiled version, or invalidated): HotSpot overwrites the first 5 bytes of its entry with a
+/// `jmp` to a stub outside it, so new calls go elsewhere, while the frames already running in
+/// it go on in the frame their prologue built before the patch. That first instruction is the
+/// stack bang, `mov [rsp-N], eax` (`89 84 24` and a negative 32-bit displacement), of which the
+/// displacement's two high bytes stay after the jump. Recognised by exactly that: a jump out of
+/// the function (`len` bytes), then `?? ff`, then `push rbp` or a REX.W instruction; the bang
+/// (which moves nothing) is put back in `start` for the prologue simulation. Whether it did.
+fn restore_patched_entry(start: &mut [u8], len: u64) -> bool {
+    let [0xe9, r0, r1, r2, r3, _, 0xff, next, ..] = *start else {
+        return false;
+    };
+    let target = PATCHED_ENTRY_BYTES as i64 + i64::from(i32::from_le_bytes([r0, r1, r2, r3]));
+    if (0..len as i64).contains(&target) || !matches!(next, 0x55 | 0x48) {
+        return false;
+    }
+    start[..PATCHED_ENTRY_BYTES].copy_from_slice(&[0x89, 0x84, 0x24, 0x00, 0x00]);
+    true
 }
 
 /// When a function's first instruction jumps forward within it (`len` bytes), the offset it
@@ -432,6 +459,63 @@ mod tests {
             })
         );
     }
+
+    #[test]
+    fn hotspot_code_made_not_entrant_keeps_its_frame() {
+        use NoCfiRule::*;
+        let code = DOWN_C1_NOT_ENTRANT;
+        let function = 0x1000..0x1000 + code.len() as u64;
+        let framed = Some(ReturnAt {
+            ra: 0x38,
+            saved_bp: Some(0x30),
+        });
+        // Its calls to spin and to itself return to 0xbc and 0xf4; a sample in its body.
+        for ret in [0xbc, 0xf4] {
+            let rule = rule_in_memory(function.clone(), 0x1000 + ret - 1, false, &mut CodeAt(code));
+            assert_eq!(rule, framed, "returning to {ret:#x}");
+        }
+        assert_eq!(
+            rule_in_memory(function.clone(), 0x1000 + 0x20, true, &mut CodeAt(code)),
+            framed
+        );
+        // At the patched jump nothing is pushed: the call goes to the stub.
+        assert_eq!(
+            rule_in_memory(function.clone(), 0x1000, true, &mut CodeAt(code)),
+            Some(ReturnAtSp)
+        );
+        // Only a jump out of the function, over the remains of a stack bang, is such a patch.
+        let mut within = code.to_vec();
+        within[1..5].copy_from_slice(&0x40i32.to_le_bytes());
+        assert!(!restore_patched_entry(&mut within, code.len() as u64));
+        let mut other = code.to_vec();
+        other[6] = 0x00;
+        assert!(!restore_patched_entry(&mut other, code.len() as u64));
+        assert!(restore_patched_entry(&mut code.to_vec(), code.len() as u64));
+    }
+
+    /// `int Rec.down(int, int)` compiled by C1 (OpenJDK 17, `tests/jit/Rec.java`) after C2's
+    /// version replaced it: its entry `mov [rsp-0x14000], eax` overwritten by `jmp` (`e9 …`,
+    /// then `fe ff` left), `push rbp; sub rsp, 0x30`, calls returning to 0xbc and 0xf4.
+    const DOWN_C1_NOT_ENTRANT: &[u8] = &[
+        0xe9, 0x9b, 0x28, 0x57, 0x07, 0xfe, 0xff, 0x55, 0x48, 0x83, 0xec, 0x30, 0x4c, 0x8b, 0xc6,
+        0x48, 0xbe, 0xa0, 0x37, 0x40, 0x5f, 0x0d, 0x7f, 0x00, 0x00, 0x8b, 0xbe, 0xf4, 0x00, 0x00,
+        0x00, 0x83, 0xc7, 0x02, 0x89, 0xbe, 0xf4, 0x00, 0x00, 0x00, 0x81, 0xe7, 0xfe, 0x07, 0x00,
+        0x00, 0x83, 0xff, 0x00, 0x0f, 0x84, 0xb4, 0x03, 0x00, 0x00, 0x41, 0x81, 0xf8, 0x00, 0x00,
+        0x00, 0x80, 0x48, 0xbe, 0xa0, 0x37, 0x40, 0x5f, 0x0d, 0x7f, 0x00, 0x00, 0x48, 0xc7, 0xc7,
+        0x48, 0x01, 0x00, 0x00, 0x0f, 0x84, 0x07, 0x00, 0x00, 0x00, 0x48, 0xc7, 0xc7, 0x38, 0x01,
+        0x00, 0x00, 0x48, 0x8b, 0x1c, 0x3e, 0x48, 0x8d, 0x5b, 0x01, 0x48, 0x89, 0x1c, 0x3e, 0x0f,
+        0x84, 0x9b, 0x00, 0x00, 0x00, 0x41, 0x83, 0xf8, 0x00, 0x48, 0xbe, 0xa0, 0x37, 0x40, 0x5f,
+        0x0d, 0x7f, 0x00, 0x00, 0x48, 0xc7, 0xc7, 0x58, 0x01, 0x00, 0x00, 0x0f, 0x85, 0x07, 0x00,
+        0x00, 0x00, 0x48, 0xc7, 0xc7, 0x68, 0x01, 0x00, 0x00, 0x48, 0x8b, 0x1c, 0x3e, 0x48, 0x8d,
+        0x5b, 0x01, 0x48, 0x89, 0x1c, 0x3e, 0x0f, 0x85, 0x2f, 0x00, 0x00, 0x00, 0x48, 0xbe, 0xa0,
+        0x37, 0x40, 0x5f, 0x0d, 0x7f, 0x00, 0x00, 0x48, 0x83, 0x86, 0x78, 0x01, 0x00, 0x00, 0x01,
+        0x48, 0x8b, 0xf2, 0xe8, 0x04, 0xc9, 0xab, 0x07, 0xff, 0xc0, 0x48, 0x83, 0xc4, 0x30, 0x5d,
+        0x49, 0x3b, 0xa7, 0x40, 0x03, 0x00, 0x00, 0x0f, 0x87, 0x3c, 0x03, 0x00, 0x00, 0xc3, 0x48,
+        0xbe, 0xa0, 0x37, 0x40, 0x5f, 0x0d, 0x7f, 0x00, 0x00, 0x48, 0x83, 0x86, 0x88, 0x01, 0x00,
+        0x00, 0x01, 0x41, 0xff, 0xc8, 0x49, 0x8b, 0xf0, 0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0xe8,
+        0x0c, 0xff, 0xff, 0xff, 0xff, 0xc0, 0x48, 0x83, 0xc4, 0x30, 0x5d, 0x49, 0x3b, 0xa7, 0x40,
+        0x03, 0x00, 0x00, 0x0f, 0x87, 0x1a, 0x03, 0x00, 0x00, 0xc3,
+    ];
 
     #[test]
     fn hotspot_osr_code_enters_after_its_padding() {
