@@ -253,9 +253,10 @@ pub(crate) fn exec(
 
 /// The stack pointer of the caller of a HotSpot interpreter frame at `bp` (see
 /// [`NoCfiRule::InterpreterFrame`]) returning to `ra`: `[bp-8]`, or `r13` before that slot is
-/// pushed. A caller that is itself interpreted is found through its frame pointer alone, so
-/// where the slot cannot be read (past the copied stack, where the in-kernel walk read only the
-/// frame-pointer chain) it gets `bp+16`; a compiled caller cannot do without it.
+/// pushed. Where the slot cannot be read (past the copied stack, where the in-kernel walk read
+/// only the frame-pointer chain), a caller found through its frame pointer alone (the
+/// interpreter, the VM's stubs, methods compiled with frame pointers) gets `bp+16`; a compiled
+/// caller whose frame is found from its stack pointer cannot do without it.
 fn sender_sp(
     mem: &mut dyn Memory,
     regs: &Registers,
@@ -266,8 +267,15 @@ fn sender_sp(
     let sender = if bp.wrapping_sub(8) >= sp {
         match mem.read_stack_u64(bp.wrapping_sub(8)) {
             Ok(v) => v,
-            Err(_) if mem.jit_interpreter(ra) => return Ok(bp.wrapping_add(16)),
-            Err(e) => return Err(policy::reason_for_read(e)),
+            Err(e) => {
+                let lookup = ra.wrapping_sub(1);
+                let needs_sp = mem.jit_function(lookup).is_some()
+                    && mem.jit_rule(lookup, false) != Some(Some(NoCfiRule::FramePointer));
+                if needs_sp {
+                    return Err(policy::reason_for_read(e));
+                }
+                return Ok(bp.wrapping_add(16));
+            }
         }
     } else {
         regs.get(regs::R13)
@@ -353,6 +361,24 @@ mod tests {
         fn jit_interpreter(&mut self, addr: u64) -> bool {
             (0x4000..0x5000).contains(&addr)
         }
+        // Compiled methods: 0x9000.. keeps no frame pointer, 0xa000.. does.
+        fn jit_function(&mut self, addr: u64) -> Option<std::ops::Range<u64>> {
+            [0x9000..0xa000, 0xa000..0xb000]
+                .into_iter()
+                .find(|r| r.contains(&addr))
+        }
+        fn jit_rule(&mut self, lookup: u64, _leaf: bool) -> Option<Option<NoCfiRule>> {
+            self.jit_function(lookup).map(|r| {
+                Some(if r.start == 0xa000 {
+                    NoCfiRule::FramePointer
+                } else {
+                    NoCfiRule::ReturnAt {
+                        ra: 0x18,
+                        saved_bp: Some(0x10),
+                    }
+                })
+            })
+        }
     }
 
     const INTERPRETED: Frame = Frame {
@@ -388,17 +414,30 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_sender_sp_matters_only_to_a_compiled_caller() {
+    fn an_unreadable_sender_sp_matters_only_to_a_caller_found_from_its_stack_pointer() {
         // Interpreted caller (0x4200): its frame pointer is all it needs.
         let mut regs = Registers::new(0x4100, 0x7000, 0);
         regs.set(regs::RBP, 0x7040);
         let mut mem = InterpreterWords(&[(0x7040, 0x7200), (0x7048, 0x4200)]);
         assert_eq!(exec(INTERPRETED, &mut regs, &mut mem), Ok(Some(0x4200)));
         assert_eq!(regs.sp(), 0x7050);
-        // Compiled caller: the stack ends there rather than start it from a guessed sp.
+        // A caller compiled with frame pointers, or a VM stub (no single function): neither.
+        for caller in [0xa100, 0x6100] {
+            let mut regs = Registers::new(0x4100, 0x7000, 0);
+            regs.set(regs::RBP, 0x7040);
+            let mut mem = InterpreterWords(if caller == 0xa100 {
+                &[(0x7040, 0x7200), (0x7048, 0xa100)]
+            } else {
+                &[(0x7040, 0x7200), (0x7048, 0x6100)]
+            });
+            assert_eq!(exec(INTERPRETED, &mut regs, &mut mem), Ok(Some(caller)));
+            assert_eq!(regs.sp(), 0x7050);
+        }
+        // A caller found from its stack pointer: the stack ends there rather than start it from
+        // a guessed one.
         let mut regs = Registers::new(0x4100, 0x7000, 0);
         regs.set(regs::RBP, 0x7040);
-        let mut mem = InterpreterWords(&[(0x7040, 0x7200), (0x7048, 0x9000)]);
+        let mut mem = InterpreterWords(&[(0x7040, 0x7200), (0x7048, 0x9100)]);
         assert_eq!(
             exec(INTERPRETED, &mut regs, &mut mem),
             Err(policy::reason_for_read(
