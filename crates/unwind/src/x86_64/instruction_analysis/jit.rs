@@ -175,21 +175,43 @@ const PATCHED_ENTRY_BYTES: usize = 5;
 /// Puts back the first instruction of a HotSpot method "made not entrant" (replaced by a better
 /// compiled version, or invalidated): HotSpot overwrites the first 5 bytes of its entry with a
 /// `jmp` to a stub outside it, so new calls go elsewhere, while the frames already running in
-/// it go on in the frame their prologue built before the patch. That first instruction is the
-/// stack bang, `mov [rsp-N], eax` (`89 84 24` and a negative 32-bit displacement), of which the
-/// displacement's two high bytes stay after the jump. Recognised by exactly that: a jump out of
-/// the function (`len` bytes), then `?? ff`, then `push rbp` or a REX.W instruction; the bang
-/// (which moves nothing) is put back in `start` for the prologue simulation. Whether it did.
+/// it go on in the frame their prologue built before the patch. That first instruction is one
+/// of two, each 7 bytes long, whose last two bytes stay after the jump:
+/// - the stack bang, `mov [rsp-N], eax` (`89 84 24` and a negative 32-bit displacement: `?? ff`
+///   stays), followed by `push rbp` or a REX.W instruction; it moves nothing;
+/// - in C2 code without a stack bang, `sub rsp, imm32` (`48 81 ec` and a small size: `00 00`
+///   stays), followed by the save of `rbp` at the frame's top, `mov [rsp+size-8], rbp`, which
+///   tells the size.
+///
+/// Recognised only behind a jump out of the function (`len` bytes); the instruction is put back
+/// in `start` for the prologue simulation. Whether it was.
 fn restore_patched_entry(start: &mut [u8], len: u64) -> bool {
-    let [0xe9, r0, r1, r2, r3, _, 0xff, next, ..] = *start else {
+    let [0xe9, r0, r1, r2, r3, left0, left1, ref rest @ ..] = *start else {
         return false;
     };
     let target = PATCHED_ENTRY_BYTES as i64 + i64::from(i32::from_le_bytes([r0, r1, r2, r3]));
-    if (0..len as i64).contains(&target) || !matches!(next, 0x55 | 0x48) {
+    if (0..len as i64).contains(&target) {
         return false;
     }
-    start[..PATCHED_ENTRY_BYTES].copy_from_slice(&[0x89, 0x84, 0x24, 0x00, 0x00]);
+    let original: [u8; PATCHED_ENTRY_BYTES] = match (left0, left1, rest) {
+        (_, 0xff, [0x55 | 0x48, ..]) => [0x89, 0x84, 0x24, 0x00, 0x00],
+        (0, 0, [0x48, 0x89, 0x6c, 0x24, d, ..]) => sub_rsp(u32::from(*d) + 8),
+        (0, 0, [0x48, 0x89, 0xac, 0x24, d0, d1, d2, d3, ..]) => {
+            match u32::from_le_bytes([*d0, *d1, *d2, *d3]).checked_add(8) {
+                Some(size) if size < 0x1_0000 => sub_rsp(size),
+                _ => return false,
+            }
+        }
+        _ => return false,
+    };
+    start[..PATCHED_ENTRY_BYTES].copy_from_slice(&original);
     true
+}
+
+/// The first 5 bytes of `sub rsp, imm32` for a size below 64 KiB.
+fn sub_rsp(size: u32) -> [u8; PATCHED_ENTRY_BYTES] {
+    let [s0, s1, ..] = size.to_le_bytes();
+    [0x48, 0x81, 0xec, s0, s1]
 }
 
 /// When a function's first instruction jumps forward within it (`len` bytes), the offset it
@@ -491,7 +513,31 @@ mod tests {
         other[6] = 0x00;
         assert!(!restore_patched_entry(&mut other, code.len() as u64));
         assert!(restore_patched_entry(&mut code.to_vec(), code.len() as u64));
+
+        // C2 code without a stack bang: `sub rsp, 0x38` overwritten, `00 00` left, then
+        // `mov [rsp+0x30], rbp`; a sample in its loop.
+        let code = LAMBDA_FORM_C2_NOT_ENTRANT;
+        let function = 0x1000..0x1000 + code.len() as u64;
+        assert_eq!(
+            rule_in_memory(function, 0x1000 + 0x3f, true, &mut CodeAt(code)),
+            Some(ReturnAt {
+                ra: 0x38,
+                saved_bp: Some(0x30)
+            })
+        );
     }
+
+    /// The start of a `LambdaForm$MH.invoke` C2 compiled (OpenJDK 17), its call site's target
+    /// inlined, after it was made not entrant (the call site retargeted).
+    const LAMBDA_FORM_C2_NOT_ENTRANT: &[u8] = &[
+        0xe9, 0x7b, 0x8c, 0xaa, 0xff, 0x00, 0x00, 0x48, 0x89, 0x6c, 0x24, 0x30, 0x85, 0xd2, 0x0f,
+        0x8e, 0x95, 0x02, 0x00, 0x00, 0x4c, 0x63, 0xd2, 0x49, 0x83, 0xc2, 0xf1, 0x41, 0xbb, 0x1f,
+        0x00, 0x00, 0x00, 0x49, 0xc7, 0xc0, 0x00, 0x00, 0x00, 0x80, 0x49, 0x81, 0xfa, 0x00, 0x00,
+        0x00, 0x80, 0x4d, 0x0f, 0x4c, 0xd0, 0x41, 0x8b, 0xfa, 0x83, 0xff, 0x01, 0x0f, 0x8e, 0x6e,
+        0x02, 0x00, 0x00, 0x33, 0xc0, 0xb9, 0x1f, 0x00, 0x00, 0x00, 0x41, 0xba, 0x01, 0x00, 0x00,
+        0x00, 0xbb, 0x20, 0x00, 0x00, 0x00, 0xe9, 0xc8, 0x01, 0x00, 0x00, 0x66, 0x66, 0x0f, 0x1f,
+        0x84, 0x00, 0x00, 0x00, 0x00, 0x00,
+    ];
 
     /// `int Rec.down(int, int)` compiled by C1 (OpenJDK 17, `tests/jit/Rec.java`) after C2's
     /// version replaced it: its entry `mov [rsp-0x14000], eax` overwritten by `jmp` (`e9 …`,

@@ -79,6 +79,8 @@ fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
     // the stack (V8's `PrepareCallCFunction`: see `NoCfiRule::ReturnAtSavedSp`).
     let mut sp_copy: Option<(Register, State)> = None;
     let mut aligned = false;
+    // Where the conditional branch just decoded lands.
+    let mut branch_lands: Option<u64> = None;
     for _ in 0..MAX_INSTRUCTIONS {
         let at = decoder.position();
         if at == target || s.fp && stop_at_fp {
@@ -98,6 +100,11 @@ fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
         if instr.is_invalid() {
             return None;
         }
+        let after_branch = std::mem::replace(
+            &mut branch_lands,
+            (instr.flow_control() == FlowControl::ConditionalBranch)
+                .then(|| instr.near_branch_target()),
+        );
         let down = match instr.mnemonic() {
             Mnemonic::Push => Some(8),
             Mnemonic::Sub if op0_is_rsp(&instr) => Some(imm(&instr)?),
@@ -208,6 +215,21 @@ fn simulate(code: &[u8], target: usize, stop_at_fp: bool) -> Option<State> {
                     return Some(s);
                 }
                 continue;
+            }
+            if s == INITIAL
+                && instr.flow_control() == FlowControl::UnconditionalBranch
+                && let Some(landing) = after_branch
+            {
+                // An entry check that jumps away on a mismatch, jumped over on a match, with
+                // nothing pushed on either path (HotSpot's inline-cache check before a native
+                // wrapper's verified entry: `cmp rax, r10; je verified; jmp ic_miss; nop…`): the
+                // simulation goes on where the branch lands, past the padding.
+                let _ = decoder.set_position(usize::try_from(instr.next_ip()).ok()?);
+                padding_follows(&mut decoder);
+                if decoder.position() as u64 == landing {
+                    continue;
+                }
+                return Some(s);
             }
             if s == INITIAL && instr.mnemonic() == Mnemonic::Call {
                 // A call before anything was pushed: an out-of-line prologue (V8's baseline code
