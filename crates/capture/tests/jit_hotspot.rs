@@ -3,8 +3,9 @@
 //! flags and with `-XX:+PreserveFramePointer`. Checked against the target's known call graph
 //! (`tests/jit/Rec.java`) and against HotSpot's own stack walk (`jcmd PID Thread.print`, run by
 //! the test only after recording, for comparison); methods first compiled while the recording
-//! runs are named too. A JVM with attach off gets a note; a process that is not a JVM is never
-//! signalled.
+//! runs are named too. A JVM deoptimizing compiled frames on the stack over and over
+//! (`tests/jit/Deopt.java`) keeps its stacks whole. A JVM with attach off gets a note; a process
+//! that is not a JVM is never signalled.
 
 mod jit;
 
@@ -348,6 +349,91 @@ fn launched_jvm_is_asked_once_up() {
     for pid in pids {
         let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     }
+}
+
+/// `tests/jit/Deopt.java`'s methods.
+fn deopt_short(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "void Deopt.work(int, long)" | "Deopt.work(int, long)" => "work",
+        "int Deopt.down(int, int)" | "Deopt.down(int, int)" => "down",
+        _ => return None,
+    })
+}
+
+/// HotSpot deoptimizing compiled frames while they are on the stack (`tests/jit/Deopt.java`: a
+/// call site that `down`'s compiled code inlined is retargeted every 20 ms): the `down` frames
+/// on the worker's stack return into their methods' deoptimization handlers, run on in methods
+/// made not entrant (their entries overwritten by a jump), and are unpacked into interpreter
+/// frames under compiled callers; the main thread calls native methods (through native
+/// wrappers) all the while. Stacks stay whole: no caller skipped or invented, at most 1% cut
+/// (the VM's own transitions: safepoint and adapter stubs); before these layouts were modelled,
+/// 8% were.
+#[test]
+fn jvm_deoptimizing_frames_on_the_stack_keeps_them_whole() {
+    let test = "jvm_deoptimizing_frames_on_the_stack_keeps_them_whole";
+    let setup = Setup::new();
+    let Some(jdk) = jdk(test, &setup) else {
+        return;
+    };
+    let javac = which("javac").expect("javac, found for Rec");
+    let status = Command::new(javac)
+        .arg("-d")
+        .arg(setup.path())
+        .arg(sources().join("Deopt.java"))
+        .status()
+        .expect("run javac");
+    assert!(status.success(), "javac failed");
+    let mut cmd = Command::new(&jdk.java);
+    cmd.arg("-cp")
+        .arg(setup.path())
+        .args(["Deopt", &DEEP.to_string(), "120"]);
+    let target = Running::start(cmd);
+    let recording = record_pid(target.pid(), 4_000, 6.0, 16);
+    let graph = Graph {
+        short: &deopt_short,
+        entries: &["work"],
+        edges: &[("work", "down"), ("down", "down")],
+        // Frames deoptimized and not yet compiled again run interpreted (unnamed): the count
+        // of named `down` frames varies.
+        recursion: None,
+        is_root: &is_native_root,
+    };
+    let v = check(&recording.profile, &graph);
+    v.print(test);
+    let samples = recording.profile.samples();
+    let mut frames = Vec::new();
+    let cut = (0..samples.len())
+        .filter(|&i| {
+            recording
+                .profile
+                .stack_frames_root_first(samples.stacks[i], &mut frames);
+            frames
+                .iter()
+                .any(|&f| recording.profile.frame_name(f).starts_with("[truncated"))
+        })
+        .count();
+    println!(
+        "{test}: {cut} of {} samples cut (all threads)",
+        samples.len()
+    );
+    assert!(v.program_samples >= 5_000, "{} samples", v.program_samples);
+    assert_eq!(v.impossible_edges, 0, "impossible caller edges");
+    assert_eq!(v.invented, 0, "invented frames");
+    assert_eq!(
+        v.not_rooted, 0,
+        "unmarked stacks not reaching the thread root"
+    );
+    assert!(
+        v.truncated * 100 <= v.program_samples,
+        "{} of {} worker stacks cut",
+        v.truncated,
+        v.program_samples
+    );
+    assert!(
+        cut * 100 <= samples.len(),
+        "{cut} of {} stacks cut",
+        samples.len()
+    );
 }
 
 /// A JVM as pid 1 of its own PID and mount namespace with a private `/tmp` (as in a container):
