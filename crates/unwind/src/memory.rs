@@ -38,6 +38,13 @@ pub trait Memory {
     fn jit_pushed_return(&mut self, _ra: u64) -> bool {
         false
     }
+    /// Whether `addr` lies in a handler entered in place of an interrupted instruction, which it
+    /// keeps as its frame's return address (HotSpot's `SafepointBlob`, run when compiled code
+    /// stops at a safepoint poll): such a return address follows no call, and the frame above is
+    /// stopped at that instruction.
+    fn jit_interrupt_handler(&mut self, _addr: u64) -> bool {
+        false
+    }
     /// Whether `addr` lies in HotSpot's template interpreter, whose frames keep their caller's
     /// stack pointer (see [`NoCfiRule::InterpreterFrame`]).
     fn jit_interpreter(&mut self, _addr: u64) -> bool {

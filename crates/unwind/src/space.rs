@@ -438,7 +438,17 @@ impl<M: Binary> AddressSpace<M> {
                 nocfi::frame(region, first, lookup, mem)?
             };
             self.caller_at_entry = matches!(frame.rule, NoCfiRule::OutOfLinePrologue { .. });
-            return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| (ra, false)));
+            let handler = mem.jit_interrupt_handler(lookup);
+            return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| {
+                // A handler's return address that follows no call is the instruction it
+                // interrupted (a return poll's handler returns to a real call's return address).
+                let interrupted = handler
+                    && !matches!(
+                        self.checked_return_address(ra, mem),
+                        Ok(ReturnKind::AfterCall)
+                    );
+                (ra, interrupted)
+            }));
         };
         let sections = module.unwind_sections();
         let at = full::RowAt {

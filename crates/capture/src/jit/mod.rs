@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 pub use files::{MapRefused, namespace_pid, open_map, perf_info_path, perf_map_path};
 pub use images::{ImageCache, ImageError};
+use names::HOTSPOT_SAFEPOINT_HANDLER;
 pub use names::{JitName, parse_name};
 pub use perfmap::{JitSymbol, PerfMap, SymbolTable};
 
@@ -544,6 +545,12 @@ impl Memory for JitMemory<'_> {
 
     fn jit_pushed_return(&mut self, ra: u64) -> bool {
         self.jit.symbol(ra).is_some_and(|s| s.name.pushed_returns)
+    }
+
+    fn jit_interrupt_handler(&mut self, addr: u64) -> bool {
+        self.jit
+            .symbol(addr)
+            .is_some_and(|s| s.name.name == HOTSPOT_SAFEPOINT_HANDLER)
     }
 
     fn jit_interpreter(&mut self, addr: u64) -> bool {

@@ -72,6 +72,9 @@ pub const READY_TO_RUN: &str = "ReadyToRun";
 /// The name of a frame in HotSpot's interpreter (the perf map's `Interpreter` blob).
 pub const INTERPRETED_JAVA: &str = "[interpreted Java]";
 
+/// HotSpot's handlers for compiled code stopped at a safepoint poll, as its perf map names them.
+pub const HOTSPOT_SAFEPOINT_HANDLER: &str = "SafepointBlob";
+
 const V8_METHOD_PREFIXES: [&str; 6] = [
     "JS:",
     "LazyCompile:",

@@ -262,6 +262,9 @@ impl Memory for Observed<'_, '_> {
     fn jit_pushed_return(&mut self, ra: u64) -> bool {
         self.inner.jit_pushed_return(ra)
     }
+    fn jit_interrupt_handler(&mut self, addr: u64) -> bool {
+        self.inner.jit_interrupt_handler(addr)
+    }
     fn jit_interpreter(&mut self, addr: u64) -> bool {
         self.inner.jit_interpreter(addr)
     }

@@ -347,6 +347,10 @@ impl<M: Memory> Memory for NotPending<'_, M> {
         !self.pending(ra) && self.inner.jit_pushed_return(ra)
     }
 
+    fn jit_interrupt_handler(&mut self, addr: u64) -> bool {
+        !self.pending(addr) && self.inner.jit_interrupt_handler(addr)
+    }
+
     fn jit_interpreter(&mut self, addr: u64) -> bool {
         !self.pending(addr) && self.inner.jit_interpreter(addr)
     }

@@ -39,10 +39,16 @@ const DOWN_C1_TAIL: &[u8] = &[
 const DOWN_C1_HANDLER: u64 = 0x7f0d_cd41_63bd;
 const DOWN_C1_HANDLER_IN_TAIL: usize = 10;
 
-/// JIT code in anonymous memory: `DOWN_C2` at `JIT`, a frameless leaf (`ret`) at `LEAF`.
+/// JIT code in anonymous memory: `DOWN_C2` at `JIT`, a frameless leaf (`ret`) at `LEAF`, a
+/// safepoint handler at `HANDLER`.
 const JIT: u64 = 0x20_0000;
 const LEAF: u64 = JIT + 0x100;
+const HANDLER: u64 = JIT + 0x200;
 const JIT_END: u64 = JIT + 0x1000;
+
+/// A safepoint handler's start as far as it matters here: `push rbp; mov rbp, rsp`, a call,
+/// `leave; ret`.
+const HANDLER_CODE: &[u8] = &[0x55, 0x48, 0x89, 0xe5, 0xe8, 0, 0, 0, 0, 0xc9, 0xc3];
 
 /// A sample's memory with the two JIT functions' code.
 struct JitCode<'a> {
@@ -55,8 +61,13 @@ impl Memory for JitCode<'_> {
     }
 
     fn read_code(&mut self, addr: u64, buf: &mut [u8]) -> bool {
-        let code: &[u8] = if addr == LEAF { &[0xc3] } else { DOWN_C2 };
-        let base = if addr >= LEAF { LEAF } else { JIT };
+        let (base, code): (u64, &[u8]) = if addr >= HANDLER {
+            (HANDLER, HANDLER_CODE)
+        } else if addr >= LEAF {
+            (LEAF, &[0xc3])
+        } else {
+            (JIT, DOWN_C2)
+        };
         let at = (addr - base) as usize;
         let Some(bytes) = code.get(at..) else {
             return false;
@@ -69,13 +80,58 @@ impl Memory for JitCode<'_> {
     }
 
     fn jit_function(&mut self, addr: u64) -> Option<std::ops::Range<u64>> {
-        let down = JIT..JIT + DOWN_C2.len() as u64;
-        if down.contains(&addr) {
-            Some(down)
-        } else {
-            (LEAF..LEAF + 1).contains(&addr).then_some(LEAF..LEAF + 1)
-        }
+        [
+            JIT..JIT + DOWN_C2.len() as u64,
+            LEAF..LEAF + 1,
+            HANDLER..HANDLER + HANDLER_CODE.len() as u64,
+        ]
+        .into_iter()
+        .find(|f| f.contains(&addr))
     }
+
+    fn jit_interrupt_handler(&mut self, addr: u64) -> bool {
+        (HANDLER..HANDLER + HANDLER_CODE.len() as u64).contains(&addr)
+    }
+}
+
+/// A stack from a sample in the handler at its call, with its frame pointer set, whose
+/// return address is `interrupted` in `DOWN_C2`'s body (`push rbp; sub rsp, 0x20` done), whose
+/// frame lies above: the handler's saved `rbp` and return address, down's 0x20 bytes of locals,
+/// its saved `rbp` and return address into fp_cfi, then fp_cfi's frame.
+fn unwind_from_handler_over(interrupted: u64) -> (StackEnd, Vec<u64>) {
+    let mut words = vec![0x5555, interrupted];
+    words.extend([0xbad; 4]);
+    words.extend([SP + 0x48, FP_CFI_RA, 0xbad, 0, ROOT_RA]);
+    let bytes = stack(&words);
+    let mut mem = JitCode {
+        stack: SampleStack {
+            base: SP,
+            bytes: &bytes,
+            fallback: None,
+        },
+    };
+    let mut s = space();
+    s.add_region(Region::new(JIT, JIT_END, 0, "[anon:jit]".into(), None));
+    let mut out = Vec::new();
+    let end = s.unwind_with_sps(
+        &crate::Registers::new(HANDLER + 4, SP, SP),
+        &mut mem,
+        &mut out,
+        None,
+    );
+    (end, out)
+}
+
+#[test]
+fn a_frame_stopped_at_a_safepoint_poll_is_unwound_at_that_instruction() {
+    // Interrupted at `test esi, esi` (0x14), which follows no call.
+    assert_eq!(
+        unwind_from_handler_over(JIT + 0x14),
+        (
+            StackEnd::Root,
+            vec![HANDLER + 4, JIT + 0x14, FP_CFI_RA, ROOT_RA]
+        )
+    );
 }
 
 /// Unwinds a sample at `LEAF` whose return address is `ra` in `DOWN_C2`, whose frame (0x20
