@@ -102,7 +102,13 @@ fn unwind_from_handler_over(interrupted: u64) -> (StackEnd, Vec<u64>) {
     let mut words = vec![0x5555, interrupted];
     words.extend([0xbad; 4]);
     words.extend([SP + 0x48, FP_CFI_RA, 0xbad, 0, ROOT_RA]);
-    let bytes = stack(&words);
+    unwind_jit(&words, crate::Registers::new(HANDLER + 4, SP, SP))
+}
+
+/// Unwinds a sample with registers `regs` over stack `words` (from `SP`), in a process whose
+/// JIT code is [`JitCode`]'s.
+fn unwind_jit(words: &[u64], regs: crate::Registers) -> (StackEnd, Vec<u64>) {
+    let bytes = stack(words);
     let mut mem = JitCode {
         stack: SampleStack {
             base: SP,
@@ -113,12 +119,7 @@ fn unwind_from_handler_over(interrupted: u64) -> (StackEnd, Vec<u64>) {
     let mut s = space();
     s.add_region(Region::new(JIT, JIT_END, 0, "[anon:jit]".into(), None));
     let mut out = Vec::new();
-    let end = s.unwind_with_sps(
-        &crate::Registers::new(HANDLER + 4, SP, SP),
-        &mut mem,
-        &mut out,
-        None,
-    );
+    let end = s.unwind_with_sps(&regs, &mut mem, &mut out, None);
     (end, out)
 }
 
@@ -143,24 +144,7 @@ fn unwind_from_leaf_returning_to(ra: u64) -> (StackEnd, Vec<u64>) {
     words.extend([SP + 0x40, FP_CFI_RA]);
     // fp_cfi's frame: a local, its saved rbp (0: the outermost), root's return address.
     words.extend([0xbad, 0, ROOT_RA]);
-    let bytes = stack(&words);
-    let mut mem = JitCode {
-        stack: SampleStack {
-            base: SP,
-            bytes: &bytes,
-            fallback: None,
-        },
-    };
-    let mut s = space();
-    s.add_region(Region::new(JIT, JIT_END, 0, "[anon:jit]".into(), None));
-    let mut out = Vec::new();
-    let end = s.unwind_with_sps(
-        &crate::Registers::new(LEAF, SP, 0x1234),
-        &mut mem,
-        &mut out,
-        None,
-    );
-    (end, out)
+    unwind_jit(&words, crate::Registers::new(LEAF, SP, 0x1234))
 }
 
 #[test]
