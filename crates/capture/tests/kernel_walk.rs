@@ -402,6 +402,48 @@ fn fresh_page_stacks_are_whole(mode: Option<&str>, leaf: &str, deep: usize) {
     );
 }
 
+/// `tests/c/early_stack.c`, launched: from the start of `main` its thread spins 64 KiB below
+/// where its stack pointer was, on pages never touched, so no sample's copy holds anything. Its
+/// first samples come before the recorder has read its `exec`: the recorder readied the walk for
+/// the process it launched, which sends their stacks as it does for a binary still being read,
+/// and they are unwound once the process is read (before, 1–8 of ~200 a run ended
+/// `stack-not-copied`).
+#[test]
+fn a_launched_commands_first_samples_are_whole() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = c_program::build_c("early_stack.c", "early-stack", &["-O2"]);
+    let mut opts = RecordOptions::new(Target::Command(vec![binary.into(), "400".into()]));
+    opts.kernel_walk = KernelWalkMode::On;
+    let Some(recording) = record_or_skip(&opts) else {
+        return;
+    };
+    let profile = &recording.profile;
+    let (mut in_hold, mut whole) = (0u64, 0u64);
+    let mut frames = Vec::new();
+    let mut other = std::collections::BTreeMap::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        if names.last() != Some(&"hold") {
+            continue;
+        }
+        in_hold += 1;
+        if names.first() == Some(&"_start") && names.ends_with(&["main", "hold"]) {
+            whole += 1;
+        } else {
+            *other.entry(names.join(";")).or_insert(0u64) += 1;
+        }
+    }
+    println!(
+        "early stack: {whole} of {in_hold} samples in hold whole; others: {other:?}; truncated: \
+         {:?}",
+        recording.stats.truncated
+    );
+    assert!(in_hold >= 100, "only {in_hold} samples in hold");
+    assert_eq!(whole, in_hold, "others: {other:?}");
+}
+
 /// `tests/c/rebuild.c` forking: the recorded process forks a child after child, each rebuilding
 /// a 300-deep recursion (300 KiB of stack, far past the copy) for 30 ms. A child's first samples
 /// come before its fork record has been read: the program has no mappings to walk it by, but

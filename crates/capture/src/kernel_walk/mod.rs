@@ -73,6 +73,9 @@ const MAX_THREAD_TOPS: usize = 4096;
 
 /// Most binaries (paths) rows on demand remembers as asked for.
 const MAX_WANTED: usize = 4096;
+/// The mappings' fingerprint of a process expected but not read yet
+/// ([`KernelWalk::expect_process`]): no real fingerprint is 0 but by a 1 in 2^64 chance.
+const EXPECTED_PROCESS: u64 = 0;
 
 /// Default [`KernelWalkOptions::pending_dump_rate_kib`] where memory is bounded (the agent:
 /// with rows on demand every binary is pending until a walk reaches it).
@@ -384,6 +387,29 @@ impl KernelWalk {
         proc.count = n as u32;
         // A failed update leaves the old mappings: the unwinder checks every word's use anyway.
         let _ = self.procs.insert(pid, *proc, 0);
+    }
+
+    /// Readies the walk for a process about to start (a launched command, stopped before its
+    /// `exec`): until its mappings are sent, each walk of it sends the stack as a pending walk
+    /// does (with stack dumps on), so its first samples, taken before user space has read its
+    /// `exec`, are unwound once it has, instead of ending with whatever the sample's copy held
+    /// (nothing, when the stack had just grown onto a page not touched yet).
+    pub fn expect_process(&mut self, pid: u32) {
+        if !self.dumps {
+            return;
+        }
+        let mut proc = Box::<Proc>::default();
+        proc.m[0] = Mapping {
+            start: 0,
+            end: u64::MAX,
+            kind: MAPPING_PENDING,
+            ..Mapping::default()
+        };
+        proc.count = 1;
+        if self.procs.insert(pid, *proc, 0).is_ok() {
+            // No mappings' fingerprint: the first real ones replace these.
+            self.synced.insert(pid, EXPECTED_PROCESS);
+        }
     }
 
     /// Waits (until `deadline` at most) for the rows of every binary sent so far, then sends the

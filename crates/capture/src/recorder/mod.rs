@@ -338,6 +338,9 @@ pub fn record(
                 send_signal(c.id(), libc::SIGKILL);
                 return Err(e);
             }
+            if let Some(kw) = kernel_walk.as_mut() {
+                kw.expect_process(c.id());
+            }
             if let Some(pid) = &opts.launched_pid {
                 pid.store(c.id(), Ordering::Release);
             }
