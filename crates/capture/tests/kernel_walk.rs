@@ -356,17 +356,13 @@ fn stacks_are_whole_when_the_walk_cannot_take_its_first_step() {
     fresh_page_stacks_are_whole(Some("deep"), "hold_in_place", 41);
 }
 
-/// Records `tests/c/fresh_page.c` in `mode`; at least 99% of the samples in `leaf` must run from
-/// the thread's root through `deep` frames of `deep`.
-fn fresh_page_stacks_are_whole(mode: Option<&str>, leaf: &str, deep: usize) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let binary = c_program::build_c("fresh_page.c", "fresh-page", &["-O2"]);
-    let mut command = Command::new(&binary);
-    command.arg("30").args(mode);
-    let Some(recording) = record_by_pid(&mut command, 2) else {
-        return;
-    };
-    let profile = &recording.profile;
+/// Of the samples whose leaf is `leaf`: how many, how many `is_whole` accepts (given the frame
+/// names, root first), and the others' stacks with their counts.
+fn whole_in_leaf(
+    profile: &rootline_profile::Profile,
+    leaf: &str,
+    is_whole: impl Fn(&[&str]) -> bool,
+) -> (u64, u64, std::collections::BTreeMap<String, u64>) {
     let (mut in_leaf, mut whole) = (0u64, 0u64);
     let mut frames = Vec::new();
     let mut other = std::collections::BTreeMap::new();
@@ -378,18 +374,33 @@ fn fresh_page_stacks_are_whole(mode: Option<&str>, leaf: &str, deep: usize) {
             continue;
         }
         in_leaf += 1;
-        let middle = names.len().saturating_sub(5);
-        if matches!(
-            &names[..names.len().min(4)],
-            [clone, "start_thread", "second", "cycle"] if clone.ends_with("clone3")
-        ) && middle == deep
-            && names[4..4 + middle].iter().all(|n| n.starts_with("deep"))
-        {
+        if is_whole(&names) {
             whole += 1;
         } else {
             *other.entry(names.join(";")).or_insert(0u64) += 1;
         }
     }
+    (in_leaf, whole, other)
+}
+
+/// Records `tests/c/fresh_page.c` in `mode`; at least 99% of the samples in `leaf` must run from
+/// the thread's root through `deep` frames of `deep`.
+fn fresh_page_stacks_are_whole(mode: Option<&str>, leaf: &str, deep: usize) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = c_program::build_c("fresh_page.c", "fresh-page", &["-O2"]);
+    let mut command = Command::new(&binary);
+    command.arg("30").args(mode);
+    let Some(recording) = record_by_pid(&mut command, 2) else {
+        return;
+    };
+    let (in_leaf, whole, other) = whole_in_leaf(&recording.profile, leaf, |names| {
+        let middle = names.len().saturating_sub(5);
+        matches!(
+            &names[..names.len().min(4)],
+            [clone, "start_thread", "second", "cycle"] if clone.ends_with("clone3")
+        ) && middle == deep
+            && names[4..4 + middle].iter().all(|n| n.starts_with("deep"))
+    });
     println!(
         "fresh page ({leaf}): {whole} of {in_leaf} samples in the leaf whole; others: {other:?}; \
          truncated: {:?}",
@@ -417,24 +428,9 @@ fn a_launched_commands_first_samples_are_whole() {
     let Some(recording) = record_or_skip(&opts) else {
         return;
     };
-    let profile = &recording.profile;
-    let (mut in_hold, mut whole) = (0u64, 0u64);
-    let mut frames = Vec::new();
-    let mut other = std::collections::BTreeMap::new();
-    let samples = profile.samples();
-    for i in 0..samples.len() {
-        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
-        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
-        if names.last() != Some(&"hold") {
-            continue;
-        }
-        in_hold += 1;
-        if names.first() == Some(&"_start") && names.ends_with(&["main", "hold"]) {
-            whole += 1;
-        } else {
-            *other.entry(names.join(";")).or_insert(0u64) += 1;
-        }
-    }
+    let (in_hold, whole, other) = whole_in_leaf(&recording.profile, "hold", |names| {
+        names.first() == Some(&"_start") && names.ends_with(&["main", "hold"])
+    });
     println!(
         "early stack: {whole} of {in_hold} samples in hold whole; others: {other:?}; truncated: \
          {:?}",
