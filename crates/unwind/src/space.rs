@@ -365,13 +365,26 @@ impl<M: Binary> AddressSpace<M> {
             }
             // A signal trampoline's caller is the interrupted instruction, which need not follow
             // a call; it must still lie in executable code.
-            let checked = if in_signal_trampoline {
+            let mut checked = if in_signal_trampoline {
                 self.region(ra)
                     .map(|_| ReturnKind::SignalTrampoline)
                     .ok_or(TruncateReason::UnmappedAddress)
             } else {
                 self.checked_return_address(ra, mem)
             };
+            // A handler entered in place of an instruction it interrupted (HotSpot's safepoint
+            // handler) returns to that instruction, which follows no call, as a signal frame
+            // does (a return poll's handler returns to a real call's return address). Asked
+            // only where the return address is no plain one.
+            let interrupted = !in_signal_trampoline
+                && !matches!(checked, Ok(ReturnKind::AfterCall))
+                && mem.jit_interrupt_handler(lookup);
+            if interrupted {
+                checked = self
+                    .region(ra)
+                    .map(|_| ReturnKind::SignalTrampoline)
+                    .ok_or(TruncateReason::UnmappedAddress);
+            }
             match checked {
                 Ok(ReturnKind::SignalTrampoline) => self.instruction_frames.push(out.len()),
                 Ok(ReturnKind::InterpreterReentry) => {
@@ -385,7 +398,7 @@ impl<M: Binary> AddressSpace<M> {
             if let Some(sps) = sps.as_mut() {
                 sps.push(regs.sp());
             }
-            first = in_signal_trampoline;
+            first = in_signal_trampoline || interrupted;
             if !observer.on_frame(out.len() - 1, &regs, full) {
                 return Some(StackEnd::Stopped);
             }
@@ -438,17 +451,7 @@ impl<M: Binary> AddressSpace<M> {
                 nocfi::frame(region, first, lookup, mem)?
             };
             self.caller_at_entry = matches!(frame.rule, NoCfiRule::OutOfLinePrologue { .. });
-            let handler = mem.jit_interrupt_handler(lookup);
-            return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| {
-                // A handler's return address that follows no call is the instruction it
-                // interrupted (a return poll's handler returns to a real call's return address).
-                let interrupted = handler
-                    && !matches!(
-                        self.checked_return_address(ra, mem),
-                        Ok(ReturnKind::AfterCall)
-                    );
-                (ra, interrupted)
-            }));
+            return Ok(nocfi::exec(frame, regs, mem)?.map(|ra| (ra, false)));
         };
         let sections = module.unwind_sections();
         let at = full::RowAt {
