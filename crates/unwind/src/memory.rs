@@ -33,11 +33,6 @@ pub trait Memory {
         let function = self.jit_function(ret.checked_sub(1)?)?;
         jit::tier0_frame_in_memory(function, ret, self)
     }
-    /// Whether `ra` lies in JIT code that returns to addresses it pushed itself (so a return
-    /// address there need not follow a call instruction).
-    fn jit_pushed_return(&mut self, _ra: u64) -> bool {
-        false
-    }
     /// Whether `addr` lies in a handler entered in place of an interrupted instruction, which it
     /// keeps as its frame's return address (HotSpot's `SafepointBlob`, run when compiled code
     /// stops at a safepoint poll): such a return address follows no call, and the frame above is
@@ -46,7 +41,8 @@ pub trait Memory {
         false
     }
     /// Whether `addr` lies in HotSpot's template interpreter, whose frames keep their caller's
-    /// stack pointer (see [`NoCfiRule::InterpreterFrame`]).
+    /// stack pointer (see [`NoCfiRule::InterpreterFrame`]), and which returns to addresses it
+    /// pushed itself (so a return address there need not follow a call instruction).
     fn jit_interpreter(&mut self, _addr: u64) -> bool {
         false
     }

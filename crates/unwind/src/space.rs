@@ -593,7 +593,7 @@ impl<M: Binary> AddressSpace<M> {
         mem: &mut dyn Memory,
     ) -> Result<ReturnKind, TruncateReason> {
         let region = region.ok_or(TruncateReason::NotAfterCall)?;
-        if region.module.is_none() && mem.jit_pushed_return(ra) {
+        if region.module.is_none() && mem.jit_interpreter(ra) {
             return Ok(ReturnKind::AfterCall);
         }
         // A signal handler returns into the signal trampoline, which the kernel pushed as its

@@ -543,10 +543,6 @@ impl Memory for JitMemory<'_> {
         self.jit.jvm.asking() && self.jit.symbol(addr).is_none()
     }
 
-    fn jit_pushed_return(&mut self, ra: u64) -> bool {
-        self.jit.symbol(ra).is_some_and(|s| s.name.pushed_returns)
-    }
-
     fn jit_interrupt_handler(&mut self, addr: u64) -> bool {
         self.jit
             .symbol(addr)

@@ -259,9 +259,6 @@ impl Memory for Observed<'_, '_> {
     fn jit_rule(&mut self, lookup: u64, leaf: bool) -> Option<Option<NoCfiRule>> {
         self.inner.jit_rule(lookup, leaf)
     }
-    fn jit_pushed_return(&mut self, ra: u64) -> bool {
-        self.inner.jit_pushed_return(ra)
-    }
     fn jit_interrupt_handler(&mut self, addr: u64) -> bool {
         self.inner.jit_interrupt_handler(addr)
     }

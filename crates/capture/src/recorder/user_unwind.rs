@@ -343,10 +343,6 @@ impl<M: Memory> Memory for NotPending<'_, M> {
         self.inner.jit_rule(lookup, leaf)
     }
 
-    fn jit_pushed_return(&mut self, ra: u64) -> bool {
-        !self.pending(ra) && self.inner.jit_pushed_return(ra)
-    }
-
     fn jit_interrupt_handler(&mut self, addr: u64) -> bool {
         !self.pending(addr) && self.inner.jit_interrupt_handler(addr)
     }
