@@ -1,5 +1,5 @@
 //! Measures what loading a module costs the unwinder: parsing the ELF file with its CFI index
-//! (every FDE walked and every row classified for framehop or the full-register evaluator),
+//! (every FDE walked and every row classified for the fast walk or the full-register evaluator),
 //! against a bare walk of the FDEs, and the memory the module keeps.
 //!
 //! Usage: module_load FILE [ROUNDS] [--list]   (`--list`: print the full-register ranges)

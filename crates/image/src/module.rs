@@ -64,10 +64,6 @@ impl std::fmt::Debug for CodeModule {
         f.debug_struct("CodeModule")
             .field("name", &self.name)
             .field("fdes", &self.sections.fde_counts())
-            .field(
-                "eh_frame_hdr_complete",
-                &self.sections.eh_frame_hdr_complete(),
-            )
             .field("functions", &self.functions.len())
             .field("heap_bytes", &self.heap_bytes)
             .finish()
@@ -82,8 +78,7 @@ impl Drop for CodeModule {
 
 impl CodeModule {
     /// Parses the ELF file `file`, reading only its headers, symbol tables and unwind sections;
-    /// the file is kept open for code bytes and names. `name` is used in messages and as
-    /// framehop's module name. The module's memory is counted in `budget` while it lives.
+    /// the file is kept open for code bytes and names. `name` is used in messages. The module's memory is counted in `budget` while it lives.
     ///
     /// With a `limit`, the file is refused ([`ModuleError::OverBudget`]) when it would take the
     /// memory counted in `budget` past it (the code page cache all modules share,
@@ -232,12 +227,6 @@ impl CodeModule {
     /// Display name (usually the path).
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Whether framehop may look addresses up through `.eh_frame_hdr` (its table lists every
-    /// FDE); otherwise it indexes `.eh_frame` itself.
-    pub fn eh_frame_hdr_complete(&self) -> bool {
-        self.sections.eh_frame_hdr_complete()
     }
 
     /// Hex GNU build id, when the file has one.
@@ -519,11 +508,10 @@ mod tests {
     }
 
     #[test]
-    fn this_binary_has_a_complete_eh_frame_hdr_and_few_full_register_rows() {
+    fn this_binary_has_few_full_register_rows() {
         let file = File::open("/proc/self/exe").expect("own executable");
         let m = CodeModule::open("self", file, &ModuleBudget::new(), None).expect("parses");
         assert!(m.fde_counts().0 > 1000, "{m:?}");
-        assert!(m.eh_frame_hdr_complete(), "{m:?}");
         // Hand-written assembly and stack realignment aside, compiled code needs only rsp/rbp.
         assert!(
             m.full_register_ranges().len() * 100 < m.fde_counts().0,

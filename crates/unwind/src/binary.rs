@@ -8,7 +8,7 @@ use crate::sections::UnwindSections;
 
 /// A binary as the unwinder reads it. Addresses are link-time addresses (SVMA).
 pub trait Binary: Send + Sync {
-    /// Name used in messages and as framehop's module name.
+    /// Name used in messages.
     fn name(&self) -> &str;
     /// The binary's unwind sections.
     fn unwind_sections(&self) -> &Arc<UnwindSections>;

@@ -1,30 +1,30 @@
 //! An index of one CFI section's FDEs (`.eh_frame` or `.debug_frame`), built once when a module
 //! loads: which addresses an FDE covers and where that FDE lies in the section; and, for each
-//! FDE the first time an address in it is looked up, which of its rows framehop cannot evaluate
-//! exactly.
+//! FDE the first time an address in it is looked up, which of its rows need more than rip, rsp
+//! and rbp.
 //!
-//! framehop tracks only rip, rsp and rbp, and when a row needs anything else (a CFA based on rbx,
-//! a CFA expression, rbp restored from another register, …) it silently falls back to a
-//! frame-pointer walk. Every row an unwind reaches is therefore classified here ([`RowClass`]):
-//! rows framehop turns into one of its exact rules go to framehop; rows it cannot encode that
-//! still need only rip, rsp and rbp (a CFA beyond framehop's reach: rustc's driver has a 527 KiB
-//! frame) go to the evaluator ([`crate::full`]) for that one frame; all others to the
-//! full-register evaluator, from the leaf. A row that cannot be parsed counts as "not exact" too,
-//! so that evaluator reports it instead of framehop guessing.
+//! The fast walk tracks only rip, rsp and rbp (a row of that shape runs as a
+//! [`crate::frame_rule::FrameRule`]). A row that needs anything else (a CFA based on rbx, a CFA
+//! expression, rbp restored from another register, …) must go to the full-register evaluator
+//! ([`crate::full`]), from the leaf, so every row an unwind reaches is classified here
+//! ([`RowClass`]). A row that cannot be parsed needs full registers too, so that the evaluator
+//! reports it instead of the fast walk guessing.
 //!
 //! Classifying is per FDE and lazy: a large binary has hundreds of thousands of FDEs, of which a
 //! recording reaches a few thousand, and reading every row at load took most of a module's load
 //! time. Each FDE's outcome is one byte ([`CfiIndex::heap_bytes`] counts them); the few FDEs
-//! with rows framehop cannot encode keep those rows' ranges in a map.
+//! with rows that need full registers keep those rows' ranges in a map.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, EndianSlice, LittleEndian, RegisterRule, UnwindContext,
-    UnwindSection, UnwindTableRow, X86_64,
+    BaseAddresses, CieOrFde, EndianSlice, LittleEndian, RegisterRule, UnwindContext, UnwindSection,
+    X86_64,
 };
+
+use crate::frame_rule::FrameRule;
 
 /// One FDE: the link-time address range it covers and its offset in the section.
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +34,9 @@ struct Fde {
     offset: usize,
 }
 
+/// Bytes of code one entry of [`CfiIndex`]'s page table covers.
+const PAGE: u64 = 4096;
+
 /// The longest CFI gap taken for the child's side of `clone`/`clone3` (glibc's is 10 bytes:
 /// `syscall`, `test`, `jl`, `je`, `ret`).
 pub const CLONE_GAP: u64 = 16;
@@ -41,26 +44,24 @@ pub const CLONE_GAP: u64 = 16;
 /// How the unwinder may evaluate the CFI row at an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowClass {
-    /// framehop encodes it exactly.
-    Exact,
-    /// framehop cannot encode it, but it needs only rip, rsp and rbp: the evaluator unwinds
-    /// that one frame in the fast walk.
-    FrameRegistersOnly,
-    /// It needs registers framehop does not track (or could not be parsed): only the
+    /// It needs only rip, rsp and rbp (or marks the return address undefined): the fast walk
+    /// runs it.
+    FrameRegisters,
+    /// It needs registers the fast walk does not track (or could not be parsed): only the
     /// full-register evaluator may unwind it.
     FullRegisters,
 }
 
-/// A run of an FDE's rows that are not [`RowClass::Exact`]: start, end, and their class.
-type InexactRows = (u64, u64, RowClass);
+/// A run of an FDE's rows that need full registers: start and end.
+type FullRows = (u64, u64);
 
 /// An FDE's classification byte: not yet classified (0), or `CLASSIFIED` with the others.
 const CLASSIFIED: u8 = 1;
 /// Its first row marks the return address undefined: a thread's first frame (e.g. glibc's
 /// `thread_start` inside `clone3`).
 const OUTERMOST: u8 = 2;
-/// Some of its rows are not [`RowClass::Exact`]: their ranges are in [`CfiIndex::inexact`].
-const INEXACT: u8 = 4;
+/// Some of its rows need full registers: their ranges are in [`CfiIndex::full_rows`].
+const FULL_ROWS: u8 = 4;
 
 /// The FDEs of one section, sorted by start address, and what is known of their rows.
 #[derive(Debug, Default)]
@@ -68,10 +69,14 @@ pub struct CfiIndex {
     fdes: Vec<Fde>,
     /// One classification byte per FDE (same order), written once when it is first looked up.
     classes: Vec<AtomicU8>,
-    /// For FDEs with `INEXACT` rows: each such row's range and class, by FDE position.
-    inexact: Mutex<HashMap<usize, Box<[InexactRows]>>>,
-    /// Addresses past a nested FDE's end, inside the FDE around it (see [`CfiIndex::build`]).
-    past_nested: Vec<(u64, u64)>,
+    /// For FDEs with `FULL_ROWS`: those rows' ranges, by FDE position.
+    full_rows: Mutex<HashMap<usize, Box<[FullRows]>>>,
+    /// Where each [`PAGE`] of the covered addresses begins in `fdes`: `pages[p]` FDEs start
+    /// below `first_page + p * PAGE`. A lookup searches only its page's FDEs instead of all of
+    /// them (hundreds of thousands in a compiler, one cache miss per step of a binary search).
+    pages: Vec<u32>,
+    /// The address `pages` starts from (the first FDE's start, rounded down to a page).
+    first_page: u64,
     signal: Vec<(u64, u64)>,
 }
 
@@ -113,24 +118,14 @@ impl CfiIndex {
                 offset: fde.offset(),
             });
             if fde.is_signal_trampoline() {
-                // The caller of a signal trampoline is an interrupted instruction, which framehop
-                // would treat as a return address.
+                // The caller of a signal trampoline is an interrupted instruction, whose
+                // registers all matter: the full-register evaluator unwinds it.
                 index.signal.push((start, end));
             }
         }
         index.fdes.sort_unstable_by_key(|f| (f.start, f.end));
-        // Where FDEs overlap, an address past a nested FDE's end is covered only by the outer
-        // one, while framehop's lookup (the last FDE starting at or before the address) finds
-        // the nested one and falls back to frame pointers: those addresses go the full way.
-        let mut reach = 0;
-        for f in &index.fdes {
-            if reach > f.end {
-                index.past_nested.push((f.end, reach));
-            }
-            reach = reach.max(f.end);
-        }
-        index.past_nested.sort_unstable();
         index.signal.sort_unstable();
+        index.index_pages();
         index.classes = (0..index.fdes.len()).map(|_| AtomicU8::new(0)).collect();
         index
     }
@@ -148,18 +143,21 @@ impl CfiIndex {
         S: UnwindSection<Slice<'a>>,
     {
         let i = self.fde_index_at(svma)?;
-        if in_ranges(&self.past_nested, svma) || in_ranges(&self.signal, svma) {
+        if in_ranges(&self.signal, svma) {
             return Some(RowClass::FullRegisters);
         }
-        if self.class_of(i, section, bases) & INEXACT == 0 {
-            return Some(RowClass::Exact);
+        if self.class_of(i, section, bases) & FULL_ROWS == 0 {
+            return Some(RowClass::FrameRegisters);
         }
-        let inexact = self.inexact.lock().unwrap_or_else(|e| e.into_inner());
-        let class = inexact
+        let full_rows = self.full_rows.lock().unwrap_or_else(|e| e.into_inner());
+        let full = full_rows
             .get(&i)
-            .and_then(|rows| rows.iter().find(|r| r.0 <= svma && svma < r.1))
-            .map_or(RowClass::Exact, |r| r.2);
-        Some(class)
+            .is_some_and(|rows| rows.iter().any(|r| r.0 <= svma && svma < r.1));
+        Some(if full {
+            RowClass::FullRegisters
+        } else {
+            RowClass::FrameRegisters
+        })
     }
 
     /// When `svma` lies in a short gap in the CFI (at most [`CLONE_GAP`] bytes between one FDE's
@@ -201,11 +199,12 @@ impl CfiIndex {
     }
 
     /// Memory the index holds on the heap, in bytes, when built (the ranges of rows found
-    /// inexact later are few: a handful of FDEs a binary).
+    /// to need full registers later are few: a handful of FDEs a binary).
     pub fn heap_bytes(&self) -> usize {
         self.fdes.capacity() * std::mem::size_of::<Fde>()
             + self.classes.capacity()
-            + (self.past_nested.capacity() + self.signal.capacity()) * 16
+            + self.pages.capacity() * 4
+            + self.signal.capacity() * 16
     }
 
     /// Whether the section has no FDE.
@@ -223,10 +222,50 @@ impl CfiIndex {
         self.fde_index_at(svma).map(|i| self.fdes[i].offset)
     }
 
+    /// Fills the page table (see [`CfiIndex::pages`]); left empty when the FDEs span more
+    /// pages than there are FDEs (sparse code), where a plain binary search costs as little.
+    fn index_pages(&mut self) {
+        let (Some(first), Some(last)) = (self.fdes.first(), self.fdes.last()) else {
+            return;
+        };
+        self.first_page = first.start - first.start % PAGE;
+        let count = (last.start - self.first_page) / PAGE + 2;
+        if count > self.fdes.len() as u64 || u32::try_from(self.fdes.len()).is_err() {
+            return;
+        }
+        let mut pages = Vec::with_capacity(count as usize);
+        let mut i = 0;
+        for p in 0..count {
+            let page_start = self.first_page + p * PAGE;
+            while i < self.fdes.len() && self.fdes[i].start < page_start {
+                i += 1;
+            }
+            pages.push(i as u32);
+        }
+        self.pages = pages;
+    }
+
+    /// How many FDEs start at or before `svma` (a binary search, within its page when the page
+    /// table has one).
+    fn starting_at_or_before(&self, svma: u64) -> usize {
+        let page = svma
+            .checked_sub(self.first_page)
+            .map(|offset| offset / PAGE)
+            .and_then(|p| usize::try_from(p).ok());
+        let bounds = page.and_then(|p| Some((*self.pages.get(p)?, *self.pages.get(p + 1)?)));
+        match bounds {
+            Some((lo, hi)) => {
+                let (lo, hi) = (lo as usize, hi as usize);
+                lo + self.fdes[lo..hi].partition_point(|f| f.start <= svma)
+            }
+            None => self.fdes.partition_point(|f| f.start <= svma),
+        }
+    }
+
     /// Position of the FDE covering `svma` (the latest-starting one when FDEs nest).
     fn fde_index_at(&self, svma: u64) -> Option<usize> {
         // Ranges may nest or overlap (rare); check the few that start at or before `svma`.
-        let i = self.fdes.partition_point(|f| f.start <= svma);
+        let i = self.starting_at_or_before(svma);
         (i.saturating_sub(4)..i)
             .rev()
             .find(|&j| svma < self.fdes[j].end)
@@ -238,18 +277,13 @@ impl CfiIndex {
     where
         S: UnwindSection<Slice<'a>>,
     {
-        let mut ranges = self.past_nested.clone();
-        ranges.extend_from_slice(&self.signal);
+        let mut ranges = self.signal.clone();
         for i in 0..self.fdes.len() {
-            if self.class_of(i, section, bases) & INEXACT == 0 {
+            if self.class_of(i, section, bases) & FULL_ROWS == 0 {
                 continue;
             }
-            let inexact = self.inexact.lock().unwrap_or_else(|e| e.into_inner());
-            for &(start, end, class) in inexact.get(&i).into_iter().flatten() {
-                if class == RowClass::FullRegisters {
-                    ranges.push((start, end));
-                }
-            }
+            let full_rows = self.full_rows.lock().unwrap_or_else(|e| e.into_inner());
+            ranges.extend(full_rows.get(&i).into_iter().flatten());
         }
         ranges.sort_unstable();
         let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
@@ -274,8 +308,8 @@ impl CfiIndex {
         let f = self.fdes[i];
         let (class, rows) = classify_rows(section, bases, f);
         if !rows.is_empty() {
-            let mut inexact = self.inexact.lock().unwrap_or_else(|e| e.into_inner());
-            inexact.insert(i, rows.into_boxed_slice());
+            let mut full_rows = self.full_rows.lock().unwrap_or_else(|e| e.into_inner());
+            full_rows.insert(i, rows.into_boxed_slice());
         }
         // Two threads classifying one FDE at once store the same outcome.
         byte.store(class, Ordering::Release);
@@ -283,16 +317,13 @@ impl CfiIndex {
     }
 }
 
-/// Reads FDE `f`'s rows: its classification byte and the ranges of its rows that are not
-/// [`RowClass::Exact`] (the whole FDE when its rows cannot be read).
-fn classify_rows<'a, S>(section: &S, bases: &BaseAddresses, f: Fde) -> (u8, Vec<InexactRows>)
+/// Reads FDE `f`'s rows: its classification byte and the ranges of its rows that need full
+/// registers (the whole FDE when its rows cannot be read).
+fn classify_rows<'a, S>(section: &S, bases: &BaseAddresses, f: Fde) -> (u8, Vec<FullRows>)
 where
     S: UnwindSection<Slice<'a>>,
 {
-    let unreadable = (
-        CLASSIFIED | INEXACT,
-        vec![(f.start, f.end, RowClass::FullRegisters)],
-    );
+    let unreadable = (CLASSIFIED | FULL_ROWS, vec![(f.start, f.end)]);
     let Ok(fde) = section.fde_from_offset(bases, S::Offset::from(f.offset), S::cie_from_offset)
     else {
         return unreadable;
@@ -302,7 +333,7 @@ where
         return unreadable;
     };
     let mut class = CLASSIFIED;
-    let mut ranges: Vec<InexactRows> = Vec::new();
+    let mut ranges: Vec<FullRows> = Vec::new();
     let mut first_row = true;
     loop {
         match table.next_row() {
@@ -311,31 +342,24 @@ where
                     class |= OUTERMOST;
                 }
                 first_row = false;
-                if framehop_exact(row) {
+                if FrameRule::of_row(row).is_some() {
                     continue;
                 }
-                let kind = if needs_frame_registers_only(row) {
-                    RowClass::FrameRegistersOnly
-                } else {
-                    RowClass::FullRegisters
-                };
                 match ranges.last_mut() {
-                    Some(last) if last.1 == row.start_address() && last.2 == kind => {
-                        last.1 = row.end_address();
-                    }
-                    _ => ranges.push((row.start_address(), row.end_address(), kind)),
+                    Some(last) if last.1 == row.start_address() => last.1 = row.end_address(),
+                    _ => ranges.push((row.start_address(), row.end_address())),
                 }
             }
             Ok(None) => break,
             Err(_) => {
                 ranges.clear();
-                ranges.push((f.start, f.end, RowClass::FullRegisters));
+                ranges.push((f.start, f.end));
                 break;
             }
         }
     }
     if !ranges.is_empty() {
-        class |= INEXACT;
+        class |= FULL_ROWS;
     }
     (class, ranges)
 }
@@ -356,54 +380,6 @@ fn push_range(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) {
         return;
     }
     ranges.push((start, end));
-}
-
-/// Whether framehop turns this row into one of its exact (cacheable) rules: the return address
-/// at CFA-8 or undefined, the CFA at rsp+8n, and rbp kept or saved at CFA+8n; or the standard
-/// frame-pointer frame (CFA = rbp+16, rbp at CFA-16). Anything else framehop either evaluates
-/// with only rip/rsp/rbp known or replaces by a frame-pointer guess.
-pub fn framehop_exact<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>(
-    row: &UnwindTableRow<T, S>,
-) -> bool {
-    match row.register(X86_64::RA) {
-        Some(RegisterRule::Undefined) => return true,
-        Some(RegisterRule::Offset(-8)) => {}
-        _ => return false,
-    }
-    let bp = match row.register(X86_64::RBP) {
-        None | Some(RegisterRule::SameValue) => None,
-        Some(RegisterRule::Offset(o)) => Some(o),
-        Some(_) => return false,
-    };
-    match *row.cfa() {
-        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RSP => {
-            let fits = offset >= 0 && offset % 8 == 0 && offset / 8 <= i64::from(u16::MAX);
-            fits && bp.is_none_or(|o| {
-                let at = offset + o;
-                at % 8 == 0 && i16::try_from(at / 8).is_ok()
-            })
-        }
-        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RBP => {
-            offset == 16 && bp == Some(-16)
-        }
-        _ => false,
-    }
-}
-
-/// Whether a row framehop does not encode needs only rip, rsp and rbp: the return address at
-/// CFA-8, the CFA at rsp or rbp plus an offset, rbp kept or saved at an offset from the CFA.
-/// (Rules for other registers only say where their values are; the walk does not need them.)
-fn needs_frame_registers_only<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>(
-    row: &UnwindTableRow<T, S>,
-) -> bool {
-    let ra_at_cfa = matches!(row.register(X86_64::RA), Some(RegisterRule::Offset(-8)));
-    let bp_simple = matches!(
-        row.register(X86_64::RBP),
-        None | Some(RegisterRule::SameValue) | Some(RegisterRule::Offset(_))
-    );
-    let cfa_simple = matches!(*row.cfa(),
-        CfaRule::RegisterAndOffset { register, .. } if register == X86_64::RSP || register == X86_64::RBP);
-    ra_at_cfa && bp_simple && cfa_simple
 }
 
 #[cfg(test)]
@@ -478,11 +454,6 @@ pub(crate) mod tests {
             self.idx.row_class(&self.section, &self.bases, svma) == Some(RowClass::FullRegisters)
         }
 
-        fn needs_frame_registers_only(&self, svma: u64) -> bool {
-            self.idx.row_class(&self.section, &self.bases, svma)
-                == Some(RowClass::FrameRegistersOnly)
-        }
-
         fn full_register_ranges(&self) -> Vec<(u64, u64)> {
             self.idx.full_register_ranges(&self.section, &self.bases)
         }
@@ -507,9 +478,41 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn rows_framehop_cannot_evaluate_are_marked() {
+    fn the_page_table_finds_the_same_fdes_as_a_search_of_all() {
+        // Dense runs of small FDEs across page boundaries, a nested one, gaps of whole pages.
+        let mut fdes: Vec<(u64, u64, Vec<I>)> = (0..300u64)
+            .map(|i| (0x10_0000 + i * 0x30, 0x30, vec![I::CfaOffset(16)]))
+            .collect();
+        fdes.push((0x10_0040, 0x8, vec![I::CfaOffset(24)]));
+        fdes.extend((0..20u64).map(|i| (0x20_0000 + i * 0x1800, 0x1000, vec![])));
+        let bytes = eh_frame_at(&fdes);
+        let idx = index(&bytes);
+        assert!(!idx.pages.is_empty(), "dense FDEs get a page table");
+        let mut plain = CfiIndex {
+            fdes: idx.fdes.clone(),
+            ..CfiIndex::default()
+        };
+        plain.pages.clear();
+        for svma in (0x0f_f000..0x22_0000).step_by(4) {
+            assert_eq!(idx.fde_at(svma), plain.fde_at(svma), "at {svma:#x}");
+        }
+        assert_eq!(
+            idx.fde_at(0x10_0044),
+            Some(
+                idx.fdes
+                    .iter()
+                    .find(|f| f.start == 0x10_0040)
+                    .unwrap()
+                    .offset
+            ),
+            "the nested FDE"
+        );
+    }
+
+    #[test]
+    fn rows_that_need_more_than_rip_rsp_and_rbp_are_marked() {
         let bytes = eh_frame(&[
-            // A plain frame-pointer function: exact throughout.
+            // A plain frame-pointer function: rip, rsp and rbp suffice throughout.
             vec![
                 I::CfaOffset(16),
                 I::Offset(X86_64::RBP, -16),
@@ -523,8 +526,8 @@ pub(crate) mod tests {
             ],
             // rbp restored from another register.
             vec![I::Register(X86_64::RBP, X86_64::RBX)],
-            // A CFA offset framehop would round, and one past its reach (a 600 KB frame): the
-            // evaluator unwinds them from rip, rsp and rbp alone.
+            // A CFA offset that is no multiple of 8, and a 600 KB frame: rip, rsp and rbp
+            // suffice.
             vec![I::CfaOffset(12)],
             vec![
                 I::CfaOffset(16),
@@ -540,11 +543,8 @@ pub(crate) mod tests {
         assert!(idx.needs_full_registers(0x11ff));
         assert!(!idx.needs_full_registers(0x1203));
         assert!(idx.needs_full_registers(0x1204));
-        assert!(!idx.needs_full_registers(0x1304) && idx.needs_frame_registers_only(0x1304));
-        assert!(!idx.needs_frame_registers_only(0x1303));
-        assert!(!idx.needs_frame_registers_only(0x140b));
-        assert!(!idx.needs_full_registers(0x140c) && idx.needs_frame_registers_only(0x140c));
-        assert!(!idx.needs_frame_registers_only(0x1204) && !idx.needs_frame_registers_only(0x1110));
+        assert!(!idx.needs_full_registers(0x1303) && !idx.needs_full_registers(0x1304));
+        assert!(!idx.needs_full_registers(0x140b) && !idx.needs_full_registers(0x140c));
         assert!(idx.covers(0x14ff) && !idx.covers(0x1500) && !idx.covers(0xfff));
         assert_eq!(
             idx.full_register_ranges(),
@@ -573,17 +573,20 @@ pub(crate) mod tests {
         assert!(idx.needs_full_registers(0x1104) && !idx.needs_full_registers(0x1100));
         assert!(!idx.needs_full_registers(0x1004));
         assert_eq!(classified(&idx), [true, true, false]);
-        assert_eq!(idx.inexact.lock().expect("not poisoned").len(), 1);
+        assert_eq!(idx.full_rows.lock().expect("not poisoned").len(), 1);
     }
 
     #[test]
-    fn addresses_past_a_nested_fde_go_the_full_way() {
-        // framehop looks up the last FDE starting at or before an address; past the nested FDE's
-        // end that one does not cover it, and framehop would guess frame pointers.
+    fn addresses_past_a_nested_fde_are_the_outer_fdes() {
+        // The last FDE starting at or before 0x1050 is the nested one, which ends at 0x1020.
         let bytes = eh_frame_at(&[(0x1000, 0x100, vec![]), (0x1010, 0x10, vec![])]);
         let idx = index(&bytes);
-        assert_eq!(idx.full_register_ranges(), [(0x1020, 0x1100)]);
-        assert!(idx.covers(0x1050) && idx.needs_full_registers(0x1050));
-        assert!(!idx.needs_full_registers(0x1018) && !idx.needs_full_registers(0x1008));
+        let outer = idx.fdes.iter().find(|f| f.start == 0x1000).unwrap().offset;
+        let nested = idx.fdes.iter().find(|f| f.start == 0x1010).unwrap().offset;
+        assert_eq!(idx.fde_at(0x1050), Some(outer));
+        assert_eq!(idx.fde_at(0x1018), Some(nested));
+        assert_eq!(idx.fde_at(0x1008), Some(outer));
+        assert!(idx.full_register_ranges().is_empty());
+        assert!(!idx.needs_full_registers(0x1050) && !idx.needs_full_registers(0x1018));
     }
 }

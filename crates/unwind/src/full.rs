@@ -1,5 +1,6 @@
-//! Full-register evaluation of one CFI row with gimli: the slow path for rows framehop cannot
-//! evaluate exactly (see [`super::cfi`]).
+//! Full-register evaluation of one CFI row with gimli: the slow path for rows that need more
+//! than rip, rsp and rbp (see [`super::cfi`]); and reading a row's [`FrameRule`] for the fast
+//! walk.
 //!
 //! Every general-purpose register is carried from frame to frame: a register the row restores
 //! gets its saved value, a callee-saved register without a rule keeps its value, and every
@@ -12,6 +13,7 @@ use gimli::{
     Value, X86_64,
 };
 
+use crate::frame_rule::FrameRule;
 use crate::memory::Memory;
 use crate::policy::{self, TruncateReason};
 use crate::regs::{self, Registers};
@@ -57,16 +59,12 @@ impl Evaluator {
         self.with_row(at, |row, section| eval_row(row, section, first, regs, mem))
     }
 
-    /// Whether the row at `at` marks the return address undefined: the CFI's own word that the
-    /// frame is a thread's root.
-    pub fn return_address_undefined(&mut self, at: RowAt<'_>) -> bool {
-        self.with_row(at, |row, _| {
-            Ok(matches!(
-                row.register(X86_64::RA),
-                Some(RegisterRule::Undefined)
-            ))
-        })
-        .unwrap_or(false)
+    /// The [`FrameRule`] of the row at `at`, when it has that shape (None also when the row
+    /// cannot be read).
+    pub fn frame_rule(&mut self, at: RowAt<'_>) -> Option<FrameRule> {
+        self.with_row(at, |row, _| Ok(FrameRule::of_row(row)))
+            .ok()
+            .flatten()
     }
 
     fn with_row<T>(

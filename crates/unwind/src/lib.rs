@@ -10,9 +10,9 @@
 //! [`FrameObserver`] that sees each recovered frame's state and may stop the walk there. JIT code
 //! bounds and runtime-specific rules come in through the other [`Memory`] methods.
 //!
-//! What this crate does: executes CFI (`.eh_frame` and `.debug_frame`) with framehop while a row
-//! needs only rip, rsp and rbp, and with a full-register gimli evaluator otherwise ([`full`],
-//! classified once per FDE in [`cfi`]); decides frames in code without CFI from its
+//! What this crate does: executes CFI (`.eh_frame` and `.debug_frame`) as compact rules
+//! remembered per address while a row needs only rip, rsp and rbp ([`frame_rule`]), and with a
+//! full-register gimli evaluator otherwise ([`full`], classified once per FDE in [`cfi`]); decides frames in code without CFI from its
 //! instructions ([`x86_64::instruction_analysis`]: prologue and epilogue analysis of native and
 //! JIT code, run by [`nocfi`]); validates every step (the stack pointer strictly increases, a
 //! return address follows a call in executable code); and ends every stack either at its root
@@ -24,6 +24,7 @@
 
 pub mod binary;
 pub mod cfi;
+pub mod frame_rule;
 pub mod full;
 pub mod kernel_rows;
 pub mod memory;
@@ -45,6 +46,6 @@ pub use memory::{FrameObserver, Memory, MemoryReader, NoObserver, SampleStack};
 pub use policy::{ReadFailure, StackEnd, TruncateReason};
 pub use region::Region;
 pub use regs::Registers;
-pub use sections::{Section, SectionBytes, SectionLayout, UnwindSections};
+pub use sections::{Section, SectionLayout, UnwindSections};
 pub use space::AddressSpace;
 pub use x86_64::instruction_analysis::NoCfiRule;

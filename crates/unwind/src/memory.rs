@@ -112,7 +112,7 @@ impl Memory for SampleStack<'_> {
     fn read_stack_u64(&mut self, addr: u64) -> Result<u64, ReadFailure> {
         // Below the sampled stack pointer lies no frame's memory: only a slot an epilogue has
         // already popped (whose value the register now holds), which the live process may have
-        // overwritten since. framehop and the full evaluator take the register's value when
+        // overwritten since. The fast walk and the full evaluator take the register's value when
         // such a read is refused.
         if addr < self.base {
             return Err(ReadFailure::Unreadable);

@@ -3,26 +3,6 @@
 
 pub use rootline_profile::TruncateReason;
 
-/// Maps a framehop failure to a reason. `read_failure` is the last failed stack read's kind,
-/// when the failure was a read.
-pub(crate) fn reason_for_framehop(
-    err: framehop::Error,
-    read_failure: Option<ReadFailure>,
-) -> TruncateReason {
-    match err {
-        framehop::Error::CouldNotReadStack(_) => match read_failure {
-            Some(f) => reason_for_read(f),
-            None => TruncateReason::UnreadableStack,
-        },
-        framehop::Error::FramepointerUnwindingMovedBackwards | framehop::Error::DidNotAdvance => {
-            TruncateReason::SpNotIncreasing
-        }
-        framehop::Error::IntegerOverflow | framehop::Error::ReturnAddressIsNull => {
-            TruncateReason::CfiError
-        }
-    }
-}
-
 /// The reason for a failed stack read of the given kind.
 pub(crate) fn reason_for_read(read_failure: ReadFailure) -> TruncateReason {
     match read_failure {

@@ -2,26 +2,15 @@
 //! and `.debug_frame` bytes, their link-time addresses, and each one's [`CfiIndex`].
 //!
 //! The image layer reads the sections out of the file and hands them to [`UnwindSections::new`];
-//! everything derived from them (the FDE indexes, whether `.eh_frame_hdr` lists every FDE, the
-//! base addresses gimli needs) is computed here, once.
+//! everything derived from them (the FDE indexes, the base addresses gimli needs) is computed
+//! here, once.
 
-use std::ops::{Deref, Range};
+use std::ops::Range;
 use std::sync::Arc;
 
 use gimli::{BaseAddresses, DebugFrame, EhFrame, EndianSlice, LittleEndian};
 
 use crate::cfi::{CfiIndex, RowClass};
-
-/// An unwind section's bytes, handed to framehop as section data.
-#[derive(Clone)]
-pub struct SectionBytes(Arc<[u8]>);
-
-impl Deref for SectionBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
 
 /// One section in memory, with its link-time address range.
 #[derive(Debug, Clone)]
@@ -51,9 +40,6 @@ pub struct SectionLayout {
 #[derive(Debug)]
 pub struct UnwindSections {
     layout: SectionLayout,
-    /// Whether `.eh_frame_hdr`'s table lists exactly the FDEs of `.eh_frame` (framehop looks
-    /// addresses up through it; a table missing an FDE would make it guess frame pointers).
-    hdr_complete: bool,
     eh_cfi: CfiIndex,
     debug_cfi: CfiIndex,
 }
@@ -63,13 +49,11 @@ impl UnwindSections {
     pub fn new(layout: SectionLayout) -> UnwindSections {
         let mut sections = UnwindSections {
             layout,
-            hdr_complete: false,
             eh_cfi: CfiIndex::default(),
             debug_cfi: CfiIndex::default(),
         };
         sections.eh_cfi = sections.cfi_index(false);
         sections.debug_cfi = sections.cfi_index(true);
-        sections.hdr_complete = sections.hdr_lists_every_fde();
         sections
     }
 
@@ -82,11 +66,6 @@ impl UnwindSections {
             + self.eh_cfi.heap_bytes()
             + self.debug_cfi.heap_bytes()
             + (self.eh_cfi.len() + self.debug_cfi.len()) * 8
-    }
-
-    /// Whether `.eh_frame_hdr` lists every FDE of `.eh_frame` (see [`UnwindSections::new`]).
-    pub fn eh_frame_hdr_complete(&self) -> bool {
-        self.hdr_complete
     }
 
     /// Whether any FDE covers code.
@@ -200,40 +179,6 @@ impl UnwindSections {
         self.layout.debug_frame.as_ref().map(|s| &*s.data)
     }
 
-    /// framehop's view of these sections: `.debug_frame` alone (`debug_frame`), or `.eh_frame`
-    /// with its header when the header lists every FDE.
-    pub(crate) fn framehop_info(self: &Arc<Self>, debug_frame: bool) -> FramehopSections {
-        FramehopSections {
-            sections: Arc::clone(self),
-            debug_frame,
-        }
-    }
-
-    fn hdr_lists_every_fde(&self) -> bool {
-        let Some(h) = &self.layout.eh_frame_hdr else {
-            return false;
-        };
-        let bases = self.cfi_bases(false);
-        let hdr = gimli::EhFrameHdr::new(&h.data, LittleEndian);
-        let Ok(parsed) = hdr.parse(&bases, 8) else {
-            return false;
-        };
-        let Some(table) = parsed.table() else {
-            return false;
-        };
-        let mut starts = Vec::with_capacity(self.eh_cfi.len());
-        let mut iter = table.iter(&bases);
-        loop {
-            match iter.next() {
-                Ok(Some((gimli::Pointer::Direct(start), _))) => starts.push(start),
-                Ok(None) => break,
-                _ => return false,
-            }
-        }
-        starts.sort_unstable();
-        starts == self.eh_cfi.starts()
-    }
-
     fn cfi_index(&self, debug: bool) -> CfiIndex {
         let bases = self.cfi_bases(debug);
         if debug {
@@ -243,44 +188,5 @@ impl UnwindSections {
             self.eh_frame_section()
                 .map_or_else(CfiIndex::default, |s| CfiIndex::build(&s, &bases))
         }
-    }
-}
-
-/// framehop's module section source over a binary's [`UnwindSections`].
-pub(crate) struct FramehopSections {
-    sections: Arc<UnwindSections>,
-    debug_frame: bool,
-}
-
-impl framehop::ModuleSectionInfo<SectionBytes> for FramehopSections {
-    fn base_svma(&self) -> u64 {
-        0
-    }
-
-    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
-        let s = &self.sections;
-        let l = &s.layout;
-        match name {
-            b".text" => l.text.clone(),
-            b".eh_frame" if !self.debug_frame => l.eh_frame.as_ref().map(|s| s.svma.clone()),
-            b".eh_frame_hdr" if !self.debug_frame && s.hdr_complete => {
-                l.eh_frame_hdr.as_ref().map(|s| s.svma.clone())
-            }
-            b".got" => l.got.clone(),
-            _ => None,
-        }
-    }
-
-    fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
-        // Code bytes are not needed for ELF CFI (framehop analyses instructions only for Mach-O).
-        let s = &self.sections;
-        let l = &s.layout;
-        let section = match name {
-            b".eh_frame" if !self.debug_frame => l.eh_frame.as_ref(),
-            b".eh_frame_hdr" if !self.debug_frame && s.hdr_complete => l.eh_frame_hdr.as_ref(),
-            b".debug_frame" if self.debug_frame => l.debug_frame.as_ref(),
-            _ => None,
-        };
-        section.map(|s| SectionBytes(s.data.clone()))
     }
 }

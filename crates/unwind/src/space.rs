@@ -2,10 +2,11 @@
 //! of code addresses.
 //!
 //! An [`AddressSpace`] holds a process's executable [`Region`]s, each with its [`Binary`] when it
-//! is file-backed. CFI from `.eh_frame` and `.debug_frame` is executed by framehop (both are
-//! consulted, per address, whichever has an FDE covering it) or, for rows framehop cannot
-//! evaluate exactly, by the full-register evaluator ([`crate::full`]); code without CFI goes
-//! through the instruction analysis ([`crate::nocfi`]). Every step is validated (stack pointer
+//! is file-backed. CFI from `.eh_frame` and `.debug_frame` (both are consulted, per address,
+//! whichever has an FDE covering it) is run as a [`FrameRule`] remembered per lookup address
+//! while its rows need only rip, rsp and rbp, and by the full-register evaluator
+//! ([`crate::full`]) otherwise; code without CFI goes through the instruction analysis
+//! ([`crate::nocfi`]). Every step is validated (stack pointer
 //! strictly increasing, return address right after a call in an executable mapping); a failed
 //! step ends the stack with a [`TruncateReason`] from [`crate::policy`].
 
@@ -13,40 +14,30 @@ use std::collections::BTreeMap;
 
 use foldhash::HashMap;
 
-use framehop::Unwinder as _;
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-
 use crate::binary::Binary;
 use crate::cfi::RowClass;
+use crate::frame_rule::{FrameRule, RuleFailure};
 use crate::full;
 use crate::memory::{FrameObserver, Memory, NoObserver};
 use crate::nocfi;
-use crate::policy::{self, StackEnd, TruncateReason};
+use crate::policy::{StackEnd, TruncateReason};
 use crate::region::Region;
 use crate::regs::{self, Registers};
-use crate::sections::SectionBytes;
 use crate::x86_64::instruction_analysis::{
     DEOPTIMIZATION_HANDLER_BYTES, NoCfiRule, is_after_call, is_deoptimization_handler,
 };
 
-/// The executable regions of one process, with their unwind data loaded into framehop.
+/// The executable regions of one process, and what was found at the addresses unwound.
 pub struct AddressSpace<M> {
     regions: BTreeMap<u64, Region<M>>,
-    eh: UnwinderX86_64<SectionBytes>,
-    debug: UnwinderX86_64<SectionBytes>,
-    eh_cache: CacheX86_64,
-    debug_cache: CacheX86_64,
     evaluator: full::Evaluator,
-    /// Lookup addresses where framehop ended a stack, and whether the CFI row there really
-    /// marks the return address undefined.
-    roots: HashMap<u64, bool>,
     /// Return addresses in a binary's code already checked, by address: the check reads the
     /// code before each one from the file, and the same call sites recur in every sample.
     /// Cleared when the regions change, and past [`MAX_RETURN_CHECKS`].
     return_checks: HashMap<u64, Result<ReturnKind, TruncateReason>>,
     /// Which CFI covers each lookup address met, found by binary searches over a binary's
-    /// FDEs (hundreds of thousands in a compiler): cleared with `return_checks`, and past
-    /// [`MAX_CFI_LOOKUPS`].
+    /// FDEs (hundreds of thousands in a compiler), with its row's [`FrameRule`]: cleared with
+    /// `return_checks`, and past [`MAX_CFI_LOOKUPS`].
     cfi_at: HashMap<u64, CfiAt>,
     full_register_unwinds: u64,
     /// Indices into the last unwind's output of frames whose address is an instruction, not a
@@ -73,13 +64,11 @@ const MAX_CFI_LOOKUPS: usize = 1 << 14;
 enum CfiAt {
     /// No FDE covers it.
     None,
-    /// An FDE of `.debug_frame` (`debug`) or `.eh_frame`; `full`: its row needs registers
-    /// framehop does not track; `own_rule`: framehop cannot encode its row, which needs only
-    /// rip, rsp and rbp (the evaluator unwinds that frame in the fast walk).
+    /// An FDE of `.debug_frame` (`debug`) or `.eh_frame`; `rule`: its row as a [`FrameRule`]
+    /// (None: the row needs registers the fast walk does not track, or could not be read).
     Fde {
         debug: bool,
-        full: bool,
-        own_rule: bool,
+        rule: Option<FrameRule>,
     },
 }
 
@@ -101,12 +90,7 @@ impl<M> Default for AddressSpace<M> {
     fn default() -> Self {
         AddressSpace {
             regions: BTreeMap::new(),
-            eh: UnwinderX86_64::new(),
-            debug: UnwinderX86_64::new(),
-            eh_cache: CacheX86_64::new(),
-            debug_cache: CacheX86_64::new(),
             evaluator: full::Evaluator::default(),
-            roots: HashMap::default(),
             return_checks: HashMap::default(),
             cfi_at: HashMap::default(),
             full_register_unwinds: 0,
@@ -135,6 +119,7 @@ impl From<TruncateReason> for Stop {
 /// [`cfi_at`] for runtime address `lookup` (link-time `svma` in `module`), remembered in `cache`.
 fn remembered_cfi_at<B: Binary + ?Sized>(
     cache: &mut HashMap<u64, CfiAt>,
+    evaluator: &mut full::Evaluator,
     lookup: u64,
     module: &B,
     svma: u64,
@@ -142,7 +127,7 @@ fn remembered_cfi_at<B: Binary + ?Sized>(
     if let Some(&at) = cache.get(&lookup) {
         return at;
     }
-    let at = cfi_at(module.unwind_sections(), svma);
+    let at = cfi_at(module.unwind_sections(), evaluator, svma);
     if cache.len() >= MAX_CFI_LOOKUPS {
         cache.clear();
     }
@@ -150,8 +135,12 @@ fn remembered_cfi_at<B: Binary + ?Sized>(
     at
 }
 
-/// Which CFI covers link-time address `svma` (`.eh_frame` first).
-fn cfi_at(sections: &crate::sections::UnwindSections, svma: u64) -> CfiAt {
+/// Which CFI covers link-time address `svma` (`.eh_frame` first), and its row's frame rule.
+fn cfi_at(
+    sections: &crate::sections::UnwindSections,
+    evaluator: &mut full::Evaluator,
+    svma: u64,
+) -> CfiAt {
     let (debug, class) = match sections.row_class(false, svma) {
         Some(class) => (false, class),
         None => match sections.row_class(true, svma) {
@@ -159,11 +148,15 @@ fn cfi_at(sections: &crate::sections::UnwindSections, svma: u64) -> CfiAt {
             None => return CfiAt::None,
         },
     };
-    CfiAt::Fde {
-        debug,
-        full: class == RowClass::FullRegisters,
-        own_rule: class == RowClass::FrameRegistersOnly,
-    }
+    let rule = match class {
+        RowClass::FullRegisters => None,
+        RowClass::FrameRegisters => evaluator.frame_rule(full::RowAt {
+            sections,
+            debug,
+            svma,
+        }),
+    };
+    CfiAt::Fde { debug, rule }
 }
 
 fn region_in<M>(regions: &BTreeMap<u64, Region<M>>, addr: u64) -> Option<&Region<M>> {
@@ -180,27 +173,6 @@ impl<M: Binary> AddressSpace<M> {
     /// Adds an executable region, replacing any regions it overlaps.
     pub fn add_region(&mut self, region: Region<M>) {
         self.remove_range(region.start, region.end);
-        if let Some(m) = &region.module {
-            let sections = m.unwind_sections();
-            let (eh, debug) = sections.fde_counts();
-            let range = region.start..region.end;
-            if eh > 0 {
-                self.eh.add_module(framehop::Module::new(
-                    m.name().to_string(),
-                    range.clone(),
-                    region.bias,
-                    sections.framehop_info(false),
-                ));
-            }
-            if debug > 0 {
-                self.debug.add_module(framehop::Module::new(
-                    m.name().to_string(),
-                    range,
-                    region.bias,
-                    sections.framehop_info(true),
-                ));
-            }
-        }
         self.forget_lookups();
         self.regions.insert(region.start, region);
     }
@@ -216,15 +188,12 @@ impl<M: Binary> AddressSpace<M> {
             .collect();
         for s in overlapping {
             self.regions.remove(&s);
-            self.eh.remove_module(s);
-            self.debug.remove_module(s);
             self.forget_lookups();
         }
     }
 
     /// Forgets what was found at addresses (the regions change).
     fn forget_lookups(&mut self) {
-        self.roots.clear();
         self.return_checks.clear();
         self.cfi_at.clear();
     }
@@ -240,7 +209,8 @@ impl<M: Binary> AddressSpace<M> {
     }
 
     /// How many samples so far needed the full-register walk (a frame whose CFI uses registers
-    /// other than rip/rsp/rbp, or a stack end framehop reported that the CFI does not confirm).
+    /// other than rip/rsp/rbp, or a zero frame pointer or return address the CFI does not call
+    /// a root).
     pub fn full_register_unwinds(&self) -> u64 {
         self.full_register_unwinds
     }
@@ -270,9 +240,9 @@ impl<M: Binary> AddressSpace<M> {
     /// stack pointer, parallel to `out`: a return address `out[i]` (i > 0) was read just below
     /// `sps[i]`.
     ///
-    /// Frames go through framehop while their CFI needs only rip, rsp and rbp; a frame that
-    /// needs more (or a stack end the CFI does not confirm) restarts the walk from the leaf
-    /// with every register tracked (see [`full`]).
+    /// Frames are unwound by their [`FrameRule`]s while their CFI needs only rip, rsp and rbp;
+    /// a frame that needs more (or a zero return address the CFI does not call a root)
+    /// restarts the walk from the leaf with every register tracked (see [`full`]).
     pub fn unwind_with_sps(
         &mut self,
         regs: &Registers,
@@ -425,19 +395,11 @@ impl<M: Binary> AddressSpace<M> {
         }
         let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
-        let cfi = region
-            .module
-            .as_deref()
-            .map(|m| (m, remembered_cfi_at(&mut self.cfi_at, lookup, m, svma)));
-        let Some((
-            module,
-            CfiAt::Fde {
-                debug,
-                full: needs_full,
-                own_rule,
-            },
-        )) = cfi
-        else {
+        let cfi = region.module.as_deref().map(|m| {
+            let at = remembered_cfi_at(&mut self.cfi_at, &mut self.evaluator, lookup, m, svma);
+            (m, at)
+        });
+        let Some((module, CfiAt::Fde { debug, rule })) = cfi else {
             if region.refused {
                 return Err(TruncateReason::ModuleMemoryLimit.into());
             }
@@ -464,58 +426,13 @@ impl<M: Binary> AddressSpace<M> {
             let ra = self.evaluator.step(at, first, regs, mem)?;
             return Ok(ra.map(|ra| (ra, signal)));
         }
-        if needs_full {
-            return Err(Stop::NeedsFullRegisters);
-        }
-        if own_rule {
-            let ra = self.evaluator.step(at, first, regs, mem)?;
-            let (Some(sp), Some(bp)) = (regs.get(regs::RSP), regs.get(regs::RBP)) else {
-                return Err(Stop::NeedsFullRegisters);
-            };
-            // The fast walk tracks rip, rsp and rbp only (as after a framehop frame).
-            *regs = Registers::new(regs.ip(), sp, bp);
-            return Ok(ra.map(|ra| (ra, false)));
-        }
-        let address = if first {
-            framehop::FrameAddress::from_instruction_pointer(regs.ip())
-        } else {
-            framehop::FrameAddress::from_return_address(regs.ip())
-                .ok_or(TruncateReason::CfiError)?
-        };
-        let mut fregs = UnwindRegsX86_64::new(regs.ip(), regs.sp(), regs.bp());
-        let mut read_failure = None;
-        let mut read = |addr: u64| {
-            mem.read_stack_u64(addr).map_err(|e| {
-                read_failure = Some(e);
-            })
-        };
-        let result = if debug {
-            self.debug
-                .unwind_frame(address, &mut fregs, &mut self.debug_cache, &mut read)
-        } else {
-            self.eh
-                .unwind_frame(address, &mut fregs, &mut self.eh_cache, &mut read)
-        };
-        match result {
-            Ok(Some(ra)) => {
-                *regs = Registers::new(ra, fregs.sp(), fregs.bp());
-                Ok(Some((ra, false)))
-            }
-            // framehop also ends a stack on a zero frame pointer or return address; only the
-            // CFI's own "return address undefined" is a root.
-            Ok(None) => {
-                let evaluator = &mut self.evaluator;
-                let root = *self
-                    .roots
-                    .entry(lookup)
-                    .or_insert_with(|| evaluator.return_address_undefined(at));
-                if root {
-                    Ok(None)
-                } else {
-                    Err(Stop::NeedsFullRegisters)
-                }
-            }
-            Err(e) => Err(policy::reason_for_framehop(e, read_failure).into()),
+        // The fast walk: a row that needs more than rip, rsp and rbp sends the sample to the
+        // full walk.
+        let rule = rule.ok_or(Stop::NeedsFullRegisters)?;
+        match rule.exec(first, regs, mem) {
+            Ok(ra) => Ok(ra.map(|ra| (ra, false))),
+            Err(RuleFailure::Truncated(reason)) => Err(reason.into()),
+            Err(RuleFailure::NeedsFullRegisters) => Err(Stop::NeedsFullRegisters),
         }
     }
 
@@ -546,7 +463,8 @@ impl<M: Binary> AddressSpace<M> {
         let region = region_in(&self.regions, pc)?;
         let module = region.module.as_deref()?;
         let svma = region.svma(pc);
-        if remembered_cfi_at(&mut self.cfi_at, pc, module, svma) != CfiAt::None {
+        if remembered_cfi_at(&mut self.cfi_at, &mut self.evaluator, pc, module, svma) != CfiAt::None
+        {
             // Covered by CFI: no gap (the leaf's step finds this again, remembered).
             return None;
         }

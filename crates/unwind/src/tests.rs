@@ -1,5 +1,5 @@
 //! Unwinder tests on a crafted module: every way a stack can end (a real root, or an explicit
-//! truncation) and the full-register path for CFI framehop cannot evaluate.
+//! truncation) and the full-register path for CFI that needs more than rip, rsp and rbp.
 
 use std::sync::Arc;
 
@@ -48,7 +48,7 @@ const REENTRY: u64 = 0x3700;
 /// Another function of the same shape, not a re-entry point.
 const OTHER_ENTRY: u64 = 0x3780;
 /// `huge`: `push rbp; sub rsp, 600000` (CFI: CFA = rsp + 600016 from +9, beyond what
-/// framehop encodes), calls the leaves and returns to `HUGE_RA`.
+/// the fast walk's frame rules take), calls the leaves and returns to `HUGE_RA`.
 const HUGE: u64 = 0x3800;
 const HUGE_RA: u64 = HUGE + 0x40;
 /// `huge`'s CFA offset in its body.
@@ -197,7 +197,7 @@ fn cfi_undefined_return_address_is_the_root() {
 }
 
 #[test]
-fn a_frame_too_large_for_framehop_is_unwound_in_the_fast_walk() {
+fn a_600_kb_frame_is_unwound_in_the_fast_walk() {
     // leaf (saved rbx, return into huge), huge's 600,000 bytes of locals, its saved rbp and
     // its return into root.
     let mut words = vec![0x77, HUGE_RA];
@@ -211,7 +211,7 @@ fn a_frame_too_large_for_framehop_is_unwound_in_the_fast_walk() {
     assert_eq!(
         s.full_register_unwinds(),
         0,
-        "only huge's frame needs the evaluator, not a walk from the leaf with every register"
+        "huge's frame runs as a frame rule, with no walk from the leaf with every register"
     );
     // Sampled in huge itself: the same rule for the leaf frame.
     let (end, out) = unwind(&mut s, &regs(HUGE + 0x20, 0xdead, None), &words[2..]);
@@ -230,7 +230,7 @@ fn frames_based_on_rbx_are_unwound_with_all_registers() {
     assert_eq!(end, StackEnd::Root);
     assert_eq!(out, vec![LEAF + 0x80, TRAMP_RA, ROOT_RA]);
     assert_eq!(s.full_register_unwinds(), 1, "restarted once from the leaf");
-    // Twice: framehop's cache must not turn the rbx row into a frame-pointer guess.
+    // Twice: a remembered lookup must not turn the rbx row into a frame-pointer guess.
     let (end, out) = unwind(
         &mut s,
         &regs(LEAF + 0x80, 0xdead, Some(7)),
@@ -302,7 +302,7 @@ fn a_return_into_v8s_interpreter_reentry_is_accepted_at_its_entry_only() {
 #[test]
 fn a_zero_frame_pointer_in_a_cfi_frame_is_not_a_root() {
     let mut s = space();
-    // framehop's frame-pointer rule ends the stack on rbp = 0; the CFI says nothing of a root.
+    // A frame-pointer rule cannot follow rbp = 0; the CFI says nothing of a root.
     let (end, out) = unwind(&mut s, &regs(FP_CFI + 0x80, 0, None), &[0; 4]);
     assert!(matches!(end, StackEnd::Truncated(_)), "{end:?}");
     assert_eq!(out, vec![FP_CFI + 0x80]);
@@ -413,7 +413,7 @@ fn a_save_slot_already_popped_is_never_read_from_live_memory() {
     // CFI row still says "rbp saved at CFA-16" = SP - 8, below the stack pointer: not in the copy,
     // and in the live process possibly overwritten since. The register holds the value.
     let words = stack(&[FP_CFI_RA, 0xbad, 0, ROOT_RA]);
-    // Both walks: framehop's (rip/rsp/rbp) and the full-register evaluator's.
+    // Both walks: the fast one (rip/rsp/rbp) and the full-register evaluator's.
     for full in [false, true] {
         let mut live = ChangedSince;
         let mut mem = SampleStack {
