@@ -440,6 +440,72 @@ fn a_launched_commands_first_samples_are_whole() {
     assert_eq!(whole, in_hold, "others: {other:?}");
 }
 
+/// `tests/c/exec_chain.c`: a launched command that spins in `before_exec` for 15 ms and execs
+/// itself, 20 times, then spins in `after_exec`. The samples an image takes in its last moments
+/// before its exec are read in the same round as the exec's records, which empty the process's
+/// address space before its samples are unwound: they must still be unwound in the image they
+/// ran in (before, each such sample ended `[truncated: unmapped-address]` at its leaf).
+#[test]
+fn samples_just_before_an_exec_are_unwound_in_the_image_they_ran_in() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let binary = c_program::build_c("exec_chain.c", "exec-chain", &["-O2"]);
+    let args = vec![binary.into(), "15".into(), "20".into()];
+    let mut opts = RecordOptions::new(Target::Command(args));
+    opts.kernel_walk = KernelWalkMode::On;
+    opts.frequency_hz = 4000;
+    let Some(recording) = record_or_skip(&opts) else {
+        return;
+    };
+    let (before, whole_before, other) = whole_through(&recording.profile, "before_exec");
+    let (after, whole_after, _) = whole_through(&recording.profile, "after_exec");
+    let unmapped = recording
+        .stats
+        .truncated
+        .get(&rootline_capture::unwind::TruncateReason::UnmappedAddress)
+        .copied()
+        .unwrap_or(0);
+    println!(
+        "exec chain: {whole_before} of {before} samples in before_exec whole, {whole_after} of \
+         {after} in after_exec; others: {other:?}; truncated: {:?}",
+        recording.stats.truncated
+    );
+    assert!(before >= 500 && after >= 30, "{before} and {after} samples");
+    assert_eq!(unmapped, 0, "others: {other:?}");
+    assert!(whole_before * 100 >= before * 99, "others: {other:?}");
+    assert!(whole_after * 100 >= after * 99);
+}
+
+/// Of the samples with a frame named `function` (for `before_exec`, also every cut stack: one
+/// cut at its leaf in the first image's code shows no name): how many, and how many run whole
+/// from `_start` through `main` into it; the others' stacks.
+fn whole_through(
+    profile: &rootline_profile::Profile,
+    function: &str,
+) -> (u64, u64, std::collections::BTreeMap<String, u64>) {
+    let (mut with, mut whole) = (0u64, 0u64);
+    let mut other = std::collections::BTreeMap::new();
+    let mut frames = Vec::new();
+    let samples = profile.samples();
+    for i in 0..samples.len() {
+        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+        let cut = names.iter().any(|n| n.starts_with("[truncated"));
+        let named = names.contains(&function) || (cut && function == "before_exec");
+        if !named {
+            continue;
+        }
+        with += 1;
+        let at = names.iter().position(|&n| n == function);
+        let through_main = at.is_some_and(|i| i > 0 && names[i - 1] == "main");
+        if names.first() == Some(&"_start") && through_main && !cut {
+            whole += 1;
+        } else {
+            *other.entry(names.join(";")).or_insert(0u64) += 1;
+        }
+    }
+    (with, whole, other)
+}
+
 /// `tests/c/rebuild.c` forking: the recorded process forks a child after child, each rebuilding
 /// a 300-deep recursion (300 KiB of stack, far past the copy) for 30 ms. A child's first samples
 /// come before its fork record has been read: the program has no mappings to walk it by, but

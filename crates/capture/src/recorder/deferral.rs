@@ -126,6 +126,15 @@ impl Deferrals {
         Some(key)
     }
 
+    /// Moves `pid`'s address space aside (see [`Processes::retire`]) for samples that may still
+    /// come, though none waits yet; it goes at the next [`Deferrals::release_retired`] unless
+    /// one is set aside in it by then.
+    pub fn keep_aside(&mut self, processes: &mut Processes, pid: u32) -> Option<u32> {
+        let key = processes.retire(pid)?;
+        self.retired.push(key);
+        Some(key)
+    }
+
     /// Drops the address spaces kept aside for samples that no longer wait.
     pub fn release_retired(&mut self, processes: &mut Processes) {
         let per_space = &self.per_space;

@@ -60,6 +60,9 @@ pub struct Pipeline {
     pending: Vec<Pending>,
     lifetimes: Lifetimes,
     deferrals: Deferrals,
+    /// The execs read in this round, in time order: process, the exec's time, and the key of
+    /// the address space it left (see [`Pipeline::space_of`]).
+    execs: Vec<(u32, u64, u32)>,
     proof: LiveProof,
     unwinder: UserUnwinder,
     limit: TableLimit,
@@ -102,6 +105,7 @@ impl Pipeline {
             pending: Vec::new(),
             lifetimes: Lifetimes::new(),
             deferrals: Deferrals::new(),
+            execs: Vec::new(),
             proof: LiveProof::default(),
             unwinder: UserUnwinder::default(),
             limit: TableLimit::default(),
@@ -253,6 +257,12 @@ impl Pipeline {
     /// Called before each pass over the rings: installs finished parses, unwinds the samples
     /// that waited for them, and forgets threads and processes that exited a while ago.
     pub fn begin_round(&mut self) {
+        // The images execs left were for the last round's samples (those still waiting keep
+        // theirs).
+        if !self.execs.is_empty() {
+            self.execs.clear();
+            self.deferrals.release_retired(&mut self.processes);
+        }
         if self.processes.poll_loaded() {
             let (files, pids) = self.processes.take_installed();
             // Only the samples that waited for what arrived: each is unwound again at most once
@@ -400,7 +410,14 @@ impl Pipeline {
             } => {
                 if exec {
                     self.lifetimes.exec(pid, time);
-                    self.deferrals.retire_space(&mut self.processes, pid);
+                    // The image it leaves is kept for this round's samples taken before it.
+                    let left = match self.deferrals.retire_space(&mut self.processes, pid) {
+                        Some(key) => Some(key),
+                        None => self.deferrals.keep_aside(&mut self.processes, pid),
+                    };
+                    if let Some(key) = left {
+                        self.execs.push((pid, time, key));
+                    }
                     self.processes.exec(pid);
                     self.jit.exec(pid);
                 }
@@ -454,8 +471,25 @@ impl Pipeline {
     /// later) if the sample's binaries are still being parsed.
     pub(crate) fn sample_record(&mut self, raw: &[u8], s: &Sample<'_>) {
         if Some(s.pid) != self.skip_pid {
-            self.handle(s, Some(raw), s.pid);
+            self.handle(s, Some(raw), self.space_of(s));
         }
+    }
+
+    /// The address space a sample of this round ran in: its process's, or, for a sample taken
+    /// before an exec read in the same round (a round applies every mapping record before its
+    /// samples), the image that exec left (a launched `rustc` is rustup's proxy until it execs
+    /// the toolchain's compiler a few milliseconds in).
+    ///
+    /// A sample in the kernel just before the exec's record may be inside `execve` itself, its
+    /// old image gone: it stays with its process, where [`Pipeline::in_exec`] knows it.
+    fn space_of(&self, s: &Sample<'_>) -> u32 {
+        if s.kernel_mode && self.lifetimes.may_be_in_exec(s.pid, s.time) {
+            return s.pid;
+        }
+        self.execs
+            .iter()
+            .find(|&&(pid, time, _)| pid == s.pid && s.time < time)
+            .map_or(s.pid, |&(_, _, key)| key)
     }
 
     /// Whether JVMs are asked for their perf maps (see [`crate::jit::hotspot`]); on until called.
