@@ -33,9 +33,9 @@ pub enum FrameRule {
         /// The register the CFA is computed from.
         base: CfaBase,
         /// The CFA's offset from `base`.
-        offset: i64,
+        offset: i32,
         /// Where rbp was saved, relative to the CFA.
-        rbp_at: Option<i64>,
+        rbp_at: Option<i32>,
     },
 }
 
@@ -50,7 +50,8 @@ pub enum RuleFailure {
 }
 
 impl FrameRule {
-    /// The rule for `row`, when it has this shape.
+    /// The rule for `row`, when it has this shape (and its offsets fit in 32 bits: a rule is
+    /// kept for every lookup address met, so it is kept small).
     pub fn of_row<T: gimli::ReaderOffset, S: UnwindContextStorage<T>>(
         row: &UnwindTableRow<T, S>,
     ) -> Option<FrameRule> {
@@ -61,7 +62,7 @@ impl FrameRule {
         }
         let rbp_at = match row.register(X86_64::RBP) {
             None | Some(RegisterRule::SameValue) => None,
-            Some(RegisterRule::Offset(o)) => Some(o),
+            Some(RegisterRule::Offset(o)) => Some(i32::try_from(o).ok()?),
             Some(_) => return None,
         };
         let CfaRule::RegisterAndOffset { register, offset } = *row.cfa() else {
@@ -74,7 +75,7 @@ impl FrameRule {
         };
         Some(FrameRule::Cfa {
             base,
-            offset,
+            offset: i32::try_from(offset).ok()?,
             rbp_at,
         })
     }
@@ -106,7 +107,7 @@ impl FrameRule {
             CfaBase::Rbp => bp,
         };
         let overflow = RuleFailure::Truncated(TruncateReason::CfiError);
-        let cfa = from.checked_add_signed(offset).ok_or(overflow)?;
+        let cfa = from.checked_add_signed(offset.into()).ok_or(overflow)?;
         let read = |mem: &mut dyn Memory, addr: u64| {
             mem.read_stack_u64(addr)
                 .map_err(|f| RuleFailure::Truncated(policy::reason_for_read(f)))
@@ -114,7 +115,7 @@ impl FrameRule {
         let caller_bp = match rbp_at {
             None => bp,
             Some(o) => {
-                let at = cfa.checked_add_signed(o).ok_or(overflow)?;
+                let at = cfa.checked_add_signed(o.into()).ok_or(overflow)?;
                 if first && at < sp { bp } else { read(mem, at)? }
             }
         };
