@@ -411,10 +411,10 @@ impl Pipeline {
                 if exec {
                     self.lifetimes.exec(pid, time);
                     // The image it leaves is kept for this round's samples taken before it.
-                    let left = match self.deferrals.retire_space(&mut self.processes, pid) {
-                        Some(key) => Some(key),
-                        None => self.deferrals.keep_aside(&mut self.processes, pid),
-                    };
+                    let left = self
+                        .deferrals
+                        .retire_space(&mut self.processes, pid)
+                        .or_else(|| self.deferrals.keep_aside(&mut self.processes, pid));
                     if let Some(key) = left {
                         self.execs.push((pid, time, key));
                     }
@@ -483,13 +483,17 @@ impl Pipeline {
     /// A sample in the kernel just before the exec's record may be inside `execve` itself, its
     /// old image gone: it stays with its process, where [`Pipeline::in_exec`] knows it.
     fn space_of(&self, s: &Sample<'_>) -> u32 {
+        let Some(&(_, _, left)) = self
+            .execs
+            .iter()
+            .find(|&&(pid, time, _)| pid == s.pid && s.time < time)
+        else {
+            return s.pid;
+        };
         if s.kernel_mode && self.lifetimes.may_be_in_exec(s.pid, s.time) {
             return s.pid;
         }
-        self.execs
-            .iter()
-            .find(|&&(pid, time, _)| pid == s.pid && s.time < time)
-            .map_or(s.pid, |&(_, _, key)| key)
+        left
     }
 
     /// Whether JVMs are asked for their perf maps (see [`crate::jit::hotspot`]); on until called.
