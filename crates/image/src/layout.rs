@@ -101,7 +101,6 @@ impl Layout {
         [
             cfi,
             cfi / 2,
-            size(&self.eh_frame_hdr),
             self.functions.len() * 16,
             self.symbols.len() * std::mem::size_of::<Symbol>(),
             self.thread_entries.len() * 16,

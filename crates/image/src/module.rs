@@ -1,6 +1,6 @@
 //! One loaded ELF file as the unwinder sees it: its unwind sections, CFI coverage, function starts
-//! and symbols. The file stays on disk: only the unwind sections (`.eh_frame`, `.eh_frame_hdr`,
-//! `.debug_frame`) and compact tables are kept in memory; code bytes and symbol names are read
+//! and symbols. The file stays on disk: only the unwind sections (`.eh_frame`, `.debug_frame`)
+//! and compact tables are kept in memory; code bytes and symbol names are read
 //! when asked for (module `bytes`). Every module's memory is counted ([`ModuleBudget::live_bytes`]) so a
 //! long-running profiler can bound it. Nothing here touches a process.
 
@@ -159,7 +159,7 @@ impl CodeModule {
             text: layout.text,
             got: layout.got,
             eh_frame: section(layout.eh_frame),
-            eh_frame_hdr: section(layout.eh_frame_hdr),
+            eh_frame_hdr: layout.eh_frame_hdr.map(|p| p.svma),
             debug_frame: section(layout.debug_frame),
         });
         let module = CodeModule {

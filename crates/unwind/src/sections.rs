@@ -1,5 +1,5 @@
-//! A binary's unwind sections as the unwinder holds them: `.eh_frame` (with `.eh_frame_hdr`)
-//! and `.debug_frame` bytes, their link-time addresses, and each one's [`CfiIndex`].
+//! A binary's unwind sections as the unwinder holds them: `.eh_frame` and `.debug_frame` bytes
+//! (`.eh_frame_hdr`'s address only), their link-time addresses, and each one's [`CfiIndex`].
 //!
 //! The image layer reads the sections out of the file and hands them to [`UnwindSections::new`];
 //! everything derived from them (the FDE indexes, the base addresses gimli needs) is computed
@@ -30,8 +30,9 @@ pub struct SectionLayout {
     pub got: Option<Range<u64>>,
     /// `.eh_frame`.
     pub eh_frame: Option<Section>,
-    /// `.eh_frame_hdr`.
-    pub eh_frame_hdr: Option<Section>,
+    /// `.eh_frame_hdr`'s link-time range: the base of `.eh_frame`'s data-relative pointers (its
+    /// table is not used: FDEs are found through [`CfiIndex`]).
+    pub eh_frame_hdr: Option<Range<u64>>,
     /// `.debug_frame`.
     pub debug_frame: Option<Section>,
 }
@@ -61,7 +62,6 @@ impl UnwindSections {
     pub fn heap_bytes(&self) -> usize {
         let section = |s: &Option<Section>| s.as_ref().map_or(0, |s| s.data.len());
         section(&self.layout.eh_frame)
-            + section(&self.layout.eh_frame_hdr)
             + section(&self.layout.debug_frame)
             + self.eh_cfi.heap_bytes()
             + self.debug_cfi.heap_bytes()
@@ -163,7 +163,7 @@ impl UnwindSections {
                 bases = bases.set_eh_frame(s.svma.start);
             }
             if let Some(h) = &l.eh_frame_hdr {
-                bases = bases.set_eh_frame_hdr(h.svma.start);
+                bases = bases.set_eh_frame_hdr(h.start);
             }
         }
         bases
