@@ -356,31 +356,40 @@ fn stacks_are_whole_when_the_walk_cannot_take_its_first_step() {
     fresh_page_stacks_are_whole(Some("deep"), "hold_in_place", 41);
 }
 
-/// Of the samples whose leaf is `leaf`: how many, how many `is_whole` accepts (given the frame
+/// Of the samples `selected` picks: how many, how many `is_whole` accepts (both given the frame
 /// names, root first), and the others' stacks with their counts.
-fn whole_in_leaf(
+fn whole_among(
     profile: &rootline_profile::Profile,
-    leaf: &str,
+    selected: impl Fn(&[&str]) -> bool,
     is_whole: impl Fn(&[&str]) -> bool,
 ) -> (u64, u64, std::collections::BTreeMap<String, u64>) {
-    let (mut in_leaf, mut whole) = (0u64, 0u64);
+    let (mut chosen, mut whole) = (0u64, 0u64);
     let mut frames = Vec::new();
     let mut other = std::collections::BTreeMap::new();
     let samples = profile.samples();
     for i in 0..samples.len() {
         profile.stack_frames_root_first(samples.stacks[i], &mut frames);
         let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
-        if names.last() != Some(&leaf) {
+        if !selected(&names) {
             continue;
         }
-        in_leaf += 1;
+        chosen += 1;
         if is_whole(&names) {
             whole += 1;
         } else {
             *other.entry(names.join(";")).or_insert(0u64) += 1;
         }
     }
-    (in_leaf, whole, other)
+    (chosen, whole, other)
+}
+
+/// [`whole_among`] the samples whose leaf is `leaf`.
+fn whole_in_leaf(
+    profile: &rootline_profile::Profile,
+    leaf: &str,
+    is_whole: impl Fn(&[&str]) -> bool,
+) -> (u64, u64, std::collections::BTreeMap<String, u64>) {
+    whole_among(profile, |names| names.last() == Some(&leaf), is_whole)
 }
 
 /// Records `tests/c/fresh_page.c` in `mode`; at least 99% of the samples in `leaf` must run from
@@ -475,35 +484,23 @@ fn samples_just_before_an_exec_are_unwound_in_the_image_they_ran_in() {
     assert!(whole_after * 100 >= after * 99);
 }
 
-/// Of the samples with a frame named `function` (for `before_exec`, also every cut stack: one
-/// cut at its leaf in the first image's code shows no name): how many, and how many run whole
-/// from `_start` through `main` into it; the others' stacks.
+/// [`whole_among`] the samples with a frame named `function` (for `before_exec`, also every cut
+/// stack: one cut at its leaf in the first image's code shows no name): whole when uncut and
+/// run from `_start` through `main` into it.
 fn whole_through(
     profile: &rootline_profile::Profile,
     function: &str,
 ) -> (u64, u64, std::collections::BTreeMap<String, u64>) {
-    let (mut with, mut whole) = (0u64, 0u64);
-    let mut other = std::collections::BTreeMap::new();
-    let mut frames = Vec::new();
-    let samples = profile.samples();
-    for i in 0..samples.len() {
-        profile.stack_frames_root_first(samples.stacks[i], &mut frames);
-        let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
-        let cut = names.iter().any(|n| n.starts_with("[truncated"));
-        let named = names.contains(&function) || (cut && function == "before_exec");
-        if !named {
-            continue;
-        }
-        with += 1;
-        let at = names.iter().position(|&n| n == function);
-        let through_main = at.is_some_and(|i| i > 0 && names[i - 1] == "main");
-        if names.first() == Some(&"_start") && through_main && !cut {
-            whole += 1;
-        } else {
-            *other.entry(names.join(";")).or_insert(0u64) += 1;
-        }
-    }
-    (with, whole, other)
+    let cut = |names: &[&str]| names.iter().any(|n| n.starts_with("[truncated"));
+    whole_among(
+        profile,
+        |names| names.contains(&function) || (cut(names) && function == "before_exec"),
+        |names| {
+            let at = names.iter().position(|&n| n == function);
+            let through_main = at.is_some_and(|i| i > 0 && names[i - 1] == "main");
+            names.first() == Some(&"_start") && through_main && !cut(names)
+        },
+    )
 }
 
 /// `tests/c/rebuild.c` forking: the recorded process forks a child after child, each rebuilding
