@@ -393,7 +393,7 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             "rootline: in-kernel stack walk: {} walks, {} frames; {} samples unwound with it, {} \
              needed more and were unwound the usual way, {} found no walk, {} needed none (their \
              copy reached their thread's outermost frame); walks ended: {}; {} chunks lost \
-             (ring full), {} walks broken; {} rows in the table{}{}{}{}",
+             (ring full), {} walks broken; {} rows in the table{}{}{}{}{}",
             w.walks,
             w.frames,
             kw.unwound,
@@ -417,6 +417,16 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
                 format!(
                     ", {} stack dumps dropped (memory bound) while their binaries were read",
                     kw.dumps_dropped
+                )
+            } else {
+                String::new()
+            },
+            if w.join.dump_bytes > 0 {
+                format!(
+                    "; {:.1} MB of stack dumps while binaries were read ({:.0}% the same as their \
+                     thread's last, held once)",
+                    w.join.dump_bytes as f64 / 1e6,
+                    100.0 * w.join.dump_bytes_shared as f64 / w.join.dump_bytes as f64
                 )
             } else {
                 String::new()

@@ -87,9 +87,10 @@ pub struct KernelStack {
     bp: u64,
     /// `(address, value)`, sorted by address.
     words: Vec<(u64, u64)>,
-    /// Stack dumps (a walk that reached a binary still being read): consecutive words from
-    /// each address.
-    spans: Vec<(u64, Vec<u64>)>,
+    /// Stack dumps (a walk that reached a binary still being read), a page at a time:
+    /// consecutive words from each address, sorted by address. A page may be shared with the
+    /// thread's earlier dumps (see [`Join`]).
+    spans: Vec<DumpPage>,
     /// The 8 code bytes before each return address into JIT code, read at the sample's
     /// instant: `(address, bytes)`, sorted by address.
     code: Vec<(u64, u64)>,
@@ -107,10 +108,11 @@ impl KernelStack {
         if let Ok(i) = self.words.binary_search_by_key(&addr, |w| w.0) {
             return Some(self.words[i].1);
         }
-        self.spans.iter().find_map(|(start, values)| {
-            let at = addr.checked_sub(*start)?;
-            (at % 8 == 0).then(|| values.get(usize::try_from(at / 8).ok()?).copied())?
-        })
+        let i = self.spans.partition_point(|(start, _)| *start <= addr);
+        let (start, values) = self.spans.get(i.checked_sub(1)?)?;
+        let at = addr - start;
+        at.is_multiple_of(8)
+            .then(|| values.get(usize::try_from(at / 8).ok()?).copied())?
     }
 
     /// Whether this walk read exactly the words `other` read at and above `low` (neither with
@@ -147,7 +149,7 @@ impl KernelStack {
         &self.code
     }
 
-    /// Bytes of its stack dumps.
+    /// Bytes of its stack dumps (pages it shares with other walks counted in each).
     pub fn dump_bytes(&self) -> usize {
         self.spans.iter().map(|s| s.1.len() * 8).sum()
     }
@@ -219,6 +221,10 @@ pub struct JoinStats {
     /// Samples given the walk of an earlier sample of their thread (taken before that walk's
     /// task work finished: the same user stack).
     pub shared: u64,
+    /// Bytes of stack dumps received.
+    pub dump_bytes: u64,
+    /// Of those, bytes the thread's previous dump held the same (kept once).
+    pub dump_bytes_shared: u64,
 }
 
 /// How long a walk waits for its sample, in nanoseconds of the walk's clock.
@@ -238,7 +244,11 @@ const STOP_SAME: u8 = 11;
 
 /// A walk being assembled: its first chunk's header (with the last chunk's number, and
 /// `STOP_CONTINUES` as its stop once it goes on as task work), its words and its dumps.
-type Assembling = (ChunkHeader, Vec<(u64, u64)>, Vec<(u64, Vec<u64>)>);
+type Assembling = (ChunkHeader, Vec<(u64, u64)>, Vec<DumpPage>);
+
+/// One chunk of a stack dump (a page, or the part of one above the walk's stack pointer): its
+/// first address and its words.
+type DumpPage = (u64, Arc<[u64]>);
 
 /// A walk ready for its sample: the sample's time (a walk shared by samples of one stack is
 /// ready once for each) and the walk.
@@ -253,6 +263,11 @@ pub struct Join {
     followers: HashMap<u32, Vec<u64>>,
     /// Per thread, the last walk that went on as task work (a `same` walk may arrive after it).
     last_continued: HashMap<u32, Arc<KernelStack>>,
+    /// Per thread, the pages of its last walk's stack dump. The outer part of a deep stack
+    /// seldom changes between samples: a page of the next dump that holds the same words is
+    /// shared instead of held again (a compiler's stack dumps, up to a MiB each while its
+    /// largest library is read, are mostly the same pages).
+    last_dump: HashMap<u32, Vec<DumpPage>>,
     /// Counts.
     pub stats: JoinStats,
 }
@@ -289,15 +304,9 @@ impl Join {
             }
         };
         if h.span {
-            let values = words
-                .chunks_exact(8)
-                .take(usize::from(h.words))
-                .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()));
-            // A dump's pages arrive in order: one that continues the last extends it.
-            match spans.last_mut() {
-                Some((start, v)) if *start + 8 * v.len() as u64 == h.end_sp => v.extend(values),
-                _ => spans.push((h.end_sp, values.collect())),
-            }
+            let bytes = &words[..(8 * usize::from(h.words)).min(words.len() / 8 * 8)];
+            let page = self.dump_page(h.tid, h.end_sp, bytes);
+            spans.push((h.end_sp, page));
         } else {
             for pair in words.chunks_exact(16).take(usize::from(h.words)) {
                 let addr = u64::from_le_bytes(pair[..8].try_into().unwrap_or_default());
@@ -331,6 +340,15 @@ impl Join {
             collected.sort_by_key(|w| w.0);
         }
         collected.dedup_by_key(|w| w.0);
+        // A dump's pages arrive in address order.
+        if !spans.is_sorted_by_key(|p| p.0) {
+            spans.sort_by_key(|p| p.0);
+        }
+        if spans.is_empty() {
+            self.last_dump.remove(&h.tid);
+        } else {
+            self.last_dump.insert(h.tid, spans.clone());
+        }
         self.stats.walks += 1;
         let walk = Arc::new(KernelStack {
             ip: first.ip,
@@ -352,6 +370,26 @@ impl Join {
             }
             self.last_continued.insert(h.tid, walk);
         }
+    }
+
+    /// The words of a dump chunk from `start` (`bytes`, little-endian): the page of the
+    /// thread's last dump there when it holds the same words, else a page of their own.
+    fn dump_page(&mut self, tid: u32, start: u64, bytes: &[u8]) -> Arc<[u64]> {
+        let words = || {
+            bytes
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+        };
+        self.stats.dump_bytes += bytes.len() as u64;
+        if let Some(pages) = self.last_dump.get(&tid)
+            && let Ok(i) = pages.binary_search_by_key(&start, |p| p.0)
+            && pages[i].1.len() == bytes.len() / 8
+            && pages[i].1.iter().copied().eq(words())
+        {
+            self.stats.dump_bytes_shared += bytes.len() as u64;
+            return Arc::clone(&pages[i].1);
+        }
+        words().collect()
     }
 
     fn push_ready(&mut self, tid: u32, time: u64, walk: Arc<KernelStack>) {
@@ -452,6 +490,7 @@ impl Join {
         }
         self.followers.remove(&tid);
         self.last_continued.remove(&tid);
+        self.last_dump.remove(&tid);
     }
 }
 
@@ -538,6 +577,47 @@ mod tests {
             (bare.word(0x9008), bare.word(0xa000), bare.len()),
             (Some(1), None, 1)
         );
+    }
+
+    /// A dump of pages `(start, values)` for thread `tid`'s sample at `time`, as one walk.
+    fn dump_walk(j: &mut Join, tid: u32, time: u64, pages: &[(u64, &[u64])]) -> Arc<KernelStack> {
+        j.chunk(&chunk(time, tid, 0, false, &[]));
+        for (i, (start, values)) in pages.iter().enumerate() {
+            j.chunk(&span(time, tid, i as u32 + 1, *start, values));
+        }
+        let mut last = chunk(time, tid, pages.len() as u32 + 1, true, &[]);
+        last[47] = 9;
+        j.chunk(&last);
+        j.claim(tid, time + 50, 0x1000, 0x7000, 0).expect("matched")
+    }
+
+    #[test]
+    fn a_dump_page_holding_the_same_words_as_the_threads_last_is_shared() {
+        let mut j = Join::default();
+        let first = dump_walk(&mut j, 7, 100, &[(0xa010, &[1, 2]), (0xb000, &[3, 4])]);
+        // The same thread: its first page starts elsewhere, its second holds the same words.
+        let second = dump_walk(&mut j, 7, 200, &[(0xa018, &[2]), (0xb000, &[3, 4])]);
+        assert!(Arc::ptr_eq(&first.spans[1].1, &second.spans[1].1));
+        assert_eq!(
+            (second.word(0xa018), second.word(0xb008)),
+            (Some(2), Some(4))
+        );
+        // A page whose words changed is its own, and reads its new words.
+        let third = dump_walk(&mut j, 7, 300, &[(0xb000, &[3, 5])]);
+        assert!(!Arc::ptr_eq(&second.spans[1].1, &third.spans[0].1));
+        assert_eq!((third.word(0xb000), third.word(0xb008)), (Some(3), Some(5)));
+        assert_eq!(second.word(0xb008), Some(4));
+        // Another thread's dump shares nothing.
+        let other = dump_walk(&mut j, 8, 400, &[(0xb000, &[3, 5])]);
+        assert!(!Arc::ptr_eq(&third.spans[0].1, &other.spans[0].1));
+        assert_eq!(
+            (j.stats.dump_bytes, j.stats.dump_bytes_shared),
+            (8 * 11, 8 * 2)
+        );
+        // A thread that exited leaves nothing to share.
+        j.thread_exited(7);
+        let after = dump_walk(&mut j, 7, 500, &[(0xb000, &[3, 5])]);
+        assert!(!Arc::ptr_eq(&third.spans[0].1, &after.spans[0].1));
     }
 
     /// `chunk` with stop code `stop`.
