@@ -19,7 +19,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
-use rootline_profile::{FrameId, FrameKind, Profile, StackId};
+use rootline_profile::{FrameId, FrameKind, Profile, StackId, StringId};
 
 use crate::input;
 
@@ -204,10 +204,10 @@ pub fn write_report(
         writeln!(out, "    {}: {value}", &key["truncated.".len()..])?;
     }
 
-    // Self and total per function name.
-    let mut self_time: HashMap<&str, i64> = HashMap::new();
-    let mut total_time: HashMap<&str, i64> = HashMap::new();
-    let mut seen: HashSet<&str> = HashSet::new();
+    // Self and total per function name (counted by the name's id: equal names share one).
+    let mut self_by_id: HashMap<StringId, i64> = HashMap::new();
+    let mut total_by_id: HashMap<StringId, i64> = HashMap::new();
+    let mut seen: HashSet<StringId> = HashSet::new();
     for (&stack, &value) in &sums {
         seen.clear();
         let mut leaf_done = false;
@@ -215,16 +215,23 @@ pub fn write_report(
             if !is_code(profile, frame) {
                 continue;
             }
-            let name = profile.frame_name(frame);
+            let name = profile.frame_name_id(frame);
             if !leaf_done {
-                *self_time.entry(name).or_default() += value;
+                *self_by_id.entry(name).or_default() += value;
                 leaf_done = true;
             }
             if seen.insert(name) {
-                *total_time.entry(name).or_default() += value;
+                *total_by_id.entry(name).or_default() += value;
             }
         }
     }
+    let by_name = |by_id: HashMap<StringId, i64>| -> HashMap<&str, i64> {
+        by_id
+            .into_iter()
+            .map(|(id, value)| (profile.string(id), value))
+            .collect()
+    };
+    let (self_time, total_time) = (by_name(self_by_id), by_name(total_by_id));
     write_top(
         out,
         "Top functions by self",
@@ -248,6 +255,7 @@ pub fn write_report(
     let mut hot: Vec<(String, i64, usize, usize)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut frames = Vec::new();
+    let mut path = String::new();
     let mut stacks: Vec<(StackId, i64)> = sums.into_iter().collect();
     stacks.sort();
     for (stack, value) in stacks {
@@ -258,12 +266,14 @@ pub fn write_report(
             startup_len(profile, &frames)
         };
         let shown = &frames[hidden..];
-        let path: Vec<String> = fold_recursion(profile, shown)
-            .into_iter()
-            .map(|(name, run)| display_run(name, run, run))
-            .collect();
-        let path = path.join(" → ");
-        match index.get(&path) {
+        path.clear();
+        for (i, (name, run)) in fold_recursion(profile, shown).into_iter().enumerate() {
+            if i > 0 {
+                path.push_str(" → ");
+            }
+            push_run(&mut path, name, run, run);
+        }
+        match index.get(path.as_str()) {
             Some(&i) => {
                 let entry = &mut hot[i];
                 entry.1 = entry.1.saturating_add(value);
@@ -272,7 +282,7 @@ pub fn write_report(
             }
             None => {
                 index.insert(path.clone(), hot.len());
-                hot.push((path, value, shown.len(), shown.len()));
+                hot.push((path.clone(), value, shown.len(), shown.len()));
             }
         }
     }
@@ -460,11 +470,20 @@ fn fold_recursion<'p>(profile: &'p Profile, frames: &[FrameId]) -> Vec<(&'p str,
 }
 
 fn display_run(name: &str, min_run: u32, max_run: u32) -> String {
-    match (min_run, max_run) {
-        (1, 1) => name.to_owned(),
-        (a, b) if a == b => format!("{name} ×{a}"),
-        (a, b) => format!("{name} ×{a}–{b}"),
-    }
+    let mut out = String::new();
+    push_run(&mut out, name, min_run, max_run);
+    out
+}
+
+/// Appends a function's name with its recursion run (`name ×3`, `name ×2–5`; no mark for 1).
+fn push_run(out: &mut String, name: &str, min_run: u32, max_run: u32) {
+    use std::fmt::Write as _;
+    out.push_str(name);
+    let _ = match (min_run, max_run) {
+        (1, 1) => Ok(()),
+        (a, b) if a == b => write!(out, " ×{a}"),
+        (a, b) => write!(out, " ×{a}–{b}"),
+    };
 }
 
 /// One node of the display call tree.

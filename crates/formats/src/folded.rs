@@ -191,8 +191,10 @@ pub fn lines(profile: &Profile) -> BTreeMap<String, i64> {
     }
     let mut out: BTreeMap<String, i64> = BTreeMap::new();
     let mut frames = Vec::new();
+    // Each line is built in one buffer (deep stacks make lines of kilobytes) and kept at its size.
+    let mut line = String::new();
     for ((comm, stack), count) in per_stack {
-        let mut line = String::new();
+        line.clear();
         if let Some(comm) = comm {
             push_frame_name(&mut line, comm);
         }
@@ -203,8 +205,12 @@ pub fn lines(profile: &Profile) -> BTreeMap<String, i64> {
             }
             push_frame_name(&mut line, profile.frame_name(frame));
         }
-        let entry = out.entry(line).or_default();
-        *entry = entry.saturating_add(count);
+        match out.get_mut(line.as_str()) {
+            Some(sum) => *sum = sum.saturating_add(count),
+            None => {
+                out.insert(line.as_str().to_owned(), count);
+            }
+        }
     }
     out
 }

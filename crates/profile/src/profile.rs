@@ -229,7 +229,13 @@ impl Profile {
 
     /// The display name of a frame's function.
     pub fn frame_name(&self, id: FrameId) -> &str {
-        self.string(self.function(self.frame(id).function).name)
+        self.string(self.frame_name_id(id))
+    }
+
+    /// The id of the display name of a frame's function: frames whose names are equal have the
+    /// same id (strings are interned), so it stands for the name where names are counted.
+    pub fn frame_name_id(&self, id: FrameId) -> StringId {
+        self.function(self.frame(id).function).name
     }
 
     // ----- stack trie -----
