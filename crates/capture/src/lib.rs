@@ -20,6 +20,7 @@
 //! and unwound through the runtimes' perf maps, jitdump files and ReadyToRun images ([`jit`]). The
 //! target is never stopped.
 
+pub mod cache_dir;
 pub mod import;
 pub mod jit;
 pub mod kernel_walk;

@@ -20,11 +20,13 @@
 mod budget;
 mod bytes;
 mod layout;
+mod layout_cache;
 mod module;
 
 pub use budget::PAGE_CACHE_BYTES;
 pub use budget::{ModuleBudget, TableCharge};
 pub use layout::Segment;
+pub use layout_cache::prune as prune_cache;
 pub use module::{CodeModule, ModuleError};
 
 /// What is wrong with an ELF file.

@@ -13,6 +13,7 @@ use crate::ElfError;
 use crate::budget::ModuleBudget;
 use crate::bytes::ModuleBytes;
 use crate::layout::{self, NameRef, Segment, Symbol};
+use crate::layout_cache;
 
 /// Why an ELF file could not be used for unwinding.
 #[derive(Debug, thiserror::Error)]
@@ -90,8 +91,36 @@ impl CodeModule {
         budget: &ModuleBudget,
         limit: Option<usize>,
     ) -> Result<CodeModule, ModuleError> {
+        CodeModule::open_cached(name, file, budget, limit, None)
+    }
+
+    /// [`CodeModule::open`], keeping the layouts of large binaries (their symbol tables, the
+    /// slow part of reading them) in the directory `cache`, and reading them back from there
+    /// while the file is unchanged.
+    pub fn open_cached(
+        name: &str,
+        file: File,
+        budget: &ModuleBudget,
+        limit: Option<usize>,
+        cache: Option<&std::path::Path>,
+    ) -> Result<CodeModule, ModuleError> {
+        let key = cache
+            .and_then(|_| file.metadata().ok())
+            .map(|m| layout_cache::key_of(&m));
+        let kept = cache
+            .zip(key.as_ref())
+            .and_then(|(dir, key)| layout_cache::load(dir, key));
         let bytes = ModuleBytes::from_file(file, budget);
-        let layout = layout::read_layout(&bytes, limit.map(|l| budget.room(l)));
+        let layout = match kept {
+            Some(layout) => Ok(layout),
+            None => {
+                let layout = layout::read_layout(&bytes, limit.map(|l| budget.room(l)));
+                if let (Ok(layout), Some(dir), Some(key)) = (&layout, cache, &key) {
+                    layout_cache::store(dir, key, layout);
+                }
+                layout
+            }
+        };
         CodeModule::build(name, layout, bytes, budget, limit)
     }
 
@@ -505,6 +534,59 @@ mod tests {
         short.segments[0].filesz = 0x100;
         assert_eq!(short.code(0x1008, &mut buf), None);
         assert_eq!(short.code(0x1000, &mut buf[..8]), Some(&code[..8]));
+    }
+
+    #[test]
+    fn a_large_librarys_kept_layout_builds_the_same_module() {
+        // The compiler's driver library: the kind of binary whose layout is kept.
+        let sysroot = std::process::Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        let driver = sysroot
+            .and_then(|s| std::fs::read_dir(format!("{s}/lib")).ok())
+            .and_then(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .find(|p| p.to_string_lossy().contains("librustc_driver-"))
+            });
+        let Some(path) = driver else {
+            eprintln!("skipped: no librustc_driver in rustc's sysroot");
+            return;
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let open = || {
+            let file = File::open(&path).expect("the driver");
+            CodeModule::open_cached("driver", file, &ModuleBudget::new(), None, Some(dir.path()))
+                .expect("parses")
+        };
+        let read = open();
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
+        let kept = open();
+        let symbols = |m: &CodeModule| -> Vec<(u64, u64, String)> {
+            m.symbols
+                .iter()
+                .map(|s| (s.start, s.end, format!("{:?}", s.name)))
+                .collect()
+        };
+        assert!(read.symbols.len() >= layout_cache::MIN_SYMBOLS);
+        assert_eq!(symbols(&read), symbols(&kept));
+        assert_eq!(read.functions, kept.functions);
+        assert_eq!(read.thread_entries, kept.thread_entries);
+        assert_eq!(read.fde_counts(), kept.fde_counts());
+        assert_eq!(read.build_id(), kept.build_id());
+        assert_eq!(
+            format!("{:?}", read.segments),
+            format!("{:?}", kept.segments)
+        );
+        // A file changed since is read again (its change time moved).
+        let later = File::open(&path).expect("the driver");
+        let meta = later.metadata().expect("metadata");
+        let mut key = layout_cache::key_of(&meta);
+        assert!(layout_cache::load(dir.path(), &key).is_some());
+        key[6] += 1;
+        assert!(layout_cache::load(dir.path(), &key).is_none());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! milliseconds to compile, during which its frames are walked by guesswork. Only binaries with
 //! many rows are kept, and at most [`KEEP_FILES`] files (the oldest go first).
 //!
-//! The directory is `$ROOTLINE_CACHE_DIR`, else `$XDG_CACHE_HOME/rootline/kernel-rows`, else
-//! `~/.cache/rootline/kernel-rows`; a cache that cannot be read or written is simply not used.
+//! The directory is `kernel-rows` in [`crate::cache_dir`]; a cache that cannot be read or written
+//! is simply not used.
 
 use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
@@ -21,13 +21,7 @@ const MAGIC: &[u8; 8] = b"RLKROWS1";
 
 /// The cache directory, when one can be named.
 pub(super) fn dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("ROOTLINE_CACHE_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("rootline").join("kernel-rows"))
+    crate::cache_dir::cache_dir("kernel-rows")
 }
 
 /// The key of `sections`: a hash of their bytes and of the link-time addresses rows depend on.
@@ -124,19 +118,7 @@ pub(super) fn store(dir: &Path, key: u64, rows: &[KernelRow]) {
         let _ = std::fs::remove_file(&tmp);
         return;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "rows"))
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
-    files.sort();
-    let excess = files.len().saturating_sub(KEEP_FILES);
-    for (_, old) in files.into_iter().take(excess) {
-        let _ = std::fs::remove_file(old);
-    }
+    rootline_image::prune_cache(dir, "rows", KEEP_FILES);
 }
 
 #[cfg(test)]

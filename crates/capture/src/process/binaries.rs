@@ -359,6 +359,13 @@ pub(super) fn open_file(pid: u32, start: u64, end: u64, path: &str) -> Option<Fi
     candidates.iter().find_map(|c| File::open(c).ok())
 }
 
+/// Where the layouts of large binaries are kept between recordings (named once).
+fn layout_cache_dir() -> Option<&'static std::path::Path> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| crate::cache_dir::cache_dir("layouts"))
+        .as_deref()
+}
+
 /// Parses an opened binary (the slow part: runs on the loader thread when there is one). The
 /// module keeps the file; a file that is not ELF, or that the `budget` for binaries refuses, is
 /// kept as it is.
@@ -379,7 +386,7 @@ pub(super) fn parse_binary(
     // The parse needs its own handle; the original is kept if it fails.
     let parsed = file
         .try_clone()
-        .map(|f| CodeModule::open(path, f, modules, budget));
+        .map(|f| CodeModule::open_cached(path, f, modules, budget, layout_cache_dir()));
     let (module, refused) = match parsed {
         Ok(Ok(m)) => (Some(Arc::new(m)), None),
         Ok(Err(ModuleError::OverBudget { needed, .. })) => (None, Some(needed)),
