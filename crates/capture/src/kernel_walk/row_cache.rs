@@ -48,30 +48,34 @@ pub(super) fn count(dir: &Path, key: u64) -> Option<usize> {
     Some(body / 16)
 }
 
-/// The rows kept under `key`, if any (and well formed). The file is read a little at a time:
+/// The rows kept under `key`, if any (and well formed). The file is read a megabyte at a time:
 /// only the rows themselves are held.
 pub(super) fn load(dir: &Path, key: u64) -> Option<Vec<KernelRow>> {
     use std::io::Read;
-    let f = std::fs::File::open(file(dir, key)).ok()?;
+    let mut f = std::fs::File::open(file(dir, key)).ok()?;
     let len = usize::try_from(f.metadata().ok()?.len()).ok()?;
     let body = len.checked_sub(MAGIC.len())?;
     if body % 16 != 0 {
         return None;
     }
-    let mut r = std::io::BufReader::with_capacity(64 << 10, f);
     let mut magic = [0u8; 8];
-    r.read_exact(&mut magic).ok()?;
+    f.read_exact(&mut magic).ok()?;
     if &magic != MAGIC {
         return None;
     }
     let mut rows = Vec::with_capacity(body / 16);
-    let mut row = [0u8; 16];
-    for _ in 0..body / 16 {
-        r.read_exact(&mut row).ok()?;
-        rows.push(parse_row(&row)?);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = body;
+    while left > 0 {
+        let chunk = &mut buf[..left.min(1 << 20)];
+        f.read_exact(chunk).ok()?;
+        for row in chunk.chunks_exact(16) {
+            rows.push(parse_row(row.try_into().ok()?)?);
+        }
+        left -= chunk.len();
     }
     // The file must end where its length said.
-    if r.read(&mut row).ok()? != 0 {
+    if f.read(&mut magic).ok()? != 0 {
         return None;
     }
     Some(rows)
