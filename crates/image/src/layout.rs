@@ -70,7 +70,7 @@ pub(crate) struct Placed {
 }
 
 /// What the unwinder keeps from an ELF file's headers and symbol tables.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Layout {
     pub segments: Vec<Segment>,
     pub text: Option<Range<u64>>,

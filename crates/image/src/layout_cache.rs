@@ -1,7 +1,8 @@
 //! Layouts of large binaries kept on disk between recordings. Reading a compiler's largest
 //! library (hundreds of thousands of symbols, a string table of tens of megabytes scanned for the
-//! functions that start threads, the symbols sorted) takes a large part of a recording's own CPU,
-//! and while it is read the in-kernel walk cannot unwind through that library. A layout is kept
+//! functions that start threads, the symbols sorted, hundreds of thousands of FDE headers
+//! indexed) takes a large part of a recording's own CPU, and while it is read the in-kernel walk
+//! cannot unwind through that library. A layout is kept
 //! under the file's identity (device, inode, size, modification and change times): a file
 //! written again, even in place, has another change time and is read afresh.
 //!
@@ -13,13 +14,19 @@ use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use rootline_unwind::cfi::CfiIndexParts;
+
 use crate::layout::{Layout, NameRef, Placed, Segment, Symbol};
+
+/// What is kept of a binary: its layout and the FDE indexes of its `.eh_frame` and
+/// `.debug_frame`.
+pub(crate) type Kept = (Layout, [CfiIndexParts; 2]);
 
 /// Layouts with fewer symbols are read from the file every time.
 pub(crate) const MIN_SYMBOLS: usize = 50_000;
 /// Most files kept.
 const KEEP_FILES: usize = 16;
-const MAGIC: &[u8; 8] = b"RLLAYOU1";
+const MAGIC: &[u8; 8] = b"RLLAYOU2";
 
 /// A file's identity: what changes when the file is written or replaced.
 pub(crate) type FileKey = [u64; 7];
@@ -44,22 +51,30 @@ fn file(dir: &Path, key: &FileKey) -> PathBuf {
     dir.join(format!("{name:016x}.layout"))
 }
 
-/// The layout kept for the file `key`, if any (whole, well formed, and of that very file).
-pub(crate) fn load(dir: &Path, key: &FileKey) -> Option<Layout> {
+/// Whether `layout` is worth keeping: large, and read whole.
+pub(crate) fn worth_keeping(layout: &Layout) -> bool {
+    layout.symbols.len() >= MIN_SYMBOLS && layout.over_limit.is_none()
+}
+
+/// The layout and indexes kept for the file `key`, if any (whole, well formed, and of that
+/// very file).
+pub(crate) fn load(dir: &Path, key: &FileKey) -> Option<Kept> {
     let bytes = std::fs::read(file(dir, key)).ok()?;
     decode(&bytes, key)
 }
 
-/// Keeps `layout` for the file `key` when it is large (written aside, then renamed), and drops
-/// the oldest files past [`KEEP_FILES`]. Failures are ignored: the cache only saves time.
-pub(crate) fn store(dir: &Path, key: &FileKey, layout: &Layout) {
-    if layout.symbols.len() < MIN_SYMBOLS || layout.over_limit.is_some() {
+/// Keeps `layout` and `indexes` for the file `key` when the layout is
+/// [worth keeping](worth_keeping) (written aside, then renamed), and drops the oldest files past
+/// [`KEEP_FILES`]. Failures are ignored: the cache only saves time.
+pub(crate) fn store(dir: &Path, key: &FileKey, layout: &Layout, indexes: &[CfiIndexParts; 2]) {
+    if !worth_keeping(layout) {
         return;
     }
     let _ = std::fs::create_dir_all(dir);
     let path = file(dir, key);
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(&encode(layout, key)));
+    let written =
+        std::fs::File::create(&tmp).and_then(|mut f| f.write_all(&encode(layout, indexes, key)));
     if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
         let _ = std::fs::remove_file(&tmp);
         return;
@@ -84,9 +99,9 @@ pub fn prune(dir: &Path, ext: &str, keep: usize) {
     }
 }
 
-/// `layout` as kept on disk: the magic, the file's identity, then each table (little-endian
-/// words, each table preceded by its length).
-fn encode(layout: &Layout, key: &FileKey) -> Vec<u8> {
+/// `layout` and `indexes` as kept on disk: the magic, the file's identity, then each table
+/// (little-endian words, each table preceded by its length).
+fn encode(layout: &Layout, indexes: &[CfiIndexParts; 2], key: &FileKey) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(
         64 + layout.symbols.len() * 32 + layout.functions.len() * 16,
     ));
@@ -132,11 +147,22 @@ fn encode(layout: &Layout, key: &FileKey) -> Vec<u8> {
         None => w.u64(0),
     }
     w.u64(u64::from(layout.debug_info));
+    for index in indexes {
+        w.u64(index.fdes.len() as u64);
+        for &(start, end, offset) in &index.fdes {
+            [start, end, offset].into_iter().for_each(|v| w.u64(v));
+        }
+        w.u64(index.signal.len() as u64);
+        for &(a, b) in &index.signal {
+            w.u64(a);
+            w.u64(b);
+        }
+    }
     w.0
 }
 
-/// The layout `bytes` hold, if they are one [`encode`] wrote for the file `key`.
-fn decode(bytes: &[u8], key: &FileKey) -> Option<Layout> {
+/// The layout and indexes `bytes` hold, if they are what [`encode`] wrote for the file `key`.
+fn decode(bytes: &[u8], key: &FileKey) -> Option<Kept> {
     let mut r = Reader(bytes.strip_prefix(MAGIC)?);
     for k in key {
         if r.u64()? != *k {
@@ -183,10 +209,17 @@ fn decode(bytes: &[u8], key: &FileKey) -> Option<Layout> {
         n => Some(String::from_utf8(r.take(usize::try_from(n - 1).ok()?)?.to_vec()).ok()?),
     };
     let debug_info = r.flag()?;
+    let mut index = || -> Option<CfiIndexParts> {
+        Some(CfiIndexParts {
+            fdes: r.list(24, |r| Some((r.u64()?, r.u64()?, r.u64()?)))?,
+            signal: r.list(16, pair)?,
+        })
+    };
+    let indexes = [index()?, index()?];
     if !r.0.is_empty() {
         return None;
     }
-    Some(Layout {
+    let layout = Layout {
         segments,
         text,
         got,
@@ -199,7 +232,8 @@ fn decode(bytes: &[u8], key: &FileKey) -> Option<Layout> {
         build_id,
         debug_info,
         over_limit: None,
-    })
+    };
+    Some((layout, indexes))
 }
 
 struct Writer(Vec<u8>);
@@ -320,12 +354,23 @@ mod tests {
         format!("{a:?}") == format!("{b:?}")
     }
 
+    fn indexes() -> [CfiIndexParts; 2] {
+        [
+            CfiIndexParts {
+                fdes: vec![(0x1000, 0x1010, 0x18), (0x1100, 0x1200, 0x40)],
+                signal: vec![(0x1100, 0x1200)],
+            },
+            CfiIndexParts::default(),
+        ]
+    }
+
     #[test]
     fn a_layout_reads_back_as_written_for_its_file_only() {
         let key = [1, 2, 3, 4, 5, 6, 7];
-        let bytes = encode(&layout(), &key);
-        let back = decode(&bytes, &key).expect("reads back");
+        let bytes = encode(&layout(), &indexes(), &key);
+        let (back, back_indexes) = decode(&bytes, &key).expect("reads back");
         assert!(same(&back, &layout()));
+        assert_eq!(back_indexes, indexes());
         let mut other = key;
         other[6] += 1;
         assert!(decode(&bytes, &other).is_none(), "another change time");
@@ -347,7 +392,7 @@ mod tests {
     fn only_large_layouts_are_kept_and_the_oldest_files_go() {
         let dir = tempfile::tempdir().expect("temp dir");
         let key = [9; 7];
-        store(dir.path(), &key, &layout());
+        store(dir.path(), &key, &layout(), &indexes());
         assert!(
             load(dir.path(), &key).is_none(),
             "a small layout is not kept"
@@ -361,13 +406,13 @@ mod tests {
             })
             .collect();
         for k in 0..KEEP_FILES as u64 + 2 {
-            store(dir.path(), &[k; 7], &large);
+            store(dir.path(), &[k; 7], &large, &indexes());
         }
         let kept: Vec<_> = (0..KEEP_FILES as u64 + 2)
             .filter_map(|k| load(dir.path(), &[k; 7]))
             .collect();
         assert_eq!(kept.len(), KEEP_FILES);
-        assert!(kept.iter().all(|l| same(l, &large)));
+        assert!(kept.iter().all(|(l, i)| same(l, &large) && *i == indexes()));
         assert_eq!(
             std::fs::read_dir(dir.path()).expect("dir").count(),
             KEEP_FILES

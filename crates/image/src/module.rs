@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::sync::Arc;
 
+use rootline_unwind::cfi::CfiIndexParts;
 use rootline_unwind::{Binary, Section, SectionLayout, UnwindSections};
 
 use crate::ElfError;
@@ -111,17 +112,21 @@ impl CodeModule {
             .zip(key.as_ref())
             .and_then(|(dir, key)| layout_cache::load(dir, key));
         let bytes = ModuleBytes::from_file(file, budget);
-        let layout = match kept {
-            Some(layout) => Ok(layout),
-            None => {
-                let layout = layout::read_layout(&bytes, limit.map(|l| budget.room(l)));
-                if let (Ok(layout), Some(dir), Some(key)) = (&layout, cache, &key) {
-                    layout_cache::store(dir, key, layout);
-                }
-                layout
+        if let Some((layout, indexes)) = kept {
+            return CodeModule::build(name, Ok(layout), bytes, budget, limit, Some(indexes));
+        }
+        let layout = layout::read_layout(&bytes, limit.map(|l| budget.room(l)));
+        let keep = match (&layout, cache, key) {
+            (Ok(l), Some(dir), Some(key)) if layout_cache::worth_keeping(l) => {
+                Some((l.clone(), dir, key))
             }
+            _ => None,
         };
-        CodeModule::build(name, layout, bytes, budget, limit)
+        let module = CodeModule::build(name, layout, bytes, budget, limit, None)?;
+        if let Some((layout, dir, key)) = keep {
+            layout_cache::store(dir, &key, &layout, &module.sections.index_parts());
+        }
+        Ok(module)
     }
 
     /// Parses an ELF file already in memory (the vDSO). `name`, `budget` and `limit` as for
@@ -134,7 +139,7 @@ impl CodeModule {
     ) -> Result<CodeModule, ModuleError> {
         let bytes = ModuleBytes::memory(bytes, budget);
         let layout = layout::read_layout(&bytes, limit.map(|l| budget.room(l)));
-        CodeModule::build(name, layout, bytes, budget, limit)
+        CodeModule::build(name, layout, bytes, budget, limit, None)
     }
 
     fn build(
@@ -143,6 +148,7 @@ impl CodeModule {
         bytes: ModuleBytes,
         budget: &ModuleBudget,
         limit: Option<usize>,
+        indexes: Option<[CfiIndexParts; 2]>,
     ) -> Result<CodeModule, ModuleError> {
         let layout = layout.map_err(|source| ModuleError::Parse {
             name: name.to_string(),
@@ -184,13 +190,17 @@ impl CodeModule {
                 data: data.into(),
             })
         };
-        let sections = UnwindSections::new(SectionLayout {
+        let section_layout = SectionLayout {
             text: layout.text,
             got: layout.got,
             eh_frame: section(layout.eh_frame),
             eh_frame_hdr: layout.eh_frame_hdr.map(|p| p.svma),
             debug_frame: section(layout.debug_frame),
-        });
+        };
+        let sections = match indexes {
+            Some([eh, debug]) => UnwindSections::with_indexes(section_layout, eh, debug),
+            None => UnwindSections::new(section_layout),
+        };
         let module = CodeModule {
             name: name.to_string(),
             bytes,
@@ -575,6 +585,22 @@ mod tests {
         assert_eq!(read.functions, kept.functions);
         assert_eq!(read.thread_entries, kept.thread_entries);
         assert_eq!(read.fde_counts(), kept.fde_counts());
+        assert_eq!(read.sections.index_parts(), kept.sections.index_parts());
+        // The kept index finds the same FDEs and rows as the one read from the file.
+        let exec = read
+            .segments
+            .iter()
+            .find(|s| s.exec)
+            .expect("a code segment");
+        let text = exec.vaddr..exec.vaddr + exec.filesz;
+        let step = ((text.end - text.start) / 2_000).max(1);
+        for svma in (text.start..text.end).step_by(step as usize) {
+            assert_eq!(
+                read.sections.row_class(false, svma),
+                kept.sections.row_class(false, svma),
+                "{svma:#x}"
+            );
+        }
         assert_eq!(read.build_id(), kept.build_id());
         assert_eq!(
             format!("{:?}", read.segments),

@@ -63,6 +63,16 @@ const OUTERMOST: u8 = 2;
 /// Some of its rows need full registers: their ranges are in [`CfiIndex::full_rows`].
 const FULL_ROWS: u8 = 4;
 
+/// What an FDE index is made of, to be kept (e.g. on disk with the binary's layout) and given
+/// back to [`CfiIndex::from_parts`] instead of reading every FDE's header again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CfiIndexParts {
+    /// Each FDE's covered range and its offset in its section: `(start, end, offset)`.
+    pub fdes: Vec<(u64, u64, u64)>,
+    /// The ranges of FDEs that are signal trampolines.
+    pub signal: Vec<(u64, u64)>,
+}
+
 /// The FDEs of one section, sorted by start address, and what is known of their rows.
 #[derive(Debug, Default)]
 pub struct CfiIndex {
@@ -123,11 +133,50 @@ impl CfiIndex {
                 index.signal.push((start, end));
             }
         }
-        index.fdes.sort_unstable_by_key(|f| (f.start, f.end));
-        index.signal.sort_unstable();
-        index.index_pages();
-        index.classes = (0..index.fdes.len()).map(|_| AtomicU8::new(0)).collect();
+        index.finish();
         index
+    }
+
+    /// The index `parts` describe (as [`CfiIndex::parts`] gave them for the same section). An
+    /// offset that does not lead to an FDE only makes that FDE's rows unreadable.
+    pub fn from_parts(parts: CfiIndexParts) -> CfiIndex {
+        let mut index = CfiIndex {
+            fdes: parts
+                .fdes
+                .into_iter()
+                .filter_map(|(start, end, offset)| {
+                    Some(Fde {
+                        start,
+                        end,
+                        offset: usize::try_from(offset).ok()?,
+                    })
+                })
+                .collect(),
+            signal: parts.signal,
+            ..CfiIndex::default()
+        };
+        index.finish();
+        index
+    }
+
+    /// What the index is made of.
+    pub fn parts(&self) -> CfiIndexParts {
+        CfiIndexParts {
+            fdes: self
+                .fdes
+                .iter()
+                .map(|f| (f.start, f.end, f.offset as u64))
+                .collect(),
+            signal: self.signal.clone(),
+        }
+    }
+
+    /// Sorts the FDEs and the signal ranges, and builds the page table and the classes.
+    fn finish(&mut self) {
+        self.fdes.sort_unstable_by_key(|f| (f.start, f.end));
+        self.signal.sort_unstable();
+        self.index_pages();
+        self.classes = (0..self.fdes.len()).map(|_| AtomicU8::new(0)).collect();
     }
 
     /// How the row at `svma` may be evaluated (`section` and `bases` are the ones the index was

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gimli::{BaseAddresses, DebugFrame, EhFrame, EndianSlice, LittleEndian};
 
-use crate::cfi::{CfiIndex, RowClass};
+use crate::cfi::{CfiIndex, CfiIndexParts, RowClass};
 
 /// One section in memory, with its link-time address range.
 #[derive(Debug, Clone)]
@@ -56,6 +56,25 @@ impl UnwindSections {
         sections.eh_cfi = sections.cfi_index(false);
         sections.debug_cfi = sections.cfi_index(true);
         sections
+    }
+
+    /// The sections with FDE indexes made from `eh_frame` and `debug_frame` (what
+    /// [`UnwindSections::index_parts`] gave for the same sections) instead of read from them.
+    pub fn with_indexes(
+        layout: SectionLayout,
+        eh_frame: CfiIndexParts,
+        debug_frame: CfiIndexParts,
+    ) -> UnwindSections {
+        UnwindSections {
+            layout,
+            eh_cfi: CfiIndex::from_parts(eh_frame),
+            debug_cfi: CfiIndex::from_parts(debug_frame),
+        }
+    }
+
+    /// What the FDE indexes of `.eh_frame` and of `.debug_frame` are made of.
+    pub fn index_parts(&self) -> [CfiIndexParts; 2] {
+        [self.eh_cfi.parts(), self.debug_cfi.parts()]
     }
 
     /// Heap memory held: the section bytes and the FDE indexes.
