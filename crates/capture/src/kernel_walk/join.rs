@@ -233,6 +233,10 @@ const CLAIM_WINDOW_NS: u64 = 2_000_000_000;
 const MATCH_NS: u64 = 200_000;
 /// Most walks kept per thread.
 const PER_THREAD: usize = 4096;
+/// Most bytes of the threads' last dumps remembered for sharing (past it, only the newest
+/// dump is): a host's idle threads, each dumped once while its binaries were read, must not
+/// keep their dumps.
+const LAST_DUMP_BYTES: usize = 8 << 20;
 
 /// The program's `STOP_CONTINUES`: (in a chunk that is not the last) the walk goes on as task
 /// work.
@@ -268,6 +272,8 @@ pub struct Join {
     /// shared instead of held again (a compiler's stack dumps, up to a MiB each while its
     /// largest library is read, are mostly the same pages).
     last_dump: HashMap<u32, Vec<DumpPage>>,
+    /// Bytes of the pages in `last_dump` (at most [`LAST_DUMP_BYTES`]).
+    last_dump_bytes: usize,
     /// Counts.
     pub stats: JoinStats,
 }
@@ -344,11 +350,7 @@ impl Join {
         if !spans.is_sorted_by_key(|p| p.0) {
             spans.sort_by_key(|p| p.0);
         }
-        if spans.is_empty() {
-            self.last_dump.remove(&h.tid);
-        } else {
-            self.last_dump.insert(h.tid, spans.clone());
-        }
+        self.remember_dump(h.tid, &spans);
         self.stats.walks += 1;
         let walk = Arc::new(KernelStack {
             ip: first.ip,
@@ -370,6 +372,25 @@ impl Join {
             }
             self.last_continued.insert(h.tid, walk);
         }
+    }
+
+    /// Remembers `pages` as thread `tid`'s last dump (none: forgets its last), within
+    /// [`LAST_DUMP_BYTES`].
+    fn remember_dump(&mut self, tid: u32, pages: &[DumpPage]) {
+        let bytes = |pages: &[DumpPage]| pages.iter().map(|p| p.1.len() * 8).sum::<usize>();
+        if let Some(old) = self.last_dump.remove(&tid) {
+            self.last_dump_bytes -= bytes(&old);
+        }
+        if pages.is_empty() {
+            return;
+        }
+        let new = bytes(pages);
+        if self.last_dump_bytes + new > LAST_DUMP_BYTES {
+            self.last_dump.clear();
+            self.last_dump_bytes = 0;
+        }
+        self.last_dump.insert(tid, pages.to_vec());
+        self.last_dump_bytes += new;
     }
 
     /// The words of a dump chunk from `start` (`bytes`, little-endian): the page of the
@@ -490,7 +511,7 @@ impl Join {
         }
         self.followers.remove(&tid);
         self.last_continued.remove(&tid);
-        self.last_dump.remove(&tid);
+        self.remember_dump(tid, &[]);
     }
 }
 
@@ -614,10 +635,33 @@ mod tests {
             (j.stats.dump_bytes, j.stats.dump_bytes_shared),
             (8 * 11, 8 * 2)
         );
+        assert_eq!(j.last_dump_bytes, 2 * 16);
         // A thread that exited leaves nothing to share.
         j.thread_exited(7);
+        assert_eq!(j.last_dump_bytes, 16);
         let after = dump_walk(&mut j, 7, 500, &[(0xb000, &[3, 5])]);
         assert!(!Arc::ptr_eq(&third.spans[0].1, &after.spans[0].1));
+    }
+
+    #[test]
+    fn the_dumps_remembered_for_sharing_are_bounded() {
+        let mut j = Join::default();
+        let page = vec![7u64; 512];
+        // Threads each dumped once: only as many dumps as fit are remembered.
+        let dumps = LAST_DUMP_BYTES / 4096 + 10;
+        for tid in 0..dumps as u32 {
+            dump_walk(&mut j, tid, 100, &[(0xa000, &page)]);
+            assert!(j.last_dump_bytes <= LAST_DUMP_BYTES);
+        }
+        assert!(j.last_dump.len() < dumps);
+        // The newest is remembered, and shared by its thread's next dump.
+        let last = dumps as u32 - 1;
+        let before = j.stats.dump_bytes_shared;
+        dump_walk(&mut j, last, 200, &[(0xa000, &page)]);
+        assert_eq!(j.stats.dump_bytes_shared, before + 4096);
+        // A walk without a dump forgets its thread's last.
+        j.chunk(&chunk(300, last, 0, true, &[(0x9008, 1)]));
+        assert!(!j.last_dump.contains_key(&last));
     }
 
     /// `chunk` with stop code `stop`.
