@@ -3,7 +3,9 @@
 //! What the caller does: owns one [`ModuleBudget`] (a recorder, an agent) and opens each binary
 //! it meets with [`CodeModule::open`] (or [`CodeModule::parse`] for bytes in memory, such as the
 //! vDSO), giving that budget and, optionally, a limit: a binary that would take the budget's live
-//! memory past the limit is refused with [`ModuleError::OverBudget`]. Other tables the owner
+//! memory past the limit is refused with [`ModuleError::OverBudget`]. A caller that records again
+//! and again may name a cache directory ([`CodeModule::open_cached`]), where the layouts and FDE
+//! indexes of large binaries are kept between runs. Other tables the owner
 //! keeps for unwinding and naming (a .NET image's methods, a JIT process's symbols) are counted
 //! in the same budget through [`ModuleBudget::charge`].
 //!

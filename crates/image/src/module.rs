@@ -95,9 +95,9 @@ impl CodeModule {
         CodeModule::open_cached(name, file, budget, limit, None)
     }
 
-    /// [`CodeModule::open`], keeping the layouts of large binaries (their symbol tables, the
-    /// slow part of reading them) in the directory `cache`, and reading them back from there
-    /// while the file is unchanged.
+    /// [`CodeModule::open`], keeping what is slow to read of a large binary (its layout with
+    /// its symbol tables, and its FDE indexes) in the directory `cache`, and reading it back
+    /// from there while the file is unchanged.
     pub fn open_cached(
         name: &str,
         file: File,
