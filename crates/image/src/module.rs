@@ -348,7 +348,7 @@ impl CodeModule {
         }
     }
 
-    /// Whether `svma` lies in a function that starts threads ([`super::policy::is_thread_entry`]).
+    /// Whether `svma` lies in a function that starts threads ([`rootline_unwind::policy::is_thread_entry`]).
     pub fn in_thread_entry(&self, svma: u64) -> bool {
         let i = self.thread_entries.partition_point(|f| f.0 <= svma);
         i.checked_sub(1)
