@@ -150,10 +150,16 @@ impl CodeModule {
         limit: Option<usize>,
         indexes: Option<[CfiIndexParts; 2]>,
     ) -> Result<CodeModule, ModuleError> {
-        let layout = layout.map_err(|source| ModuleError::Parse {
+        let mut layout = layout.map_err(|source| ModuleError::Parse {
             name: name.to_string(),
             source,
         })?;
+        // No spare capacity: a module built from a kept layout, whose tables are read at their
+        // size, must count the same bytes in the budget as one read from the file.
+        layout.segments.shrink_to_fit();
+        layout.functions.shrink_to_fit();
+        layout.symbols.shrink_to_fit();
+        layout.thread_entries.shrink_to_fit();
         let over_budget = |needed: usize| {
             let limit = limit?;
             (!budget.fits(needed, limit)).then(|| ModuleError::OverBudget {
@@ -586,6 +592,8 @@ mod tests {
         assert_eq!(read.thread_entries, kept.thread_entries);
         assert_eq!(read.fde_counts(), kept.fde_counts());
         assert_eq!(read.sections.index_parts(), kept.sections.index_parts());
+        // Both count the same memory in the budget.
+        assert_eq!(read.heap_bytes(), kept.heap_bytes());
         // The kept index finds the same FDEs and rows as the one read from the file.
         let exec = read
             .segments

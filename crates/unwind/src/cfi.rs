@@ -172,10 +172,15 @@ impl CfiIndex {
     }
 
     /// Sorts the FDEs and the signal ranges, and builds the page table and the classes.
+    /// The tables hold no spare capacity: an index read from its section and one made from its
+    /// parts take the same memory (both are counted in the module budget).
     fn finish(&mut self) {
         self.fdes.sort_unstable_by_key(|f| (f.start, f.end));
+        self.fdes.shrink_to_fit();
         self.signal.sort_unstable();
+        self.signal.shrink_to_fit();
         self.index_pages();
+        self.pages.shrink_to_fit();
         self.classes = (0..self.fdes.len()).map(|_| AtomicU8::new(0)).collect();
     }
 
