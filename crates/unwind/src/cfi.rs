@@ -242,11 +242,6 @@ impl CfiIndex {
         in_ranges(&self.signal, svma)
     }
 
-    /// The FDE start addresses, sorted.
-    pub fn starts(&self) -> Vec<u64> {
-        self.fdes.iter().map(|f| f.start).collect()
-    }
-
     /// Number of FDEs.
     pub fn len(&self) -> usize {
         self.fdes.len()
