@@ -251,11 +251,14 @@ pub fn write_report(
         false,
     )?;
 
-    // Identical displayed paths are one entry: (displayed path, value, fewest and most frames).
-    let mut hot: Vec<(String, i64, usize, usize)> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
+    // Identical displayed paths are one entry, found by their names' ids with recursion folded
+    // (equal names share one id, so equal ids are equal displayed paths); only the paths shown
+    // are written out. (folded path, value, fewest and most frames)
+    let mut hot: Vec<(Vec<(StringId, u32)>, i64, usize, usize)> = Vec::new();
+    let mut index: HashMap<Vec<(StringId, u32)>, usize> = HashMap::new();
     let mut frames = Vec::new();
-    let mut path = String::new();
+    let mut path: Vec<(StringId, u32)> = Vec::new();
+    let mut startup_names: HashMap<StringId, bool> = HashMap::new();
     let mut stacks: Vec<(StackId, i64)> = sums.into_iter().collect();
     stacks.sort();
     for (stack, value) in stacks {
@@ -263,17 +266,11 @@ pub fn write_report(
         let hidden = if show_startup {
             0
         } else {
-            startup_len(profile, &frames)
+            startup_len(profile, &frames, &mut startup_names)
         };
         let shown = &frames[hidden..];
-        path.clear();
-        for (i, (name, run)) in fold_recursion(profile, shown).into_iter().enumerate() {
-            if i > 0 {
-                path.push_str(" → ");
-            }
-            push_run(&mut path, name, run, run);
-        }
-        match index.get(path.as_str()) {
+        fold_recursion_ids(profile, shown, &mut path);
+        match index.get(path.as_slice()) {
             Some(&i) => {
                 let entry = &mut hot[i];
                 entry.1 = entry.1.saturating_add(value);
@@ -286,6 +283,27 @@ pub fn write_report(
             }
         }
     }
+    let display = |path: &[(StringId, u32)]| {
+        let mut out = String::new();
+        for (i, &(name, run)) in path.iter().enumerate() {
+            if i > 0 {
+                out.push_str(" → ");
+            }
+            push_run(&mut out, profile.string(name), run, run);
+        }
+        out
+    };
+    // The `top` heaviest (those tied with the last of them too, ordered by their text below).
+    hot.sort_by(|a, b| b.1.cmp(&a.1));
+    let cut = top
+        .checked_sub(1)
+        .and_then(|last| hot.get(last))
+        .map_or(i64::MIN, |h| h.1);
+    let mut hot: Vec<(String, i64, usize, usize)> = hot
+        .into_iter()
+        .take_while(|h| top > 0 && h.1 >= cut)
+        .map(|(p, v, fewest, most)| (display(&p), v, fewest, most))
+        .collect();
     hot.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let startup = if show_startup {
         "start-up frames shown"
@@ -407,17 +425,26 @@ fn is_startup(name: &str) -> bool {
 /// up to and including the last start-up frame of that run. A `main` counts when the next frame
 /// is start-up too (Rust's `main` calling `std::rt::lang_start`); a C program's `main` is its own
 /// code and stays. At least the leaf is always kept.
-fn startup_len(profile: &Profile, frames: &[FrameId]) -> usize {
+/// `known` remembers each name's answer (a report asks about the same root frames for every
+/// stack).
+fn startup_len(
+    profile: &Profile,
+    frames: &[FrameId],
+    known: &mut HashMap<StringId, bool>,
+) -> usize {
+    let mut startup = |frame: FrameId| {
+        let id = profile.frame_name_id(frame);
+        *known
+            .entry(id)
+            .or_insert_with(|| is_startup(profile.string(id)))
+    };
     let mut hidden = 0;
     for (i, &frame) in frames.iter().enumerate() {
         if !is_code(profile, frame) {
             continue;
         }
-        let name = profile.frame_name(frame);
-        let next_is_startup = frames
-            .get(i + 1)
-            .is_some_and(|&f| is_startup(profile.frame_name(f)));
-        if is_startup(name) || (name == "main" && next_is_startup) {
+        let next_is_startup = frames.get(i + 1).is_some_and(|&f| startup(f));
+        if startup(frame) || (profile.frame_name(frame) == "main" && next_is_startup) {
             hidden = i + 1;
         } else {
             break;
@@ -454,6 +481,18 @@ fn write_top(
         )?;
     }
     Ok(())
+}
+
+/// Collapses runs of the same function into `(name's id, run length)`, into `out`.
+fn fold_recursion_ids(profile: &Profile, frames: &[FrameId], out: &mut Vec<(StringId, u32)>) {
+    out.clear();
+    for &frame in frames {
+        let name = profile.frame_name_id(frame);
+        match out.last_mut() {
+            Some((last, run)) if *last == name => *run += 1,
+            _ => out.push((name, 1)),
+        }
+    }
 }
 
 /// Collapses runs of the same function into `(name, run length)`.
