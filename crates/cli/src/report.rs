@@ -254,10 +254,10 @@ pub fn write_report(
     // Identical displayed paths are one entry, found by their names' ids with recursion folded
     // (equal names share one id, so equal ids are equal displayed paths); only the paths shown
     // are written out. (folded path, value, fewest and most frames)
-    let mut hot: Vec<(Vec<(StringId, u32)>, i64, usize, usize)> = Vec::new();
-    let mut index: HashMap<Vec<(StringId, u32)>, usize> = HashMap::new();
+    let mut hot: Vec<(FoldedPath, i64, usize, usize)> = Vec::new();
+    let mut index: HashMap<FoldedPath, usize> = HashMap::new();
     let mut frames = Vec::new();
-    let mut path: Vec<(StringId, u32)> = Vec::new();
+    let mut path = FoldedPath::new();
     let mut startup_names: HashMap<StringId, bool> = HashMap::new();
     let mut stacks: Vec<(StackId, i64)> = sums.into_iter().collect();
     stacks.sort();
@@ -483,8 +483,11 @@ fn write_top(
     Ok(())
 }
 
+/// A path's functions, root first, as `(name's id, recursion run length)`.
+type FoldedPath = Vec<(StringId, u32)>;
+
 /// Collapses runs of the same function into `(name's id, run length)`, into `out`.
-fn fold_recursion_ids(profile: &Profile, frames: &[FrameId], out: &mut Vec<(StringId, u32)>) {
+fn fold_recursion_ids(profile: &Profile, frames: &[FrameId], out: &mut FoldedPath) {
     out.clear();
     for &frame in frames {
         let name = profile.frame_name_id(frame);
