@@ -294,7 +294,7 @@ pub fn write_report(
         out
     };
     // The `top` heaviest (those tied with the last of them too, ordered by their text below).
-    hot.sort_by(|a, b| b.1.cmp(&a.1));
+    hot.sort_by_key(|h| std::cmp::Reverse(h.1));
     let cut = top
         .checked_sub(1)
         .and_then(|last| hot.get(last))
