@@ -139,6 +139,8 @@ for line in open(sys.argv[1]):
 print(f"{100 * whole / max(total, 1):6.2f}% of {total} rustc samples whole")
 PY
 }
+# Each profiler writes its own format (rootline .rlp, perf.data, samply's .json.gz), and the
+# conversion to folded stacks for the whole-share count comes after, uncounted, for all alike.
 # Each round runs the bare compile and then every tool once, and each tool's cost is its CPU minus
 # that round's bare run: this VM's runs vary by 10-20% over minutes, more than a profiler costs.
 # samply needs kernel.perf_event_paranoid <= 1 even as root (its check), and --save-only writes
@@ -150,8 +152,8 @@ for _ in $(seq "$RUNS"); do
     bare_all+=("$bare")
     for tool in "${tools[@]}"; do
         case $tool in
-        rootline) c=$(cpu_of "$RL" record -o "$TMP/$tool.folded" -- "${RUSTC_CMD[@]}") ;;
-        rootline-no-kernel-walk) c=$(cpu_of "$RL" record --kernel-walk off -o "$TMP/$tool.folded" -- "${RUSTC_CMD[@]}") ;;
+        rootline) c=$(cpu_of "$RL" record -o "$TMP/$tool.rlp" -- "${RUSTC_CMD[@]}") ;;
+        rootline-no-kernel-walk) c=$(cpu_of "$RL" record --kernel-walk off -o "$TMP/$tool.rlp" -- "${RUSTC_CMD[@]}") ;;
         perf-fp) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph fp -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
         perf-dwarf) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
         samply) rm -f "$TMP/s.json.gz"; c=$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
@@ -166,6 +168,7 @@ bare_med=$(med "${bare_all[@]}")
 echo "bare rustc: ${bare_med}s CPU (runs: ${bare_all[*]})"
 for tool in "${tools[@]}"; do
     case $tool in
+    rootline*) "$RL" convert "$TMP/$tool.rlp" -o "$TMP/$tool.folded" 2>/dev/null ;;
     perf-*) perf_folded "$TMP/$tool.data" >"$TMP/$tool.folded" ;;
     samply) : >"$TMP/$tool.folded" ;;
     esac
