@@ -14,6 +14,7 @@ need_apt() { dpkg -s "$1" >/dev/null 2>&1 || apt_packages+=("$1"); }
 need_apt gcc
 need_apt g++     # capture tests: C++ inlined-name check (crates/capture/tests/inlined_names.rs)
 need_apt zlib1g-dev
+need_apt libc6-dbg      # capture tests: a distribution's compressed separate debug file, read a unit at a time (crates/capture/src/symbolize/by_unit.rs)
 need_apt clang         # capture tests: the committed BPF objects match their sources (crates/capture/tests/bpf_object.rs)
 need_apt llvm          # llvm-strip, for the same
 need_apt libbpf-dev    # and their headers

@@ -1,5 +1,5 @@
-//! The DWARF the symbolizer has loaded, one `addr2line` loader per binary, kept while in use and
-//! held to an optional memory budget.
+//! The DWARF the symbolizer has loaded, one reader per binary (`addr2line`'s, or its units one at
+//! a time for compressed DWARF), kept while in use and held to an optional memory budget.
 //!
 //! A loader's memory is not the file's size: DWARF sections are mapped, but compressed ones are
 //! decompressed onto the heap and every unit's abbreviations are parsed (a Debian `-dbg` libc
@@ -17,8 +17,9 @@ use object::elf::FileHeader64;
 use object::read::elf::{FileHeader, SectionHeader};
 use object::{Endianness, elf};
 
-use super::SymbolizerBudgets;
+use super::by_unit::UnitDwarf;
 use super::names::ClosureNames;
+use super::{SymbolFrame, SymbolizerBudgets};
 use crate::unwind::CodeModule;
 
 /// Batches a binary's DWARF stays loaded after its last use ([`DwarfCache::end_batch`]).
@@ -28,10 +29,55 @@ const KEEP_LOADERS: usize = 8;
 /// Estimated heap bytes per byte of `.debug_abbrev` (parsed once per unit).
 const ABBREV_FACTOR: u64 = 64;
 
+/// A binary's DWARF, read whole by `addr2line` or, when compressed, a unit at a time (see
+/// [`super::by_unit`]).
+pub(super) enum DwarfReader {
+    /// Every unit read when the file is opened.
+    Whole(Box<addr2line::Loader>),
+    /// Each unit read when an address in it is first looked up.
+    ByUnit(Box<UnitDwarf>),
+}
+
+impl DwarfReader {
+    /// Reads the DWARF of the ELF file at `path`: a unit at a time when its `.debug_info` is
+    /// compressed and `.debug_aranges` lists every unit, else whole.
+    pub fn open(path: &Path) -> Option<DwarfReader> {
+        match UnitDwarf::open(path) {
+            Ok(by_unit) => Some(DwarfReader::ByUnit(Box::new(by_unit))),
+            Err(_) => addr2line::Loader::new(path)
+                .ok()
+                .map(|loader| DwarfReader::Whole(Box::new(loader))),
+        }
+    }
+
+    /// Appends the frames at link-time address `addr`, innermost first, to `out`.
+    pub fn find_frames(
+        &self,
+        addr: u64,
+        numbered: &dyn Fn(&str) -> Option<String>,
+        out: &mut Vec<SymbolFrame>,
+    ) {
+        match self {
+            DwarfReader::Whole(loader) => {
+                super::push_frames(loader.find_frames(addr).ok(), numbered, out)
+            }
+            DwarfReader::ByUnit(by_unit) => by_unit.find_frames(addr, numbered, out),
+        }
+    }
+
+    /// The name of the symbol-table symbol covering `addr` in the file the DWARF is read from.
+    pub fn find_symbol(&self, addr: u64) -> Option<&str> {
+        match self {
+            DwarfReader::Whole(loader) => loader.find_symbol(addr),
+            DwarfReader::ByUnit(by_unit) => by_unit.find_symbol(addr),
+        }
+    }
+}
+
 /// What is known about one binary's debug information.
 pub(super) struct Entry {
     /// Its DWARF (or its separate debug file's), when loaded.
-    pub loader: Option<addr2line::Loader>,
+    pub dwarf: Option<DwarfReader>,
     /// The separate debug file's symbol table, when its DWARF was not loaded.
     pub symbols: Option<CodeModule>,
     /// The file the loaded DWARF is read from.
@@ -46,7 +92,7 @@ impl Entry {
     /// Nothing loaded.
     fn none(used: u64) -> Entry {
         Entry {
-            loader: None,
+            dwarf: None,
             symbols: None,
             source: None,
             closures: OnceCell::new(),
@@ -123,14 +169,14 @@ impl DwarfCache {
         };
         let cost = dwarf_cost(source).unwrap_or(0);
         if self.make_room(cost) {
-            let mut loaded = addr2line::Loader::new(source).ok().map(|l| (l, source));
+            let mut loaded = DwarfReader::open(source).map(|l| (l, source));
             if loaded.is_none() && debug_file.is_some() && debug_info {
                 // A separate debug file that does not load: the binary's own DWARF, if any.
-                loaded = addr2line::Loader::new(path).ok().map(|l| (l, path));
+                loaded = DwarfReader::open(path).map(|l| (l, path));
             }
-            let (loader, source) = loaded.unzip();
+            let (dwarf, source) = loaded.unzip();
             return Entry {
-                loader,
+                dwarf,
                 symbols: None,
                 source: source.map(Path::to_path_buf),
                 closures: OnceCell::new(),
@@ -151,7 +197,7 @@ impl DwarfCache {
                 .ok()
             });
         Entry {
-            loader: None,
+            dwarf: None,
             symbols,
             source: None,
             closures: OnceCell::new(),
@@ -234,7 +280,7 @@ impl DwarfCache {
     /// Whether DWARF of the binary at `path` is loaded.
     #[cfg(test)]
     pub fn is_loaded(&self, path: &Path) -> bool {
-        self.entries.get(path).is_some_and(|e| e.loader.is_some())
+        self.entries.get(path).is_some_and(|e| e.dwarf.is_some())
     }
 
     /// Whether anything is known about the binary at `path`.

@@ -15,10 +15,11 @@ pub struct SymbolFrame {
     pub line: Option<u32>,
 }
 
+mod by_unit;
 mod dwarf;
 mod names;
 
-use dwarf::DwarfCache;
+use dwarf::{DwarfCache, DwarfReader};
 use rootline_image::ModuleBudget;
 
 /// The memory a [`Symbolizer`] may hold: parsed DWARF, and the modules it loads for separate
@@ -90,7 +91,7 @@ impl Symbolizer {
         symbol: impl Fn(u64) -> Option<String>,
     ) -> Vec<Vec<SymbolFrame>> {
         let entry = self.dwarf.get(path, build_id, debug_info);
-        let loader = entry.loader.as_ref();
+        let dwarf = entry.dwarf.as_ref();
         let debug_symbols = entry.symbols.as_ref();
         let closure = |linkage: &str| entry.closure_name(linkage).map(str::to_string);
         let demangled = &mut self.demangled;
@@ -98,7 +99,7 @@ impl Symbolizer {
             .iter()
             .map(|&a| {
                 let name = symbol(a).or_else(|| debug_symbols.and_then(|m| m.symbol_name(a)));
-                symbolize_one(loader, a, name, &closure, demangled)
+                symbolize_one(dwarf, a, name, &closure, demangled)
             })
             .collect()
     }
@@ -123,7 +124,7 @@ impl Symbolizer {
 /// way their unit's language does (the bare `DW_AT_name` only where DWARF has no linkage name),
 /// with Rust closures numbered by `closure` (see [`names`]).
 fn symbolize_one(
-    loader: Option<&addr2line::Loader>,
+    dwarf: Option<&DwarfReader>,
     addr: u64,
     symbol: Option<String>,
     closure: &dyn Fn(&str) -> Option<String>,
@@ -135,27 +136,13 @@ fn symbolize_one(
             .flatten()
     };
     let mut frames = Vec::new();
-    if let Some(Ok(mut iter)) = loader.map(|l| l.find_frames(addr)) {
-        while let Ok(Some(frame)) = iter.next() {
-            let name = frame
-                .function
-                .as_ref()
-                .and_then(|f| {
-                    let raw = f.raw_name().ok()?;
-                    numbered(&raw).or_else(|| f.demangle().ok().map(|n| n.into_owned()))
-                })
-                .unwrap_or_default();
-            let (file, line) = frame
-                .location
-                .map(|l| (l.file.map(str::to_string), l.line))
-                .unwrap_or((None, None));
-            frames.push(SymbolFrame { name, file, line });
-        }
+    if let Some(dwarf) = dwarf {
+        dwarf.find_frames(addr, &numbered, &mut frames);
     }
     // addr2line yields the innermost inlined frame first; the profile wants the physical first.
     frames.reverse();
     let symbol = symbol
-        .or_else(|| loader.and_then(|l| l.find_symbol(addr)).map(str::to_string))
+        .or_else(|| dwarf.and_then(|d| d.find_symbol(addr)).map(str::to_string))
         .map(|s| numbered(&s).unwrap_or_else(|| demangled.get(&s)));
     match (symbol, frames.first_mut()) {
         (Some(symbol), Some(physical)) => physical.name = symbol,
@@ -168,6 +155,34 @@ fn symbolize_one(
     }
     frames.retain(|f| !f.name.is_empty());
     frames
+}
+
+/// Appends the frames `addr2line` found (innermost first) to `out`, each named by its function's
+/// linkage name: a legacy Rust closure's numbered name when `numbered` knows it, else demangled
+/// the way its unit's language does (the bare `DW_AT_name` where DWARF has no linkage name).
+fn push_frames<R: addr2line::gimli::Reader>(
+    frames: Option<addr2line::FrameIter<'_, R>>,
+    numbered: &dyn Fn(&str) -> Option<String>,
+    out: &mut Vec<SymbolFrame>,
+) {
+    let Some(mut iter) = frames else {
+        return;
+    };
+    while let Ok(Some(frame)) = iter.next() {
+        let name = frame
+            .function
+            .as_ref()
+            .and_then(|f| {
+                let raw = f.raw_name().ok()?;
+                numbered(&raw).or_else(|| f.demangle().ok().map(|n| n.into_owned()))
+            })
+            .unwrap_or_default();
+        let (file, line) = frame
+            .location
+            .map(|l| (l.file.map(str::to_string), l.line))
+            .unwrap_or((None, None));
+        out.push(SymbolFrame { name, file, line });
+    }
 }
 
 /// Symbol-table names demangled so far: a function is sampled at many addresses (each call site

@@ -1,0 +1,656 @@
+//! A binary's compressed DWARF read one compilation unit at a time.
+//!
+//! `addr2line` reads every unit before its first lookup: each unit's header, abbreviations and
+//! line-program header. A distribution's separate debug file for libc has 4,126 units, and a
+//! recording that meets a few dozen of them paid for all (about a quarter of the recorder's
+//! symbolizing). Such files list every unit's address ranges in `.debug_aranges`, so here a
+//! lookup finds its unit there and only that unit is read, into an `addr2line` context of its
+//! own; units are read once and kept with the file.
+//!
+//! A unit is read alone only when nothing in it can refer outside it: no attribute in its
+//! abbreviations takes a form holding a `.debug_info` offset or a supplementary file's
+//! (`DW_FORM_ref_addr`, dwz's alternate forms, `DW_FORM_indirect`), and none names a split-DWARF
+//! file. The first unit that does not qualify sends the whole file to `addr2line`'s usual reading
+//! ([`UnitDwarf::whole`]); units read alone before it answered exactly as the whole file would.
+//! This reading is used only for files whose `.debug_info` is zlib-compressed (distributions'
+//! separate debug files): their sections must be decompressed onto the heap either way, and the
+//! location lists, which naming never reads, are left compressed on disk.
+
+use std::cell::OnceCell;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gimli::Reader as _;
+use object::read::elf::ElfFile64;
+use object::{Endianness, Object, ObjectSection};
+
+use super::SymbolFrame;
+
+/// Largest file whose symbol table is read from a copy of the whole file in memory.
+const WHOLE_FILE_READ: u64 = 64 << 20;
+
+/// The section reader: a shared, decompressed section.
+type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+
+/// Why a file is not read unit by unit (the caller reads it whole instead).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ByUnitError {
+    #[error("cannot read the file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not an ELF file this reading handles: {0}")]
+    Elf(#[from] object::Error),
+    #[error("its .debug_info is not zlib-compressed")]
+    NotCompressed,
+    #[error("not every unit is listed in .debug_aranges")]
+    NotListed,
+    #[error("a compressed section does not inflate to its stated size")]
+    Inflate,
+    #[error("its DWARF does not parse: {0}")]
+    Dwarf(#[from] gimli::Error),
+}
+
+/// One unit listed in `.debug_aranges`: where its entries lie in `.debug_info`.
+struct UnitSpan {
+    offset: usize,
+    len: usize,
+    /// Its context, built on first use (None: the unit refers outside itself, or does not parse).
+    context: OnceCell<Option<addr2line::Context<Reader>>>,
+}
+
+/// A file's DWARF read unit by unit (see the module documentation).
+pub(super) struct UnitDwarf {
+    path: PathBuf,
+    sections: Sections,
+    /// Address ranges, sorted by start, with the index of their unit in `units`.
+    ranges: Vec<(u64, u64, usize)>,
+    units: Vec<UnitSpan>,
+    /// The file's symbol table (`.symtab`, else `.dynsym`), sorted by address.
+    symbols: Vec<SymbolEntry>,
+    /// The whole file through `addr2line`, once a unit could not be read alone.
+    whole: OnceCell<Option<addr2line::Loader>>,
+}
+
+/// The sections a unit's context reads.
+#[derive(Default)]
+struct Sections {
+    abbrev: Option<Reader>,
+    addr: Option<Reader>,
+    info: Option<Reader>,
+    line: Option<Reader>,
+    line_str: Option<Reader>,
+    str: Option<Reader>,
+    str_offsets: Option<Reader>,
+    ranges: Option<Reader>,
+    rnglists: Option<Reader>,
+}
+
+impl UnitDwarf {
+    /// Reads the file at `path`: its naming sections (decompressed), its `.debug_aranges` and
+    /// its symbol table. Errors when the file is not one this reading is for.
+    pub fn open(path: &Path) -> Result<UnitDwarf, ByUnitError> {
+        let file = File::open(path)?;
+        let cache = object::ReadCache::new(&file);
+        let elf = ElfFile64::<Endianness, _>::parse(&cache)?;
+        let endian = if elf.is_little_endian() {
+            gimli::RunTimeEndian::Little
+        } else {
+            gimli::RunTimeEndian::Big
+        };
+        let info = elf
+            .section_by_name(".debug_info")
+            .ok_or(ByUnitError::NotCompressed)?;
+        if info.compressed_data()?.format != object::CompressionFormat::Zlib {
+            return Err(ByUnitError::NotCompressed);
+        }
+        let read = |name: &str| -> Result<Option<Reader>, ByUnitError> {
+            let Some(section) = elf.section_by_name(name) else {
+                return Ok(None);
+            };
+            let data = section.compressed_data()?;
+            let bytes: Arc<[u8]> = match data.format {
+                object::CompressionFormat::None => data.data.into(),
+                object::CompressionFormat::Zlib => inflate(data.data, data.uncompressed_size)?,
+                _ => return Err(ByUnitError::NotCompressed),
+            };
+            Ok(Some(Reader::new(bytes, endian)))
+        };
+        let sections = Sections {
+            abbrev: read(".debug_abbrev")?,
+            addr: read(".debug_addr")?,
+            info: read(".debug_info")?,
+            line: read(".debug_line")?,
+            line_str: read(".debug_line_str")?,
+            str: read(".debug_str")?,
+            str_offsets: read(".debug_str_offsets")?,
+            ranges: read(".debug_ranges")?,
+            rnglists: read(".debug_rnglists")?,
+        };
+        let aranges = read(".debug_aranges")?;
+        let (ranges, units) = unit_ranges(&sections, aranges)?;
+        // The symbol table's names are read one by one: from memory when the file is not large
+        // (a read per name through the cache took longer than reading the whole file).
+        let len = file.metadata()?.len();
+        let symbols = if len <= WHOLE_FILE_READ {
+            let data = std::fs::read(path)?;
+            symbol_table(&ElfFile64::<Endianness, _>::parse(&*data)?)
+        } else {
+            symbol_table(&elf)
+        };
+        Ok(UnitDwarf {
+            path: path.to_path_buf(),
+            sections,
+            ranges,
+            units,
+            symbols,
+            whole: OnceCell::new(),
+        })
+    }
+
+    /// Appends the frames at link-time address `addr` to `out` (innermost first, as `addr2line`
+    /// gives them; see [`super::push_frames`]); nothing when no unit covers it.
+    pub fn find_frames(
+        &self,
+        addr: u64,
+        numbered: &dyn Fn(&str) -> Option<String>,
+        out: &mut Vec<SymbolFrame>,
+    ) {
+        if let Some(whole) = self.whole.get() {
+            if let Some(loader) = whole {
+                super::push_frames(loader.find_frames(addr).ok(), numbered, out);
+            }
+            return;
+        }
+        let i = self.ranges.partition_point(|r| r.0 <= addr);
+        let Some(&(_, end, unit)) = i.checked_sub(1).and_then(|i| self.ranges.get(i)) else {
+            return;
+        };
+        if addr >= end {
+            return;
+        }
+        let span = &self.units[unit];
+        match span.context.get_or_init(|| self.context(span)) {
+            Some(context) => super::push_frames(
+                context.find_frames(addr).skip_all_loads().ok(),
+                numbered,
+                out,
+            ),
+            None => {
+                // This unit refers outside itself: from now on the file is read whole.
+                let whole = self
+                    .whole
+                    .get_or_init(|| addr2line::Loader::new(&self.path).ok());
+                if let Some(loader) = whole {
+                    super::push_frames(loader.find_frames(addr).ok(), numbered, out);
+                }
+            }
+        }
+    }
+
+    /// The name of the symbol-table symbol covering `addr`.
+    pub fn find_symbol(&self, addr: u64) -> Option<&str> {
+        if let Some(Some(loader)) = self.whole.get() {
+            return loader.find_symbol(addr);
+        }
+        let i = self
+            .symbols
+            .partition_point(|s| s.address <= addr)
+            .checked_sub(1)?;
+        let symbol = &self.symbols[i];
+        (symbol.size == 0 || addr - symbol.address < symbol.size).then_some(&*symbol.name)
+    }
+
+    /// A context over the unit alone, when it refers to nothing outside itself.
+    fn context(&self, span: &UnitSpan) -> Option<addr2line::Context<Reader>> {
+        let info = self.sections.info.as_ref()?;
+        let alone = info.range(span.offset..span.offset + span.len);
+        let header = gimli::DebugInfo::from(alone.clone())
+            .units()
+            .next()
+            .ok()??;
+        if !matches!(header.type_(), gimli::UnitType::Compilation) {
+            return None;
+        }
+        let abbrev = self.sections.abbrev.as_ref()?;
+        if refers_outside(abbrev, header.debug_abbrev_offset().0).unwrap_or(true) {
+            return None;
+        }
+        let s = &self.sections;
+        let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+            let section = match id {
+                gimli::SectionId::DebugInfo => Some(&alone),
+                gimli::SectionId::DebugAbbrev => s.abbrev.as_ref(),
+                gimli::SectionId::DebugAddr => s.addr.as_ref(),
+                gimli::SectionId::DebugLine => s.line.as_ref(),
+                gimli::SectionId::DebugLineStr => s.line_str.as_ref(),
+                gimli::SectionId::DebugStr => s.str.as_ref(),
+                gimli::SectionId::DebugStrOffsets => s.str_offsets.as_ref(),
+                gimli::SectionId::DebugRanges => s.ranges.as_ref(),
+                gimli::SectionId::DebugRngLists => s.rnglists.as_ref(),
+                _ => None,
+            };
+            Ok(section
+                .cloned()
+                .unwrap_or_else(|| Reader::new(Arc::from([]), alone.endian())))
+        })
+        .ok()?;
+        addr2line::Context::from_dwarf(dwarf).ok()
+    }
+
+    /// Units read alone so far (for tests).
+    #[cfg(test)]
+    pub fn units_read(&self) -> usize {
+        self.units
+            .iter()
+            .filter(|u| u.context.get().is_some())
+            .count()
+    }
+
+    /// Whether a unit sent the file to the whole reading (for tests).
+    #[cfg(test)]
+    pub fn reads_whole(&self) -> bool {
+        self.whole.get().is_some()
+    }
+}
+
+/// Inflates a zlib stream that must come to exactly `size` bytes.
+fn inflate(compressed: &[u8], size: u64) -> Result<Arc<[u8]>, ByUnitError> {
+    let size = usize::try_from(size).map_err(|_| ByUnitError::Inflate)?;
+    let mut out = Vec::with_capacity(size);
+    let mut z = flate2::Decompress::new(true);
+    let status = z
+        .decompress_vec(compressed, &mut out, flate2::FlushDecompress::Finish)
+        .map_err(|_| ByUnitError::Inflate)?;
+    if status != flate2::Status::StreamEnd || out.len() != size {
+        return Err(ByUnitError::Inflate);
+    }
+    Ok(out.into())
+}
+
+/// The units `.debug_aranges` lists, and their address ranges sorted by start. Errors when a
+/// unit of `.debug_info` is not listed (its ranges would be known only by reading it).
+#[allow(clippy::type_complexity)]
+fn unit_ranges(
+    sections: &Sections,
+    aranges: Option<Reader>,
+) -> Result<(Vec<(u64, u64, usize)>, Vec<UnitSpan>), ByUnitError> {
+    let info = sections.info.clone().ok_or(ByUnitError::NotCompressed)?;
+    let aranges = aranges.ok_or(ByUnitError::NotListed)?;
+    let debug_info = gimli::DebugInfo::from(info);
+    let mut units = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    let mut headers = debug_info.units();
+    while let Some(header) = headers.next()? {
+        let offset = header.offset().0;
+        index.insert(offset, units.len());
+        units.push(UnitSpan {
+            offset,
+            len: header.length_including_self(),
+            context: OnceCell::new(),
+        });
+    }
+    let mut listed = vec![false; units.len()];
+    let mut ranges = Vec::new();
+    let mut sets = gimli::DebugAranges::from(aranges).headers();
+    while let Some(set) = sets.next()? {
+        let Some(&unit) = index.get(&set.debug_info_offset().0) else {
+            continue;
+        };
+        listed[unit] = true;
+        let mut entries = set.entries();
+        while let Some(entry) = entries.next()? {
+            let range = entry.range();
+            if range.end > range.begin {
+                ranges.push((range.begin, range.end, unit));
+            }
+        }
+    }
+    if listed.iter().any(|&l| !l) {
+        return Err(ByUnitError::NotListed);
+    }
+    ranges.sort_unstable();
+    Ok((ranges, units))
+}
+
+/// Whether the abbreviation table at `offset` lets an entry refer outside its unit: a form
+/// holding a `.debug_info` offset or a supplementary file's, a form chosen per entry, or a
+/// split-DWARF file's name.
+fn refers_outside(abbrev: &Reader, offset: usize) -> Result<bool, gimli::Error> {
+    let mut r = abbrev.clone();
+    r.skip(offset)?;
+    loop {
+        if r.read_uleb128()? == 0 {
+            return Ok(false);
+        }
+        r.read_uleb128()?; // tag
+        r.read_u8()?; // has children
+        loop {
+            let name = r.read_uleb128()?;
+            let form = r.read_uleb128()?;
+            if name == 0 && form == 0 {
+                break;
+            }
+            if form == u64::from(gimli::DW_FORM_implicit_const.0) {
+                r.read_sleb128()?;
+            }
+            let outside = [
+                gimli::DW_FORM_ref_addr,
+                gimli::DW_FORM_indirect,
+                gimli::DW_FORM_GNU_ref_alt,
+                gimli::DW_FORM_GNU_strp_alt,
+                gimli::DW_FORM_ref_sup4,
+                gimli::DW_FORM_ref_sup8,
+                gimli::DW_FORM_strp_sup,
+                gimli::DW_FORM_ref_sig8,
+            ];
+            let split = [gimli::DW_AT_dwo_name, gimli::DW_AT_GNU_dwo_name];
+            if outside.iter().any(|f| u64::from(f.0) == form)
+                || split.iter().any(|a| u64::from(a.0) == name)
+            {
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// The file's defined function and data symbols by address (`.symtab`, or `.dynsym` when it has
+/// none), chosen and sized as `addr2line` does for an address without DWARF: of symbols at one
+/// address, one of known kind, with a size, of the widest scope, the last in the table; a symbol
+/// without a size reaches the next symbol or its section's end.
+fn symbol_table<'data, R: object::ReadRef<'data>>(
+    elf: &ElfFile64<'data, Endianness, R>,
+) -> Vec<SymbolEntry> {
+    use object::{ObjectSymbol, ObjectSymbolTable, SymbolFlags, SymbolScope, SymbolSection};
+    let Some(table) = elf.symbol_table().or_else(|| elf.dynamic_symbol_table()) else {
+        return Vec::new();
+    };
+    // (address, rank: lower is better, later in the table first, size, name); an empty name
+    // marks where a section ends.
+    let mut all: Vec<(u64, u32, usize, u64, &str)> = Vec::new();
+    for symbol in table.symbols() {
+        let Ok(name) = symbol.name() else { continue };
+        let SymbolFlags::Elf { st_info, .. } = symbol.flags() else {
+            continue;
+        };
+        // Defined in a section: a function, a data object, or a symbol of no type (a label such
+        // as ld.so's `_start`, though not an architecture's local mapping symbol such as `$x`).
+        let local = st_info >> 4 == object::elf::STB_LOCAL;
+        let kind = match st_info & 0xf {
+            object::elf::STT_FUNC | object::elf::STT_OBJECT => 0,
+            object::elf::STT_NOTYPE if !(local && name.starts_with('$')) => 1,
+            _ => continue,
+        };
+        if name.is_empty() || !matches!(symbol.section(), SymbolSection::Section(_)) {
+            continue;
+        }
+        let scope = match symbol.scope() {
+            SymbolScope::Dynamic => 0,
+            SymbolScope::Linkage => 1,
+            SymbolScope::Compilation => 2,
+            SymbolScope::Unknown => 3,
+        };
+        let rank = (kind * 2 + u32::from(symbol.size() == 0)) * 4 + scope;
+        all.push((
+            symbol.address(),
+            rank,
+            usize::MAX - symbol.index().0,
+            symbol.size(),
+            name,
+        ));
+    }
+    for section in elf.sections() {
+        let end = section.address().saturating_add(section.size());
+        all.push((end, u32::MAX, usize::MAX, u64::MAX, ""));
+    }
+    all.sort_unstable();
+    all.dedup_by_key(|s| s.0);
+    let mut next = u64::MAX;
+    let mut symbols: Vec<SymbolEntry> = Vec::with_capacity(all.len());
+    for &(address, _, _, size, name) in all.iter().rev() {
+        if !name.is_empty() {
+            let size = if size == 0 {
+                next.saturating_sub(address)
+            } else {
+                size
+            };
+            symbols.push(SymbolEntry {
+                address,
+                size,
+                name: name.into(),
+            });
+        }
+        next = address;
+    }
+    symbols.reverse();
+    symbols
+}
+
+/// A symbol-table symbol: where it starts, how many bytes it covers (0: up to the next one), its
+/// name.
+struct SymbolEntry {
+    address: u64,
+    size: u64,
+    name: Box<str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::dwarf::DwarfReader;
+    use super::*;
+    use std::process::Command;
+
+    /// The frames and symbol at `addr` by unit and by `addr2line` reading the whole file.
+    fn both(
+        by_unit: &UnitDwarf,
+        whole: &addr2line::Loader,
+        addr: u64,
+    ) -> [(Vec<SymbolFrame>, Option<String>); 2] {
+        let mut a = Vec::new();
+        by_unit.find_frames(addr, &|_| None, &mut a);
+        let mut b = Vec::new();
+        super::super::push_frames(whole.find_frames(addr).ok(), &|_| None, &mut b);
+        [
+            (a, by_unit.find_symbol(addr).map(str::to_string)),
+            (b, whole.find_symbol(addr).map(str::to_string)),
+        ]
+    }
+
+    /// Builds a two-unit C program with inlined functions, with `flags`, in `dir`.
+    fn build(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+        std::fs::write(
+            dir.join("a.c"),
+            "static inline int sq(int x) { return x * x; }\n\
+             int b(int);\n\
+             int main(int argc, char **argv) { return b(sq(argc)) + sq(argc + (argv != 0)); }\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("b.c"),
+            "static inline int tw(int x) { return x * 2 + 1; }\n\
+             __attribute__((noinline)) int b(int x) { return tw(x) + tw(x * 3); }\n",
+        )
+        .unwrap();
+        let out = dir.join(name);
+        let status = Command::new("cc")
+            .args(flags)
+            .arg(dir.join("a.c"))
+            .arg(dir.join("b.c"))
+            .arg("-o")
+            .arg(&out)
+            .status()
+            .expect("cc runs");
+        assert!(status.success());
+        out
+    }
+
+    /// Every address of `.text`.
+    fn text(path: &Path) -> std::ops::Range<u64> {
+        let data = std::fs::read(path).unwrap();
+        let elf = ElfFile64::<Endianness, _>::parse(&*data).unwrap();
+        let text = elf.section_by_name(".text").unwrap();
+        text.address()..text.address() + text.size()
+    }
+
+    #[test]
+    fn a_compressed_programs_units_read_alone_name_every_address_as_the_whole_file_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = build(dir.path(), "zlib", &["-O2", "-g", "-gz=zlib"]);
+        let by_unit = UnitDwarf::open(&exe).expect("compressed, every unit listed");
+        let whole = addr2line::Loader::new(&exe).unwrap();
+        let (mut inlined, mut named) = (0, 0);
+        for addr in text(&exe) {
+            let [a, b] = both(&by_unit, &whole, addr);
+            assert_eq!(a, b, "at {addr:#x}");
+            named += usize::from(!a.0.is_empty());
+            inlined += usize::from(a.0.len() >= 2);
+        }
+        assert!(named > 0 && inlined > 0, "{named} named, {inlined} inlined");
+        assert_eq!(by_unit.units.len(), 2);
+        assert_eq!(by_unit.units_read(), 2);
+        assert!(!by_unit.reads_whole());
+
+        // DWARF not compressed is read whole.
+        let plain = build(dir.path(), "plain", &["-O2", "-g"]);
+        assert!(matches!(
+            UnitDwarf::open(&plain),
+            Err(ByUnitError::NotCompressed)
+        ));
+    }
+
+    #[test]
+    fn a_unit_referring_outside_itself_sends_the_file_to_the_whole_reading() {
+        // A unit whose name attribute is an offset into another unit (DW_FORM_ref_addr), then one
+        // whose attributes stay inside (a string offset, an implicit constant).
+        let outside = [1, 0x2e, 0, 0x31, 0x10, 0, 0, 0];
+        let inside = [1, 0x2e, 1, 0x03, 0x0e, 0x3a, 0x21, 0x7f, 0, 0, 0];
+        let reader = |b: &[u8]| Reader::new(Arc::from(b), gimli::RunTimeEndian::Little);
+        assert!(refers_outside(&reader(&outside), 0).unwrap());
+        assert!(!refers_outside(&reader(&inside), 0).unwrap());
+        assert!(
+            refers_outside(&reader(&inside[..5]), 0).is_err(),
+            "cut short"
+        );
+
+        // A unit naming a type by its signature in .debug_types (DWARF 4 type units): the file is
+        // read whole from then on, and names every address as addr2line does.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("c.c"),
+            "struct point { int x, y; };\n\
+             static inline int norm(struct point p) { return p.x * p.x + p.y * p.y; }\n\
+             __attribute__((noinline)) int c(int x) { struct point p = { x, x + 1 }; return norm(p); }\n",
+        )
+        .unwrap();
+        let c = dir.path().join("c.c");
+        let c = c.to_str().unwrap();
+        let exe = build(
+            dir.path(),
+            "types",
+            &[
+                "-O2",
+                "-g",
+                "-gdwarf-4",
+                "-fdebug-types-section",
+                "-gz=zlib",
+                c,
+            ],
+        );
+        let reader = DwarfReader::open(&exe).expect("DWARF");
+        let whole = addr2line::Loader::new(&exe).unwrap();
+        for addr in text(&exe) {
+            let mut a = Vec::new();
+            reader.find_frames(addr, &|_| None, &mut a);
+            let mut b = Vec::new();
+            super::super::push_frames(whole.find_frames(addr).ok(), &|_| None, &mut b);
+            assert_eq!(a, b, "at {addr:#x}");
+        }
+        match reader {
+            DwarfReader::ByUnit(by_unit) => assert!(by_unit.reads_whole()),
+            DwarfReader::Whole(_) => panic!("expected the fallback"),
+        }
+    }
+
+    #[test]
+    fn libcs_separate_debug_file_read_by_unit_names_as_the_whole_file_does() {
+        let Some(debug) = libc_debug_file() else {
+            println!("skipped: no separate debug file for libc (Debian's libc6-dbg)");
+            return;
+        };
+        let by_unit = UnitDwarf::open(&debug).expect("libc6-dbg: compressed, units listed");
+        let whole = addr2line::Loader::new(&debug).unwrap();
+        let step = (by_unit.ranges.len() / 1_500).max(1);
+        let mut inlined = 0;
+        for &(begin, end, _) in by_unit.ranges.iter().step_by(step) {
+            for addr in [begin, begin + (end - begin) / 2, end - 1] {
+                let [a, b] = both(&by_unit, &whole, addr);
+                assert_eq!(a, b, "at {addr:#x}");
+                inlined += usize::from(a.0.len() >= 2);
+            }
+        }
+        assert!(
+            inlined > 100,
+            "only {inlined} addresses with inlined frames"
+        );
+        assert!(!by_unit.reads_whole());
+        assert!(by_unit.units_read() < by_unit.units.len());
+        same_symbols_at_every_symbol(&debug);
+    }
+
+    #[test]
+    fn ld_sos_symbols_are_named_as_the_whole_file_does() {
+        let Some(debug) = debug_file_of("/ld-linux-x86-64.so") else {
+            println!("skipped: no separate debug file for ld.so (Debian's libc6-dbg)");
+            return;
+        };
+        // ld.so's entry `_start` and `_dl_start_user` are labels of no type and no size.
+        same_symbols_at_every_symbol(&debug);
+    }
+
+    /// The symbol named at each symbol-table symbol's address (and the next byte) is the one
+    /// `addr2line` names.
+    fn same_symbols_at_every_symbol(path: &Path) {
+        use object::ObjectSymbol;
+        let by_unit = UnitDwarf::open(path).unwrap();
+        let whole = addr2line::Loader::new(path).unwrap();
+        let data = std::fs::read(path).unwrap();
+        let elf = ElfFile64::<Endianness, _>::parse(&*data).unwrap();
+        let mut named = 0;
+        for symbol in elf.symbols() {
+            for addr in [symbol.address(), symbol.address() + 1] {
+                let ours = by_unit.find_symbol(addr);
+                assert_eq!(ours, whole.find_symbol(addr), "at {addr:#x}");
+                named += usize::from(ours.is_some());
+            }
+        }
+        assert!(named > 1_000, "only {named} named");
+    }
+
+    /// The separate debug file of this process's libc, when installed.
+    fn libc_debug_file() -> Option<PathBuf> {
+        debug_file_of("/libc.so")
+    }
+
+    /// The separate debug file of the library mapped in this process whose path contains
+    /// `name`, when installed.
+    fn debug_file_of(name: &str) -> Option<PathBuf> {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let libc = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains(name))?;
+        let data = std::fs::read(libc).ok()?;
+        let elf = ElfFile64::<Endianness, _>::parse(&*data).ok()?;
+        let id: String = elf
+            .build_id()
+            .ok()??
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let path = PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &id[..2],
+            &id[2..]
+        ));
+        path.is_file().then_some(path)
+    }
+}
