@@ -168,7 +168,9 @@ impl ModuleBytes {
     /// The NUL-terminated string at `offset` (a symbol name), when it is UTF-8 and not too long.
     pub(crate) fn read_name(&self, offset: u64) -> Option<String> {
         let mut name = Vec::new();
-        let mut chunk = [0u8; 128];
+        // One read for nearly every name: rustc's driver's function names average 163 bytes,
+        // 56% are longer than 128, under 1% longer than 512.
+        let mut chunk = [0u8; 512];
         while name.len() < MAX_NAME {
             let n = self.read_at(offset + name.len() as u64, &mut chunk);
             if n == 0 {
