@@ -6,11 +6,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "common/c_program.rs"]
+mod c_program;
 #[path = "common/callgraph.rs"]
 mod callgraph;
 
 use callgraph::build_callgraph;
-use rootline_capture::recorder::{ChunkSink, RecordOptions, Retention, Target, record};
+use rootline_capture::recorder::{
+    ChunkSink, KernelWalkMode, RecordOptions, Retention, Target, record,
+};
 use rootline_profile::Profile;
 
 #[derive(Default)]
@@ -109,4 +113,115 @@ fn handed_over_samples_are_new_each_flush_and_tables_start_over() {
     );
     assert_eq!(seen.wrong_callers, 0);
     assert_eq!(seen.not_whole, 0);
+}
+
+/// `tests/c/deep.c` on a second thread: 200 levels of `recurse` with 1 KiB of locals each (far
+/// past the 16 KiB copy) above a spinning leaf, so each sample's outer frames are those of its
+/// thread's last sample. They are reused from it (in-kernel walk: the last walk's trie node; live
+/// reads: the proven outer part's node) while the tables start over at nearly every flush: a
+/// node kept from before a start-over names nothing in the new tables, so every leaf sample
+/// must still show all 200 levels from the thread's root (with live reads, a thread's first
+/// samples, before a watch proves its outer frames, end `[truncated: live-unproven]`).
+#[test]
+fn deep_stacks_reused_from_a_threads_last_sample_stay_whole_across_start_overs() {
+    const DEPTH: usize = 200;
+    let binary = c_program::build_c(
+        "deep.c",
+        "hand_over_deep",
+        &["-O2", "-fno-omit-frame-pointer"],
+    );
+    for walk in [KernelWalkMode::On, KernelWalkMode::Off] {
+        let args = vec![
+            binary.clone().into_os_string(),
+            DEPTH.to_string().into(),
+            "2".into(),
+            "thread".into(),
+        ];
+        let mut opts = RecordOptions::new(Target::Command(args));
+        opts.kernel_walk = walk;
+        opts.flush_interval = Duration::from_millis(100);
+        let seen = Arc::new(Mutex::new(DeepSeen::default()));
+        let sink = DeepCollect(seen.clone(), DEPTH);
+        let recording = match record(&opts, &AtomicBool::new(false), Some(Box::new(sink))) {
+            Ok(r) => r,
+            Err(e) if std::env::var_os("CI").is_none() && e.to_string().contains("BPF") => {
+                eprintln!("skipped the in-kernel walk: {e}");
+                continue;
+            }
+            Err(e) => panic!("record failed: {e}"),
+        };
+        let seen = seen.lock().unwrap();
+        let reused = match walk {
+            KernelWalkMode::On => recording.stats.kernel_walk.map_or(0, |k| k.outer_reused),
+            _ => recording.stats.outer_cache.hits,
+        };
+        println!(
+            "{walk:?}: {} in spin, {} whole, {} truncated, {} start-overs, {reused} reused outer \
+             parts; wrong: {:?}",
+            seen.in_leaf, seen.whole, seen.truncated, seen.started_over, seen.wrong
+        );
+        assert!(seen.started_over >= 3, "{} start-overs", seen.started_over);
+        assert!(seen.in_leaf >= 300, "{} samples in spin", seen.in_leaf);
+        assert!(
+            reused >= 100,
+            "only {reused} samples reused their outer frames"
+        );
+        assert!(seen.wrong.is_empty(), "{walk:?}: {:?}", seen.wrong);
+        assert!(
+            seen.truncated * 100 <= seen.in_leaf,
+            "{walk:?}: {}",
+            seen.truncated
+        );
+    }
+}
+
+#[derive(Default)]
+struct DeepSeen {
+    started_over: usize,
+    in_leaf: u64,
+    whole: u64,
+    /// Leaf samples ending in an explicit `[truncated: …]` frame.
+    truncated: u64,
+    /// Leaf samples neither whole (`clone3 … worker, recurse × DEPTH, spin`) nor marked
+    /// truncated: a few, shortened.
+    wrong: Vec<String>,
+}
+
+struct DeepCollect(Arc<Mutex<DeepSeen>>, usize);
+
+impl ChunkSink for DeepCollect {
+    fn write_chunk(&mut self, profile: &Profile) -> std::io::Result<()> {
+        let mut seen = self.0.lock().unwrap();
+        let samples = profile.samples();
+        let mut frames = Vec::new();
+        for i in 0..samples.len() {
+            profile.stack_frames_root_first(samples.stacks[i], &mut frames);
+            let names: Vec<&str> = frames.iter().map(|&f| profile.frame_name(f)).collect();
+            if names.last() != Some(&"spin") {
+                continue;
+            }
+            seen.in_leaf += 1;
+            let recursion = names.iter().filter(|&&n| n == "recurse").count();
+            let rooted = names.first().is_some_and(|n| n.ends_with("clone3"));
+            let at = names.iter().position(|&n| n == "worker");
+            if rooted && recursion == self.1 && at.is_some_and(|w| names.len() == w + self.1 + 2) {
+                seen.whole += 1;
+            } else if names[0].starts_with("[truncated") {
+                seen.truncated += 1;
+            } else if seen.wrong.len() < 5 {
+                let shown: Vec<&str> = names.iter().copied().filter(|&n| n != "recurse").collect();
+                seen.wrong
+                    .push(format!("{recursion} recurse; {}", shown.join(";")));
+            }
+        }
+        Ok(())
+    }
+
+    fn retention(&self) -> Retention {
+        Retention::HandOver { max_entries: 20 }
+    }
+
+    fn started_over(&mut self) {
+        self.0.lock().unwrap().started_over += 1;
+    }
 }

@@ -123,6 +123,11 @@ impl LiveProof {
         self.outer.forget(key);
     }
 
+    /// Lets go of the proven outer parts' trie nodes (the raw tables started over).
+    pub fn forget_nodes(&mut self) {
+        self.outer.forget_nodes();
+    }
+
     /// The outer-stack cache's counters.
     pub fn stats(&self) -> OuterCacheStats {
         self.outer.stats

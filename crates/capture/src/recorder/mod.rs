@@ -717,13 +717,10 @@ pub fn record(
     }
     done.store(true, Ordering::Release);
     waker.wake();
-    let panicked = |_| {
-        RecordError::Open(OpenError::Other(std::io::Error::other(
-            "a recorder thread panicked",
-        )))
-    };
-    reader.join().map_err(panicked)?;
-    let (profile, mut stats, sink_error) = builder.join().map_err(panicked)?;
+    reader.join().map_err(|_| RecordError::Panicked("reader"))?;
+    let (profile, mut stats, sink_error) = builder
+        .join()
+        .map_err(|_| RecordError::Panicked("builder"))?;
     attach_notes.extend(attach_notes_early);
     for note in attach_notes.into_iter().rev() {
         if !stats.jit_notes.contains(&note) {

@@ -245,6 +245,9 @@ pub enum RecordError {
     /// The in-kernel stack walk was required and could not run.
     #[error("{0} (record without it: --kernel-walk off)")]
     KernelWalk(#[source] crate::kernel_walk::KernelWalkError),
+    /// A thread of the recorder panicked: a defect in rootline, not in the target or the setup.
+    #[error("the recorder's {0} thread panicked (a bug in rootline; its message is above)")]
+    Panicked(&'static str),
 }
 
 impl RecordError {

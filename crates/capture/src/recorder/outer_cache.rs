@@ -231,6 +231,17 @@ impl OuterCache {
     pub fn forget(&mut self, key: (u32, u32)) {
         self.entries.remove(&key);
     }
+
+    /// Lets go of every proven outer part, keeping the watches: the raw tables started over, and
+    /// the trie nodes the parts hold name nothing in the new ones. The next sample a watch
+    /// proves keeps its part again.
+    pub fn forget_nodes(&mut self) {
+        for entry in self.entries.values_mut() {
+            if matches!(entry.phase, Phase::Ready(_)) {
+                entry.phase = Phase::Armed;
+            }
+        }
+    }
 }
 
 /// The sample's memory during an observed unwind: refuses reads past the copy until the unwind

@@ -650,9 +650,12 @@ impl Pipeline {
             .start_over(entries, threads, (&self.processes, &self.jit), refused)
         {
             batch.start_over = true;
-            // Thread names go out again with the next batch.
+            // Thread names go out again with the next batch. What holds trie nodes of the old
+            // tables (a thread's last outer part, walked or proven) lets go of them.
             self.tables.clear();
             self.lifetimes.start_over();
+            self.walk_memos.forget_all();
+            self.proof.forget_nodes();
         }
         batch
     }

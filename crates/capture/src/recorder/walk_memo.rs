@@ -177,6 +177,13 @@ impl WalkMemos {
             self.bytes -= gone.iter().map(|(_, m)| walk_bytes(m)).sum::<usize>();
         }
     }
+
+    /// Forgets every thread's memos: the raw tables started over, and the trie nodes the memos
+    /// hold name nothing in the new ones.
+    pub fn forget_all(&mut self) {
+        self.memos.clear();
+        self.bytes = 0;
+    }
 }
 
 /// Watches an unwind with a kernel walk: notes the first frame past the copy (its index and
