@@ -160,11 +160,24 @@ pub struct Processes {
     reclaimable_stale: bool,
 }
 
+/// Whether a mapping's path names no binary: anonymous memory, the kernel's special mappings,
+/// or JIT code in a memory file (.NET maps its code twice through one).
 fn is_pseudo(path: &str) -> bool {
-    path.is_empty()
-        || path.starts_with('[')
-        || path.starts_with("//anon")
-        || path.starts_with("/memfd:")
+    path.is_empty() || path.starts_with('[') || path.starts_with("//anon")
+}
+
+/// Whether a memory file's mapping (`/memfd:NAME`, no file on disk) holds an ELF file: a program
+/// executed from memory (container runtimes, sandboxes and self-extracting tools run programs
+/// so) rather than JIT code. Its first bytes are read through `/proc/PID/map_files`.
+fn is_memory_file_without_elf(pid: u32, start: u64, end: u64, path: &str) -> bool {
+    use std::os::unix::fs::FileExt;
+    if !path.starts_with("/memfd:") {
+        return false;
+    }
+    let mut magic = [0u8; 4];
+    let elf = binaries::open_file(pid, start, end, path)
+        .is_some_and(|f| f.read_exact_at(&mut magic, 0).is_ok() && &magic == b"\x7fELF");
+    !elf
 }
 
 impl Processes {
@@ -373,7 +386,7 @@ impl Processes {
         }
         let binary = if path == "[vdso]" {
             self.vdso(pid, start, end)
-        } else if is_pseudo(path) {
+        } else if is_pseudo(path) || is_memory_file_without_elf(pid, start, end, path) {
             Arc::new(BinaryFile {
                 path: path.into(),
                 file: None,
