@@ -17,6 +17,9 @@ const FORGET_AFTER: Duration = Duration::from_secs(2);
 /// flush interval, 200 ms in the agent).
 const FORGET_URGENTLY_AFTER: Duration = Duration::from_millis(200);
 
+/// Most names held for threads not sampled yet (every `exec` on the host reports one).
+const MAX_EARLY_NAMES: usize = 4096;
+
 /// Shortest time between two re-reads of a process's `/proc/PID/maps`.
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
 
@@ -26,6 +29,10 @@ pub(crate) struct Lifetimes {
     threads: FastMap<(u32, u32), Option<Box<str>>>,
     /// Thread names `(pid, tid, name)` not yet handed to the builder.
     names: Vec<(u32, u32, String)>,
+    /// Names the kernel reported (an `exec`, a rename) for threads not sampled yet: a process
+    /// that lives a few milliseconds may be gone from `/proc` when its first sample is read.
+    /// At most [`MAX_EARLY_NAMES`]; forgotten with the thread.
+    early_names: FastMap<(u32, u32), Box<str>>,
     /// Threads first seen since the tables last started over.
     new_threads: usize,
     /// Threads `(pid, tid)` that exited and when their exit was seen; forgotten after
@@ -46,6 +53,7 @@ impl Lifetimes {
         Lifetimes {
             threads: FastMap::new(),
             names: Vec::new(),
+            early_names: FastMap::new(),
             new_threads: 0,
             exited: VecDeque::new(),
             exec_times: FastMap::new(),
@@ -54,13 +62,17 @@ impl Lifetimes {
         }
     }
 
-    /// Notes a sample of thread `(pid, tid)`; true when the thread is new (its name is read
-    /// from `/proc` then).
+    /// Notes a sample of thread `(pid, tid)`; true when the thread is new (its name is the one
+    /// the kernel reported for it before, else read from `/proc` then).
     pub fn sampled(&mut self, pid: u32, tid: u32) -> bool {
         let std::collections::hash_map::Entry::Vacant(e) = self.threads.entry((pid, tid)) else {
             return false;
         };
-        let name = thread_name(pid, tid);
+        let name = self
+            .early_names
+            .remove(&(pid, tid))
+            .map(String::from)
+            .or_else(|| thread_name(pid, tid));
         e.insert(name.as_deref().map(Into::into));
         if let Some(name) = name {
             self.names.push((pid, tid, name));
@@ -69,11 +81,17 @@ impl Lifetimes {
         true
     }
 
-    /// A thread changed its name (a `comm` record).
+    /// A thread changed its name (a `comm` record, an `exec` among them): a sampled thread's new
+    /// name goes to the builder; a thread not sampled yet keeps it for its first sample.
     pub fn renamed(&mut self, pid: u32, tid: u32, name: &str) {
         if let Some(known) = self.threads.get_mut(&(pid, tid)) {
             *known = Some(name.into());
             self.names.push((pid, tid, name.to_string()));
+        } else {
+            if self.early_names.len() >= MAX_EARLY_NAMES {
+                self.early_names.clear();
+            }
+            self.early_names.insert((pid, tid), name.into());
         }
     }
 
@@ -138,6 +156,7 @@ impl Lifetimes {
             }
             self.exited.pop_front();
             self.threads.remove(&(pid, tid));
+            self.early_names.remove(&(pid, tid));
             if pid == tid {
                 if std::fs::metadata(format!("/proc/{pid}")).is_ok() {
                     // Still there (other threads run on, or not yet reaped): look again later.
@@ -170,5 +189,38 @@ impl Lifetimes {
                 self.names.push((pid, tid, name.to_string()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_reported_before_a_threads_first_sample_names_it_once_proc_has_no_trace() {
+        // No such process: `/proc` cannot name it when it is first sampled.
+        let (pid, tid) = (u32::MAX - 7, u32::MAX - 7);
+        let mut lifetimes = Lifetimes::new();
+        lifetimes.renamed(pid, tid, "brief");
+        assert!(lifetimes.take_names().is_empty(), "not sampled yet");
+        assert!(lifetimes.sampled(pid, tid));
+        assert_eq!(
+            lifetimes.take_names(),
+            vec![(pid, tid, "brief".to_string())]
+        );
+        // Renamed once known: the new name goes out.
+        lifetimes.renamed(pid, tid, "later");
+        assert_eq!(
+            lifetimes.take_names(),
+            vec![(pid, tid, "later".to_string())]
+        );
+        // A thread never sampled leaves nothing behind past the bound.
+        for i in 0..MAX_EARLY_NAMES as u32 + 10 {
+            lifetimes.renamed(i + 1_000_000_000, i + 1_000_000_000, "x");
+        }
+        assert!(lifetimes.early_names.len() <= MAX_EARLY_NAMES);
+        // Without a reported name, `/proc` has none either.
+        assert!(lifetimes.sampled(pid - 1, tid - 1));
+        assert!(lifetimes.take_names().is_empty());
     }
 }
