@@ -47,16 +47,18 @@ struct OwnedSample {
     stack: StackId,
 }
 
-/// One flush's samples and the table their stacks are in.
+/// One flush's samples, the table their stacks are in, and their processes' names.
 struct Flush {
     stacks: StackTable,
     samples: Vec<OwnedSample>,
+    names: HashMap<u32, Box<str>>,
 }
 
 impl Flush {
     fn deliver(&self, sink: &mut dyn FnMut(&RawSample<'_>)) {
         for s in &self.samples {
             sink(&RawSample {
+                process_name: self.names.get(&s.pid).map(|n| &**n),
                 pid: s.pid,
                 tid: s.tid,
                 time_ns: s.time_ns,
@@ -424,6 +426,7 @@ impl ChunkSink for Forward {
             .position(|t| *t == rootline_profile::SampleType::alloc_bytes());
 
         let mut batch = Vec::with_capacity(samples.len());
+        let mut names = HashMap::new();
         let me = std::process::id();
         // The recording drops each flush's samples once handed over: all of them are new.
         for i in 0..samples.len() {
@@ -435,6 +438,11 @@ impl ChunkSink for Forward {
             let value = |c: Option<usize>| c.map_or(0, |c| samples.values[c][i].max(0) as u64);
             // A sample is on or off the CPU: its off_cpu value is 0 or its cpu value is.
             let off_ns = value(off);
+            if let Some(name) = profile.process_name(thread.pid)
+                && !names.contains_key(&thread.pid)
+            {
+                names.insert(thread.pid, Box::from(name));
+            }
             batch.push(OwnedSample {
                 pid: thread.pid,
                 tid: thread.tid,
@@ -452,6 +460,7 @@ impl ChunkSink for Forward {
         let flush = Flush {
             stacks: self.stacks.clone(),
             samples: batch,
+            names,
         };
         match self.tx.try_send(flush) {
             Ok(()) => {}

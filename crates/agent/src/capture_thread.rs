@@ -101,11 +101,16 @@ impl Capture {
             .retain(|pid, _| root.join(pid.to_string()).exists());
     }
 
-    fn process(&mut self, pid: u32) -> Option<Arc<ProcessInfo>> {
+    /// What is known of `pid` and whether it is a target; `name` is the source's name for it,
+    /// used when `/proc` no longer has the process (it lived a few milliseconds).
+    fn process(&mut self, pid: u32, name: Option<&str>) -> Option<Arc<ProcessInfo>> {
         if let Some(known) = self.processes.get(&pid) {
             return known.clone();
         }
-        let info = ProcessInfo::read(&self.proc_root, pid);
+        let mut info = ProcessInfo::read(&self.proc_root, pid);
+        if info.comm.is_none() {
+            info.comm = name.map(str::to_string);
+        }
         let decision = self.targets.matches(&info).then(|| Arc::new(info));
         self.processes.insert(pid, decision.clone());
         decision
@@ -114,7 +119,7 @@ impl Capture {
     fn handle(&mut self, sample: &RawSample<'_>) {
         let shared = Arc::clone(&self.shared);
         let counters = &shared.counters;
-        let Some(process) = self.process(sample.pid) else {
+        let Some(process) = self.process(sample.pid, sample.process_name) else {
             counters.ignored.fetch_add(1, Relaxed);
             return;
         };

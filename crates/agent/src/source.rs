@@ -31,6 +31,9 @@ pub struct RawSample<'a> {
     pub stack: StackId,
     /// The interned stacks `stack` belongs to (the source's, shared with the agent).
     pub stacks: &'a StackTable,
+    /// The process's name as the source knew it (its `exec`, or `/proc` when first sampled):
+    /// a process that lived a few milliseconds is gone from `/proc` before the agent looks.
+    pub process_name: Option<&'a str>,
 }
 
 /// What a source reports about one poll, besides the samples.

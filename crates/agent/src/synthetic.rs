@@ -142,6 +142,7 @@ impl SampleSource for SyntheticSource {
                 alloc_bytes: 0,
                 stack: self.stacks[stack],
                 stacks: &self.table,
+                process_name: None,
             });
             self.counters.delivered.fetch_add(1, Relaxed);
             self.next += 1;

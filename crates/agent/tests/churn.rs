@@ -42,6 +42,7 @@ impl SampleSource for LiveChildren {
                 alloc_bytes: 0,
                 stack: self.stack,
                 stacks: &self.table,
+                process_name: None,
             });
         }
         Ok(PollStats::default())

@@ -36,6 +36,7 @@ impl SampleSource for Once {
                     alloc_bytes: 0,
                     stack: self.table.intern(frames),
                     stacks: &self.table,
+                    process_name: None,
                 });
             }
             self.sent = true;

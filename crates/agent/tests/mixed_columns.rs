@@ -47,6 +47,7 @@ impl SampleSource for Mix {
                 alloc_bytes,
                 stack: self.stack,
                 stacks: &self.table,
+                process_name: None,
             });
         }
         Ok(PollStats::default())

@@ -49,6 +49,7 @@ impl SampleSource for Cut {
                     alloc_bytes: 0,
                     stack: self.table.intern(frames),
                     stacks: &self.table,
+                    process_name: None,
                 });
             }
             self.sent = true;
