@@ -178,3 +178,42 @@ fn a_command_that_cannot_start_is_a_one_line_error() {
         ),
     );
 }
+
+/// `--kernel-walk-mib` sizes the in-kernel walk's rules table: at 1 MiB (65,536 rows) a compiler's
+/// binaries do not fit, and the summary says so and names the option; at the default they fit.
+#[test]
+fn the_kernel_walk_table_is_sized_by_option_and_a_full_one_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("many.c");
+    // About two seconds of cc1: its rows are compiled and refused well before it ends.
+    let functions: String = (0..600)
+        .map(|i| format!("int f{i}(int x) {{ int s = 0; for (int j = 0; j < x; j++) s += j * {i} ^ (s >> 3); return s; }}\n"))
+        .collect();
+    std::fs::write(&source, functions).unwrap();
+    let summary = |mib: &str| {
+        let out = rootline()
+            .args(["record", "--kernel-walk-mib", mib, "-o"])
+            .arg(dir.path().join("cc.rlp"))
+            .args(["--", "cc", "-O2", "-c"])
+            .arg(&source)
+            .arg("-o")
+            .arg(dir.path().join("many.o"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let small = summary("1");
+    if !small.contains("in-kernel stack walk:") && std::env::var_os("CI").is_none() {
+        eprintln!("skipped: no in-kernel walk here: {small}");
+        return;
+    }
+    assert!(
+        small.contains("binaries did not fit (a larger table: --kernel-walk-mib)"),
+        "{small}"
+    );
+    let default = summary("64");
+    assert!(default.contains("in-kernel stack walk:"), "{default}");
+    assert!(!default.contains("did not fit"), "{default}");
+}

@@ -233,6 +233,8 @@ fn load_kernel_walk(
         walk_opts.rows = walk_opts
             .rows
             .min((limit / 16).clamp(1 << 16, u32::MAX as usize) as u32);
+    } else if let Some(rows) = opts.kernel_walk_table_rows {
+        walk_opts.rows = rows.max(1 << 16);
     }
     match KernelWalk::load(walk_opts) {
         Ok(kw) => Ok(Some(kw)),

@@ -100,6 +100,9 @@ pub struct RecordOptions {
     /// is refused, so that one waiting to be placed takes at most that). None: up to 4 Mi rows,
     /// no larger than [`RecordOptions::module_budget`], placed rows counted in `modules`.
     pub kernel_walk_rows: Option<u32>,
+    /// Rows of the in-kernel walk's table when [`RecordOptions::kernel_walk_rows`] is None and
+    /// no [`RecordOptions::module_budget`] bounds it (None: 4 Mi rows, 64 MiB).
+    pub kernel_walk_table_rows: Option<u32>,
     /// Also record where memory is allocated (malloc, calloc, realloc, the aligned variants and
     /// large anonymous mmaps), sampled by bytes at a mean of this many bytes between samples
     /// (value columns `alloc-bytes` and `alloc-count`, estimates of every allocation). A command
@@ -173,6 +176,7 @@ impl RecordOptions {
             kernel_walk_ring_bytes: crate::kernel_walk::DEFAULT_RING_BYTES,
             kernel_walk_kept_dumps: super::KEPT_DUMP_BYTES,
             kernel_walk_rows: None,
+            kernel_walk_table_rows: None,
             extra_columns: Vec::new(),
             launched_pid: None,
             injector: None,
