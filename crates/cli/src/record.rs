@@ -91,12 +91,12 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = KernelWalkArg::Auto, value_name = "WHEN")]
     pub kernel_walk: KernelWalkArg,
     /// Size of the in-kernel walk's rules table (kernel memory, allocated whole at the start),
-    /// MiB: 64 holds 4 Mi rows, a compiler's libraries and a few dozen programs'. A busy host
-    /// recorded with -a can fill it; the summary then says how many binaries did not fit, and
-    /// their samples are unwound the usual way (copy, then live reads with a proof).
-    #[arg(long, default_value_t = 64, value_name = "MIB",
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub kernel_walk_mib: u32,
+    /// MiB; default 64 (4 Mi rows: a compiler's libraries and a few dozen programs'), 128 with
+    /// -a (every binary mapped on the host has its rows: a build host running rustc, cc1 and
+    /// node used 4.6 Mi). When binaries do not fit the summary says how many, and their samples
+    /// are unwound the usual way (copy, then live reads with a proof).
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub kernel_walk_mib: Option<u32>,
     /// Also record where memory is allocated, in the value columns alloc-bytes and alloc-count
     /// (pick one with `report/convert --value alloc-bytes`), each sample's stack ending in
     /// [alloc: …]. Native code: malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign,
@@ -190,7 +190,10 @@ pub fn run(args: Args) -> Result<()> {
     opts.live_stack_budget = args.live_stack_budget;
     opts.ask_jvms = !args.no_perfmap;
     opts.kernel_walk = args.kernel_walk.into();
-    opts.kernel_walk_table_rows = Some(args.kernel_walk_mib.saturating_mul(1 << 16));
+    let table_mib = args
+        .kernel_walk_mib
+        .unwrap_or(if args.all_cpus { 128 } else { 64 });
+    opts.kernel_walk_table_rows = Some(table_mib.saturating_mul(1 << 16));
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
         opts.off_cpu_max_rate = args.off_cpu_max_rate;
