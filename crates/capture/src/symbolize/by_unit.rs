@@ -8,10 +8,11 @@
 //! own; units are read once and kept with the file.
 //!
 //! A unit is read alone only when nothing in it can refer outside it: no attribute in its
-//! abbreviations takes a form holding a `.debug_info` offset or a supplementary file's
-//! (`DW_FORM_ref_addr`, dwz's alternate forms, `DW_FORM_indirect`), and none names a split-DWARF
-//! file. The first unit that does not qualify sends the whole file to `addr2line`'s usual reading
-//! ([`UnitDwarf::whole`]); units read alone before it answered exactly as the whole file would.
+//! abbreviations takes a form holding a `.debug_info` offset, a type signature or a
+//! supplementary file's offset (`DW_FORM_ref_addr`, `DW_FORM_ref_sig8`, dwz's alternate forms),
+//! or a form chosen per entry (`DW_FORM_indirect`), and none names a split-DWARF file. The first
+//! unit that does not qualify sends the whole file to `addr2line`'s usual reading; units read
+//! alone before it answered exactly as the whole file would.
 //! This reading is used only for files whose `.debug_info` is zlib-compressed (distributions'
 //! separate debug files): their sections must be decompressed onto the heap either way, and the
 //! location lists, which naming never reads, are left compressed on disk.
@@ -203,6 +204,9 @@ impl UnitDwarf {
     /// A context over the unit alone, when it refers to nothing outside itself.
     fn context(&self, span: &UnitSpan) -> Option<addr2line::Context<Reader>> {
         let info = self.sections.info.as_ref()?;
+        if span.offset.checked_add(span.len)? > info.len() {
+            return None;
+        }
         let alone = info.range(span.offset..span.offset + span.len);
         let header = gimli::DebugInfo::from(alone.clone())
             .units()
@@ -253,8 +257,13 @@ impl UnitDwarf {
     }
 }
 
-/// Inflates a zlib stream that must come to exactly `size` bytes.
+/// Inflates a zlib stream that must come to exactly `size` bytes (refused before allocating
+/// when `size` is more than deflate can expand `compressed` to).
 fn inflate(compressed: &[u8], size: u64) -> Result<Arc<[u8]>, ByUnitError> {
+    const MAX_RATIO: u64 = 1_032;
+    if size > (compressed.len() as u64).saturating_mul(MAX_RATIO) {
+        return Err(ByUnitError::Inflate);
+    }
     let size = usize::try_from(size).map_err(|_| ByUnitError::Inflate)?;
     let mut out = Vec::with_capacity(size);
     let mut z = flate2::Decompress::new(true);
@@ -514,6 +523,32 @@ mod tests {
         assert!(matches!(
             UnitDwarf::open(&plain),
             Err(ByUnitError::NotCompressed)
+        ));
+    }
+
+    #[test]
+    fn a_section_inflates_only_to_its_stated_size() {
+        use std::io::Write;
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(&[7u8; 5000]).unwrap();
+        let compressed = z.finish().unwrap();
+        assert_eq!(&*inflate(&compressed, 5000).unwrap(), &[7u8; 5000][..]);
+        assert!(matches!(
+            inflate(&compressed, 4999),
+            Err(ByUnitError::Inflate)
+        ));
+        assert!(matches!(
+            inflate(&compressed, 5001),
+            Err(ByUnitError::Inflate)
+        ));
+        assert!(matches!(
+            inflate(&compressed[..20], 5000),
+            Err(ByUnitError::Inflate)
+        ));
+        // A stated size past what deflate can reach is refused before anything is allocated.
+        assert!(matches!(
+            inflate(&compressed, 1 << 60),
+            Err(ByUnitError::Inflate)
         ));
     }
 
