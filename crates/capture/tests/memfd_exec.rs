@@ -29,9 +29,11 @@ fn a_program_run_from_a_memory_file_is_unwound_and_named_by_its_own_elf() {
         let (mut in_spin, mut whole, mut truncated, mut other) = (0u64, 0u64, 0u64, Vec::new());
         each_stack(&recording.profile, |names| {
             let verdict = deep_stack(names, DEPTH);
-            // With live reads (no in-kernel walk), a thread's first samples past the copy end
-            // `[truncated: live-unproven]` until a watch proves their outer frames. A frame
-            // named by its memory file's path (no symbol), anywhere, is wrong.
+            // A thread's first samples past the copy may end `[truncated: live-unproven]`: with
+            // live reads until a watch proves their outer frames, and with the in-kernel walk
+            // on a machine reading the program for the first time (its rules not kept yet, 2 of
+            // 1,481 in a fresh CI run). A frame named by its memory file's path (no symbol),
+            // anywhere, is wrong: before, every sample's was.
             let unnamed = names.iter().any(|n| n.contains("memfd:"));
             in_spin += u64::from(verdict.is_some());
             match verdict {
@@ -51,8 +53,5 @@ fn a_program_run_from_a_memory_file_is_unwound_and_named_by_its_own_elf() {
         assert!(in_spin >= 300, "only {in_spin} samples in spin");
         assert!(other.is_empty(), "{walk:?}: {other:?}");
         assert!(truncated <= 20, "{walk:?}: {truncated} truncated");
-        if walk == KernelWalkMode::Auto && recording.stats.kernel_walk.is_some() {
-            assert_eq!(whole, in_spin, "walked in the kernel: every stack whole");
-        }
     }
 }
