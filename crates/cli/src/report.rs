@@ -269,7 +269,7 @@ pub fn write_report(
             startup_len(profile, &frames, &mut startup_names)
         };
         let shown = &frames[hidden..];
-        fold_recursion_ids(profile, shown, &mut path);
+        fold_recursion(profile, shown, &mut path);
         match index.get(path.as_slice()) {
             Some(&i) => {
                 let entry = &mut hot[i];
@@ -487,7 +487,7 @@ fn write_top(
 type FoldedPath = Vec<(StringId, u32)>;
 
 /// Collapses runs of the same function into `(name's id, run length)`, into `out`.
-fn fold_recursion_ids(profile: &Profile, frames: &[FrameId], out: &mut FoldedPath) {
+fn fold_recursion(profile: &Profile, frames: &[FrameId], out: &mut FoldedPath) {
     out.clear();
     for &frame in frames {
         let name = profile.frame_name_id(frame);
@@ -496,19 +496,6 @@ fn fold_recursion_ids(profile: &Profile, frames: &[FrameId], out: &mut FoldedPat
             _ => out.push((name, 1)),
         }
     }
-}
-
-/// Collapses runs of the same function into `(name, run length)`.
-fn fold_recursion<'p>(profile: &'p Profile, frames: &[FrameId]) -> Vec<(&'p str, u32)> {
-    let mut folded: Vec<(&str, u32)> = Vec::new();
-    for &frame in frames {
-        let name = profile.frame_name(frame);
-        match folded.last_mut() {
-            Some((last, run)) if *last == name => *run += 1,
-            _ => folded.push((name, 1)),
-        }
-    }
-    folded
 }
 
 fn display_run(name: &str, min_run: u32, max_run: u32) -> String {
@@ -553,18 +540,20 @@ pub fn write_tree(
         max_run: 1,
         children: Vec::new(),
     }];
-    let mut index: HashMap<(usize, &str), usize> = HashMap::new();
+    let mut index: HashMap<(usize, StringId), usize> = HashMap::new();
     let mut frames = Vec::new();
+    let mut path = FoldedPath::new();
     let mut stacks: Vec<(StackId, i64)> = sums.into_iter().collect();
     stacks.sort();
     for (stack, value) in stacks {
         profile.stack_frames_root_first(stack, &mut frames);
         nodes[0].total += value;
         let mut at = 0;
-        for (name, run) in fold_recursion(profile, &frames) {
+        fold_recursion(profile, &frames, &mut path);
+        for &(name, run) in &path {
             let next = *index.entry((at, name)).or_insert_with(|| {
                 nodes.push(TreeNode {
-                    name,
+                    name: profile.string(name),
                     total: 0,
                     min_run: run,
                     max_run: run,
