@@ -93,17 +93,32 @@ impl UnitDwarf {
         let file = File::open(path)?;
         let cache = object::ReadCache::new(&file);
         let elf = ElfFile64::<Endianness, _>::parse(&cache)?;
-        let endian = if elf.is_little_endian() {
-            gimli::RunTimeEndian::Little
-        } else {
-            gimli::RunTimeEndian::Big
-        };
         let info = elf
             .section_by_name(".debug_info")
             .ok_or(ByUnitError::NotCompressed)?;
         if info.compressed_data()?.format != object::CompressionFormat::Zlib {
             return Err(ByUnitError::NotCompressed);
         }
+        if file.metadata()?.len() <= WHOLE_FILE_READ {
+            // Read at once: the symbol table's names are then read from memory (a read per name
+            // through the cache took longer than reading the whole file).
+            let data = std::fs::read(path)?;
+            UnitDwarf::read(path, &ElfFile64::<Endianness, _>::parse(&*data)?)
+        } else {
+            UnitDwarf::read(path, &elf)
+        }
+    }
+
+    /// [`UnitDwarf::open`] from the parsed file.
+    fn read<'data, R: object::ReadRef<'data>>(
+        path: &Path,
+        elf: &ElfFile64<'data, Endianness, R>,
+    ) -> Result<UnitDwarf, ByUnitError> {
+        let endian = if elf.is_little_endian() {
+            gimli::RunTimeEndian::Little
+        } else {
+            gimli::RunTimeEndian::Big
+        };
         let read = |name: &str| -> Result<Option<Reader>, ByUnitError> {
             let Some(section) = elf.section_by_name(name) else {
                 return Ok(None);
@@ -129,21 +144,12 @@ impl UnitDwarf {
         };
         let aranges = read(".debug_aranges")?;
         let (ranges, units) = unit_ranges(&sections, aranges)?;
-        // The symbol table's names are read one by one: from memory when the file is not large
-        // (a read per name through the cache took longer than reading the whole file).
-        let len = file.metadata()?.len();
-        let symbols = if len <= WHOLE_FILE_READ {
-            let data = std::fs::read(path)?;
-            symbol_table(&ElfFile64::<Endianness, _>::parse(&*data)?)
-        } else {
-            symbol_table(&elf)
-        };
         Ok(UnitDwarf {
             path: path.to_path_buf(),
             sections,
             ranges,
             units,
-            symbols,
+            symbols: symbol_table(elf),
             whole: OnceCell::new(),
         })
     }
@@ -156,36 +162,32 @@ impl UnitDwarf {
         numbered: &dyn Fn(&str) -> Option<String>,
         out: &mut Vec<SymbolFrame>,
     ) {
-        if let Some(whole) = self.whole.get() {
-            if let Some(loader) = whole {
-                super::push_frames(loader.find_frames(addr).ok(), numbered, out);
-            }
-            return;
-        }
-        let i = self.ranges.partition_point(|r| r.0 <= addr);
-        let Some(&(_, end, unit)) = i.checked_sub(1).and_then(|i| self.ranges.get(i)) else {
-            return;
-        };
-        if addr >= end {
-            return;
-        }
-        let span = &self.units[unit];
-        match span.context.get_or_init(|| self.context(span)) {
-            Some(context) => super::push_frames(
-                context.find_frames(addr).skip_all_loads().ok(),
-                numbered,
-                out,
-            ),
-            None => {
-                // This unit refers outside itself: from now on the file is read whole.
-                let whole = self
-                    .whole
-                    .get_or_init(|| addr2line::Loader::new(&self.path).ok());
-                if let Some(loader) = whole {
-                    super::push_frames(loader.find_frames(addr).ok(), numbered, out);
-                }
+        if self.whole.get().is_none() {
+            let Some(span) = self.unit_at(addr) else {
+                return;
+            };
+            if let Some(context) = span.context.get_or_init(|| self.context(span)) {
+                let frames = context.find_frames(addr).skip_all_loads().ok();
+                return super::push_frames(frames, numbered, out);
             }
         }
+        // The file is read whole: this unit, or one before it, refers outside itself.
+        let whole = self
+            .whole
+            .get_or_init(|| addr2line::Loader::new(&self.path).ok());
+        if let Some(loader) = whole {
+            super::push_frames(loader.find_frames(addr).ok(), numbered, out);
+        }
+    }
+
+    /// The unit whose address ranges hold `addr`.
+    fn unit_at(&self, addr: u64) -> Option<&UnitSpan> {
+        let i = self
+            .ranges
+            .partition_point(|r| r.0 <= addr)
+            .checked_sub(1)?;
+        let (_, end, unit) = self.ranges[i];
+        (addr < end).then(|| &self.units[unit])
     }
 
     /// The name of the symbol-table symbol covering `addr`.
