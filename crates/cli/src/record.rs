@@ -190,10 +190,11 @@ pub fn run(args: Args) -> Result<()> {
     opts.live_stack_budget = args.live_stack_budget;
     opts.ask_jvms = !args.no_perfmap;
     opts.kernel_walk = args.kernel_walk.into();
-    let table_mib = args
+    // Else the recorder's table (64 MiB).
+    opts.kernel_walk_table_rows = args
         .kernel_walk_mib
-        .unwrap_or(if args.all_cpus { 128 } else { 64 });
-    opts.kernel_walk_table_rows = Some(table_mib.saturating_mul(1 << 16));
+        .or(args.all_cpus.then_some(128))
+        .map(|mib| mib.saturating_mul(1 << 16));
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
         opts.off_cpu_max_rate = args.off_cpu_max_rate;
