@@ -14,6 +14,7 @@
 //! start later are seen from their first sample. The agent's own process is left out.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -438,10 +439,10 @@ impl ChunkSink for Forward {
             let value = |c: Option<usize>| c.map_or(0, |c| samples.values[c][i].max(0) as u64);
             // A sample is on or off the CPU: its off_cpu value is 0 or its cpu value is.
             let off_ns = value(off);
-            if let Some(name) = profile.process_name(thread.pid)
-                && !names.contains_key(&thread.pid)
+            if let Entry::Vacant(e) = names.entry(thread.pid)
+                && let Some(name) = profile.process_name(thread.pid)
             {
-                names.insert(thread.pid, Box::from(name));
+                e.insert(Box::from(name));
             }
             batch.push(OwnedSample {
                 pid: thread.pid,
