@@ -5,8 +5,10 @@
 //! decompressed onto the heap and every unit's abbreviations are parsed (a Debian `-dbg` libc
 //! takes about 34 MB; a 67 MB Rust binary with debug info about 16 MB). [`dwarf_cost`] estimates it
 //! from the section headers before loading: decompressed sizes, plus 64 bytes per byte of
-//! `.debug_abbrev`. A binary whose DWARF does not fit is named from symbol tables only (a separate
-//! debug file's full symbol table is still read), without inlined frames or lines.
+//! `.debug_abbrev`. A file read a unit at a time holds less (no location lists, only the units
+//! looked up) but may come to read them all, so it is counted the same. A binary whose DWARF
+//! does not fit is named from symbol tables only (a separate debug file's full symbol table is
+//! still read), without inlined frames or lines.
 
 use std::cell::OnceCell;
 use std::collections::HashMap;
