@@ -301,12 +301,16 @@ pub fn record(
             0
         },
         ring_pages: 0,
-        // Proofs for live stack reads are armed by the reader: the sooner it sees a sample,
-        // the fewer samples predate the proof. The whole host (-a, the agent) keeps large
-        // batches and few wake-ups.
-        prompt: targeted_live,
+        // Set below, once it is known whether the kernel walks stacks.
+        prompt: false,
     };
     let mut kernel_walk = load_kernel_walk(opts, cfg.stack_bytes, &mut attach_notes_early)?;
+    // Proofs for live stack reads are armed by the reader: the sooner it sees a sample, the
+    // fewer samples predate the proof. With the in-kernel walk, samples rarely read live
+    // memory, and its rounds (`KERNEL_WALK_ROUND`) bound how late a sample is seen: a wake-up
+    // every few samples cost the reader more than all its unwinding of some runs' samples.
+    // The whole host (-a, the agent) keeps large batches and few wake-ups.
+    cfg.prompt = targeted_live && kernel_walk.is_none();
     let cpus = online_cpus();
     let mut events = Vec::new();
     // Context-switch events (off-CPU), in rings of their own; appended to `events` once open.
