@@ -29,10 +29,10 @@ const KEEP_FILES: usize = 16;
 const MAGIC: &[u8; 8] = b"RLLAYOU2";
 
 /// A file's identity: what changes when the file is written or replaced.
-pub(crate) type FileKey = [u64; 7];
+pub type FileKey = [u64; 7];
 
 /// The identity of the file `meta` describes.
-pub(crate) fn key_of(meta: &std::fs::Metadata) -> FileKey {
+pub fn key_of(meta: &std::fs::Metadata) -> FileKey {
     [
         meta.dev(),
         meta.ino(),
@@ -44,11 +44,16 @@ pub(crate) fn key_of(meta: &std::fs::Metadata) -> FileKey {
     ]
 }
 
-fn file(dir: &Path, key: &FileKey) -> PathBuf {
+/// A short name for the file `key`, for a cache file kept for it (a hash of its identity).
+pub fn key_name(key: &FileKey) -> String {
     let name = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, k| {
         (h ^ k).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    dir.join(format!("{name:016x}.layout"))
+    format!("{name:016x}")
+}
+
+fn file(dir: &Path, key: &FileKey) -> PathBuf {
+    dir.join(format!("{}.layout", key_name(key)))
 }
 
 /// Whether `layout` is worth keeping: large, and read whole.

@@ -29,6 +29,7 @@ pub use budget::PAGE_CACHE_BYTES;
 pub use budget::{ModuleBudget, TableCharge};
 pub use layout::Segment;
 pub use layout_cache::prune as prune_cache;
+pub use layout_cache::{FileKey, key_name as file_key_name, key_of as file_key};
 pub use module::{CodeModule, ModuleError};
 
 /// What is wrong with an ELF file.

@@ -31,6 +31,21 @@ use super::SymbolFrame;
 /// Largest file whose symbol table is read from a copy of the whole file in memory.
 const WHOLE_FILE_READ: u64 = 64 << 20;
 
+/// The sections read, in the order [`UnitDwarf::read`] takes them: those a unit's context reads
+/// (see [`Sections`]), then `.debug_aranges`.
+const READ: [&str; 10] = [
+    ".debug_abbrev",
+    ".debug_addr",
+    ".debug_info",
+    ".debug_line",
+    ".debug_line_str",
+    ".debug_str",
+    ".debug_str_offsets",
+    ".debug_ranges",
+    ".debug_rnglists",
+    ".debug_aranges",
+];
+
 /// The section reader: a shared, decompressed section.
 type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
 
@@ -87,10 +102,19 @@ struct Sections {
 }
 
 impl UnitDwarf {
-    /// Reads the file at `path`: its naming sections (decompressed), its `.debug_aranges` and
-    /// its symbol table. Errors when the file is not one this reading is for.
+    /// Reads the file at `path`: its naming sections (decompressed, or as kept decompressed in
+    /// the cache, see [`super::inflated_cache`]), its `.debug_aranges` and its symbol table.
+    /// Errors when the file is not one this reading is for.
     pub fn open(path: &Path) -> Result<UnitDwarf, ByUnitError> {
+        UnitDwarf::open_kept(path, super::inflated_cache::dir().as_deref())
+    }
+
+    /// [`UnitDwarf::open`], with the decompressed sections kept in (and read from) the cache
+    /// directory `cache`.
+    fn open_kept(path: &Path, cache: Option<&Path>) -> Result<UnitDwarf, ByUnitError> {
         let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let kept = cache.map(|dir| (dir, rootline_image::file_key(&meta)));
         let cache = object::ReadCache::new(&file);
         let elf = ElfFile64::<Endianness, _>::parse(&cache)?;
         let info = elf
@@ -99,50 +123,73 @@ impl UnitDwarf {
         if info.compressed_data()?.format != object::CompressionFormat::Zlib {
             return Err(ByUnitError::NotCompressed);
         }
-        if file.metadata()?.len() <= WHOLE_FILE_READ {
+        if meta.len() <= WHOLE_FILE_READ {
             // Read at once: the symbol table's names are then read from memory (a read per name
             // through the cache took longer than reading the whole file).
             let data = std::fs::read(path)?;
-            UnitDwarf::read(path, &ElfFile64::<Endianness, _>::parse(&*data)?)
+            UnitDwarf::read(path, &ElfFile64::<Endianness, _>::parse(&*data)?, kept)
         } else {
-            UnitDwarf::read(path, &elf)
+            UnitDwarf::read(path, &elf, kept)
         }
     }
 
-    /// [`UnitDwarf::open`] from the parsed file.
+    /// [`UnitDwarf::open`] from the parsed file; `kept`: the cache directory and the file's
+    /// identity there.
     fn read<'data, R: object::ReadRef<'data>>(
         path: &Path,
         elf: &ElfFile64<'data, Endianness, R>,
+        kept: Option<(&Path, rootline_image::FileKey)>,
     ) -> Result<UnitDwarf, ByUnitError> {
         let endian = if elf.is_little_endian() {
             gimli::RunTimeEndian::Little
         } else {
             gimli::RunTimeEndian::Big
         };
-        let read = |name: &str| -> Result<Option<Reader>, ByUnitError> {
+        let read = |name: &str| -> Result<Option<Arc<[u8]>>, ByUnitError> {
             let Some(section) = elf.section_by_name(name) else {
                 return Ok(None);
             };
             let data = section.compressed_data()?;
-            let bytes: Arc<[u8]> = match data.format {
+            Ok(Some(match data.format {
                 object::CompressionFormat::None => data.data.into(),
                 object::CompressionFormat::Zlib => inflate(data.data, data.uncompressed_size)?,
                 _ => return Err(ByUnitError::NotCompressed),
-            };
-            Ok(Some(Reader::new(bytes, endian)))
+            }))
         };
+        let from_cache = kept.and_then(|(dir, key)| super::inflated_cache::load(dir, &key, &READ));
+        let mut bytes: Vec<Option<Arc<[u8]>>> = match from_cache {
+            Some(sections) => sections.into_iter().map(|(_, data)| data).collect(),
+            None => {
+                let bytes = READ
+                    .iter()
+                    .map(|name| read(name))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let Some((dir, key)) = kept {
+                    let named: Vec<(&str, Option<&[u8]>)> = READ
+                        .iter()
+                        .zip(&bytes)
+                        .map(|(&n, b)| (n, b.as_deref()))
+                        .collect();
+                    super::inflated_cache::store(dir, &key, &named);
+                }
+                bytes
+            }
+        };
+        let mut next = bytes.drain(..).map(|b| b.map(|b| Reader::new(b, endian)));
+        let mut next = || next.next().flatten();
+        // In the order of `READ`.
         let sections = Sections {
-            abbrev: read(".debug_abbrev")?,
-            addr: read(".debug_addr")?,
-            info: read(".debug_info")?,
-            line: read(".debug_line")?,
-            line_str: read(".debug_line_str")?,
-            str: read(".debug_str")?,
-            str_offsets: read(".debug_str_offsets")?,
-            ranges: read(".debug_ranges")?,
-            rnglists: read(".debug_rnglists")?,
+            abbrev: next(),
+            addr: next(),
+            info: next(),
+            line: next(),
+            line_str: next(),
+            str: next(),
+            str_offsets: next(),
+            ranges: next(),
+            rnglists: next(),
         };
-        let aranges = read(".debug_aranges")?;
+        let aranges = next();
         let (ranges, units) = unit_ranges(&sections, aranges)?;
         Ok(UnitDwarf {
             path: path.to_path_buf(),
@@ -445,249 +492,4 @@ struct SymbolEntry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::dwarf::DwarfReader;
-    use super::*;
-    use std::process::Command;
-
-    /// The frames and symbol at `addr` by unit and by `addr2line` reading the whole file.
-    fn both(
-        by_unit: &UnitDwarf,
-        whole: &addr2line::Loader,
-        addr: u64,
-    ) -> [(Vec<SymbolFrame>, Option<String>); 2] {
-        let mut a = Vec::new();
-        by_unit.find_frames(addr, &|_| None, &mut a);
-        let mut b = Vec::new();
-        super::super::push_frames(whole.find_frames(addr).ok(), &|_| None, &mut b);
-        [
-            (a, by_unit.find_symbol(addr).map(str::to_string)),
-            (b, whole.find_symbol(addr).map(str::to_string)),
-        ]
-    }
-
-    /// Builds a two-unit C program with inlined functions, with `flags`, in `dir`.
-    fn build(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-        std::fs::write(
-            dir.join("a.c"),
-            "static inline int sq(int x) { return x * x; }\n\
-             int b(int);\n\
-             int main(int argc, char **argv) { return b(sq(argc)) + sq(argc + (argv != 0)); }\n",
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("b.c"),
-            "static inline int tw(int x) { return x * 2 + 1; }\n\
-             __attribute__((noinline)) int b(int x) { return tw(x) + tw(x * 3); }\n",
-        )
-        .unwrap();
-        let out = dir.join(name);
-        let status = Command::new("cc")
-            .args(flags)
-            .arg(dir.join("a.c"))
-            .arg(dir.join("b.c"))
-            .arg("-o")
-            .arg(&out)
-            .status()
-            .expect("cc runs");
-        assert!(status.success());
-        out
-    }
-
-    /// Every address of `.text`.
-    fn text(path: &Path) -> std::ops::Range<u64> {
-        let data = std::fs::read(path).unwrap();
-        let elf = ElfFile64::<Endianness, _>::parse(&*data).unwrap();
-        let text = elf.section_by_name(".text").unwrap();
-        text.address()..text.address() + text.size()
-    }
-
-    #[test]
-    fn a_compressed_programs_units_read_alone_name_every_address_as_the_whole_file_does() {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = build(dir.path(), "zlib", &["-O2", "-g", "-gz=zlib"]);
-        let by_unit = UnitDwarf::open(&exe).expect("compressed, every unit listed");
-        let whole = addr2line::Loader::new(&exe).unwrap();
-        let (mut inlined, mut named) = (0, 0);
-        for addr in text(&exe) {
-            let [a, b] = both(&by_unit, &whole, addr);
-            assert_eq!(a, b, "at {addr:#x}");
-            named += usize::from(!a.0.is_empty());
-            inlined += usize::from(a.0.len() >= 2);
-        }
-        assert!(named > 0 && inlined > 0, "{named} named, {inlined} inlined");
-        assert_eq!(by_unit.units.len(), 2);
-        assert_eq!(by_unit.units_read(), 2);
-        assert!(!by_unit.reads_whole());
-
-        // DWARF not compressed is read whole.
-        let plain = build(dir.path(), "plain", &["-O2", "-g"]);
-        assert!(matches!(
-            UnitDwarf::open(&plain),
-            Err(ByUnitError::NotCompressed)
-        ));
-    }
-
-    #[test]
-    fn a_section_inflates_only_to_its_stated_size() {
-        use std::io::Write;
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-        z.write_all(&[7u8; 5000]).unwrap();
-        let compressed = z.finish().unwrap();
-        assert_eq!(&*inflate(&compressed, 5000).unwrap(), &[7u8; 5000][..]);
-        assert!(matches!(
-            inflate(&compressed, 4999),
-            Err(ByUnitError::Inflate)
-        ));
-        assert!(matches!(
-            inflate(&compressed, 5001),
-            Err(ByUnitError::Inflate)
-        ));
-        assert!(matches!(
-            inflate(&compressed[..20], 5000),
-            Err(ByUnitError::Inflate)
-        ));
-        // A stated size past what deflate can reach is refused before anything is allocated.
-        assert!(matches!(
-            inflate(&compressed, 1 << 60),
-            Err(ByUnitError::Inflate)
-        ));
-    }
-
-    #[test]
-    fn a_unit_referring_outside_itself_sends_the_file_to_the_whole_reading() {
-        // A unit whose name attribute is an offset into another unit (DW_FORM_ref_addr), then one
-        // whose attributes stay inside (a string offset, an implicit constant).
-        let outside = [1, 0x2e, 0, 0x31, 0x10, 0, 0, 0];
-        let inside = [1, 0x2e, 1, 0x03, 0x0e, 0x3a, 0x21, 0x7f, 0, 0, 0];
-        let reader = |b: &[u8]| Reader::new(Arc::from(b), gimli::RunTimeEndian::Little);
-        assert!(refers_outside(&reader(&outside), 0).unwrap());
-        assert!(!refers_outside(&reader(&inside), 0).unwrap());
-        assert!(
-            refers_outside(&reader(&inside[..5]), 0).is_err(),
-            "cut short"
-        );
-
-        // A unit naming a type by its signature in .debug_types (DWARF 4 type units): the file is
-        // read whole from then on, and names every address as addr2line does.
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("c.c"),
-            "struct point { int x, y; };\n\
-             static inline int norm(struct point p) { return p.x * p.x + p.y * p.y; }\n\
-             __attribute__((noinline)) int c(int x) { struct point p = { x, x + 1 }; return norm(p); }\n",
-        )
-        .unwrap();
-        let c = dir.path().join("c.c");
-        let c = c.to_str().unwrap();
-        let exe = build(
-            dir.path(),
-            "types",
-            &[
-                "-O2",
-                "-g",
-                "-gdwarf-4",
-                "-fdebug-types-section",
-                "-gz=zlib",
-                c,
-            ],
-        );
-        let reader = DwarfReader::open(&exe).expect("DWARF");
-        let whole = addr2line::Loader::new(&exe).unwrap();
-        for addr in text(&exe) {
-            let mut a = Vec::new();
-            reader.find_frames(addr, &|_| None, &mut a);
-            let mut b = Vec::new();
-            super::super::push_frames(whole.find_frames(addr).ok(), &|_| None, &mut b);
-            assert_eq!(a, b, "at {addr:#x}");
-        }
-        match reader {
-            DwarfReader::ByUnit(by_unit) => assert!(by_unit.reads_whole()),
-            DwarfReader::Whole(_) => panic!("expected the fallback"),
-        }
-    }
-
-    #[test]
-    fn libcs_separate_debug_file_read_by_unit_names_as_the_whole_file_does() {
-        let Some(debug) = libc_debug_file() else {
-            println!("skipped: no separate debug file for libc (Debian's libc6-dbg)");
-            return;
-        };
-        let by_unit = UnitDwarf::open(&debug).expect("libc6-dbg: compressed, units listed");
-        let whole = addr2line::Loader::new(&debug).unwrap();
-        let step = (by_unit.ranges.len() / 1_500).max(1);
-        let mut inlined = 0;
-        for &(begin, end, _) in by_unit.ranges.iter().step_by(step) {
-            for addr in [begin, begin + (end - begin) / 2, end - 1] {
-                let [a, b] = both(&by_unit, &whole, addr);
-                assert_eq!(a, b, "at {addr:#x}");
-                inlined += usize::from(a.0.len() >= 2);
-            }
-        }
-        assert!(
-            inlined > 100,
-            "only {inlined} addresses with inlined frames"
-        );
-        assert!(!by_unit.reads_whole());
-        assert!(by_unit.units_read() < by_unit.units.len());
-        same_symbols_at_every_symbol(&debug);
-    }
-
-    #[test]
-    fn ld_sos_symbols_are_named_as_the_whole_file_does() {
-        let Some(debug) = debug_file_of("/ld-linux-x86-64.so") else {
-            println!("skipped: no separate debug file for ld.so (Debian's libc6-dbg)");
-            return;
-        };
-        // ld.so's entry `_start` and `_dl_start_user` are labels of no type and no size.
-        same_symbols_at_every_symbol(&debug);
-    }
-
-    /// The symbol named at each symbol-table symbol's address (and the next byte) is the one
-    /// `addr2line` names.
-    fn same_symbols_at_every_symbol(path: &Path) {
-        use object::ObjectSymbol;
-        let by_unit = UnitDwarf::open(path).unwrap();
-        let whole = addr2line::Loader::new(path).unwrap();
-        let data = std::fs::read(path).unwrap();
-        let elf = ElfFile64::<Endianness, _>::parse(&*data).unwrap();
-        let mut named = 0;
-        for symbol in elf.symbols() {
-            for addr in [symbol.address(), symbol.address() + 1] {
-                let ours = by_unit.find_symbol(addr);
-                assert_eq!(ours, whole.find_symbol(addr), "at {addr:#x}");
-                named += usize::from(ours.is_some());
-            }
-        }
-        assert!(named > 1_000, "only {named} named");
-    }
-
-    /// The separate debug file of this process's libc, when installed.
-    fn libc_debug_file() -> Option<PathBuf> {
-        debug_file_of("/libc.so")
-    }
-
-    /// The separate debug file of the library mapped in this process whose path contains
-    /// `name`, when installed.
-    fn debug_file_of(name: &str) -> Option<PathBuf> {
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        let libc = maps
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
-            .find(|p| p.contains(name))?;
-        let data = std::fs::read(libc).ok()?;
-        let elf = ElfFile64::<Endianness, _>::parse(&*data).ok()?;
-        let id: String = elf
-            .build_id()
-            .ok()??
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let path = PathBuf::from(format!(
-            "/usr/lib/debug/.build-id/{}/{}.debug",
-            &id[..2],
-            &id[2..]
-        ));
-        path.is_file().then_some(path)
-    }
-}
+mod tests;

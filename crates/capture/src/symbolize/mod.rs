@@ -17,6 +17,7 @@ pub struct SymbolFrame {
 
 mod by_unit;
 mod dwarf;
+mod inflated_cache;
 mod names;
 
 use dwarf::{DwarfCache, DwarfReader};
