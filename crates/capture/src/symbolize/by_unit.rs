@@ -157,25 +157,17 @@ impl UnitDwarf {
             }))
         };
         let from_cache = kept.and_then(|(dir, key)| super::inflated_cache::load(dir, &key, &READ));
-        let mut bytes: Vec<Option<Arc<[u8]>>> = match from_cache {
+        let was_kept = from_cache.is_some();
+        let bytes: Vec<Option<Arc<[u8]>>> = match from_cache {
             Some(sections) => sections.into_iter().map(|(_, data)| data).collect(),
-            None => {
-                let bytes = READ
-                    .iter()
-                    .map(|name| read(name))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if let Some((dir, key)) = kept {
-                    let named: Vec<(&str, Option<&[u8]>)> = READ
-                        .iter()
-                        .zip(&bytes)
-                        .map(|(&n, b)| (n, b.as_deref()))
-                        .collect();
-                    super::inflated_cache::store(dir, &key, &named);
-                }
-                bytes
-            }
+            None => READ
+                .iter()
+                .map(|name| read(name))
+                .collect::<Result<Vec<_>, _>>()?,
         };
-        let mut next = bytes.drain(..).map(|b| b.map(|b| Reader::new(b, endian)));
+        let mut next = bytes
+            .iter()
+            .map(|b| b.clone().map(|b| Reader::new(b, endian)));
         let mut next = || next.next().flatten();
         // In the order of `READ`.
         let sections = Sections {
@@ -191,6 +183,15 @@ impl UnitDwarf {
         };
         let aranges = next();
         let (ranges, units) = unit_ranges(&sections, aranges)?;
+        // Kept only for a file read by unit.
+        if let Some((dir, key)) = kept.filter(|_| !was_kept) {
+            let named: Vec<(&str, Option<&[u8]>)> = READ
+                .iter()
+                .zip(&bytes)
+                .map(|(&n, b)| (n, b.as_deref()))
+                .collect();
+            super::inflated_cache::store(dir, &key, &named);
+        }
         Ok(UnitDwarf {
             path: path.to_path_buf(),
             sections,
