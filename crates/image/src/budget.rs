@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Most memory the code pages of all modules may take together (part of the module budget).
+/// Most memory the code pages and symbol names all modules keep may take together (part of the
+/// module budget).
 pub const PAGE_CACHE_BYTES: usize = 4 << 20;
 
 /// Counts the memory held by the images of one owner: every [`crate::CodeModule`]'s tables,
@@ -19,7 +20,8 @@ pub struct ModuleBudget {
 struct Counts {
     /// Tables of live modules and charged tables.
     tables: AtomicUsize,
-    /// Code pages the modules have cached (at most [`PAGE_CACHE_BYTES`] and a page).
+    /// Code pages and symbol names the modules have kept (at most [`PAGE_CACHE_BYTES`] and a
+    /// page).
     pages: AtomicUsize,
     /// Tables the owner can let go of when a load needs their room ([`ModuleBudget::set_reclaimable`]).
     reclaimable: AtomicUsize,
