@@ -75,33 +75,10 @@ pub(crate) fn store(dir: &Path, key: &FileKey, layout: &Layout, indexes: &[CfiIn
     if !worth_keeping(layout) {
         return;
     }
-    let _ = std::fs::create_dir_all(dir);
-    let path = file(dir, key);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written =
-        std::fs::File::create(&tmp).and_then(|mut f| f.write_all(&encode(layout, indexes, key)));
-    if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return;
-    }
-    prune(dir, "layout", KEEP_FILES);
-}
-
-/// Removes the oldest files with extension `ext` in `dir` past the newest `keep`.
-pub fn prune(dir: &Path, ext: &str, keep: usize) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == ext))
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
-    files.sort();
-    let excess = files.len().saturating_sub(keep);
-    for (_, old) in files.into_iter().take(excess) {
-        let _ = std::fs::remove_file(old);
-    }
+    let name = format!("{}.layout", key_name(key));
+    crate::cache_file::keep(dir, &name, KEEP_FILES, |w| {
+        w.write_all(&encode(layout, indexes, key))
+    });
 }
 
 /// `layout` and `indexes` as kept on disk: the magic, the file's identity, then each table

@@ -21,6 +21,7 @@
 
 mod budget;
 mod bytes;
+pub mod cache_file;
 mod layout;
 mod layout_cache;
 mod module;
@@ -28,7 +29,6 @@ mod module;
 pub use budget::PAGE_CACHE_BYTES;
 pub use budget::{ModuleBudget, TableCharge};
 pub use layout::Segment;
-pub use layout_cache::prune as prune_cache;
 pub use layout_cache::{FileKey, key_name as file_key_name, key_of as file_key};
 pub use module::{CodeModule, ModuleError};
 

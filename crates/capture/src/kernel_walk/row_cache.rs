@@ -37,8 +37,12 @@ pub(super) fn key(sections: &UnwindSections) -> u64 {
     h.finish()
 }
 
+fn name(key: u64) -> String {
+    format!("{key:016x}.rows")
+}
+
 fn file(dir: &Path, key: u64) -> PathBuf {
-    dir.join(format!("{key:016x}.rows"))
+    dir.join(name(key))
 }
 
 /// How many rows are kept under `key`, if a file is there (not checked further).
@@ -104,11 +108,7 @@ fn parse_row(r: &[u8; 16]) -> Option<KernelRow> {
 /// Keeps `rows` under `key` (written aside, then renamed), and drops the oldest files past
 /// [`KEEP_FILES`]. Failures are ignored: the cache only saves time.
 pub(super) fn store(dir: &Path, key: u64, rows: &[KernelRow]) {
-    let _ = std::fs::create_dir_all(dir);
-    let path = file(dir, key);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|f| {
-        let mut w = std::io::BufWriter::new(f);
+    rootline_image::cache_file::keep(dir, &name(key), KEEP_FILES, |w| {
         w.write_all(MAGIC)?;
         for r in rows {
             w.write_all(&r.svma.to_le_bytes())?;
@@ -116,13 +116,8 @@ pub(super) fn store(dir: &Path, key: u64, rows: &[KernelRow]) {
             w.write_all(&r.rbp_offset.to_le_bytes())?;
             w.write_all(&[r.kind as u8, r.arg])?;
         }
-        w.flush()
+        Ok(())
     });
-    if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return;
-    }
-    rootline_image::prune_cache(dir, "rows", KEEP_FILES);
 }
 
 #[cfg(test)]

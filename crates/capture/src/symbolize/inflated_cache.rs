@@ -124,34 +124,25 @@ pub(super) fn store(dir: &Path, key: &FileKey, sections: &[(&str, Option<&[u8]>)
     if total < MIN_BYTES {
         return;
     }
-    let _ = std::fs::create_dir_all(dir);
-    let path = file(dir, key);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|f| {
-        let mut w = std::io::BufWriter::new(f);
+    let name = format!("{}.{EXT}", rootline_image::file_key_name(key));
+    rootline_image::cache_file::keep(dir, &name, KEEP_FILES, |w| {
         w.write_all(MAGIC)?;
         for k in key {
             w.write_all(&k.to_le_bytes())?;
         }
         w.write_all(&(sections.len() as u64).to_le_bytes())?;
-        let mut hasher_input = Vec::with_capacity(total);
-        for &(name, data) in sections {
+        let mut data = Vec::with_capacity(total);
+        for &(name, bytes) in sections {
             let name_len = u8::try_from(name.len()).map_err(std::io::Error::other)?;
             w.write_all(&[name_len])?;
             w.write_all(name.as_bytes())?;
-            let len = data.map_or(0, |d| d.len() as u64 + 1);
+            let len = bytes.map_or(0, |d| d.len() as u64 + 1);
             w.write_all(&len.to_le_bytes())?;
-            hasher_input.extend_from_slice(data.unwrap_or_default());
+            data.extend_from_slice(bytes.unwrap_or_default());
         }
-        w.write_all(&checksum(&hasher_input).to_le_bytes())?;
-        w.write_all(&hasher_input)?;
-        w.flush()
+        w.write_all(&checksum(&data).to_le_bytes())?;
+        w.write_all(&data)
     });
-    if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return;
-    }
-    rootline_image::prune_cache(dir, EXT, KEEP_FILES);
 }
 
 #[cfg(test)]

@@ -1,0 +1,79 @@
+//! Files kept in a cache directory between recordings: written aside and renamed into place (a
+//! reader never sees half a file), the oldest dropped past a number kept. Failures are ignored
+//! by the callers: a cache only saves time.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Writes the file `name` in `dir` (created if need be) with `write`, aside first and then renamed
+/// into place, and drops the oldest files with `name`'s extension past the newest `keep`. False
+/// when it could not be written (nothing is left behind).
+pub fn keep(
+    dir: &Path,
+    name: &str,
+    keep: usize,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> bool {
+    let _ = std::fs::create_dir_all(dir);
+    let path = dir.join(name);
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::File::create(&tmp).and_then(|f| {
+        let mut w = std::io::BufWriter::new(f);
+        write(&mut w)?;
+        w.flush()
+    });
+    if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return false;
+    }
+    if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+        prune(dir, ext, keep);
+    }
+    true
+}
+
+/// Removes the oldest files with extension `ext` in `dir` past the newest `keep`.
+pub fn prune(dir: &Path, ext: &str, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == ext))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    files.sort();
+    let excess = files.len().saturating_sub(keep);
+    for (_, old) in files.into_iter().take(excess) {
+        let _ = std::fs::remove_file(old);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_written_whole_and_the_oldest_go_past_the_number_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for i in 0..4u8 {
+            assert!(keep(dir.path(), &format!("{i}.kept"), 3, |w| w
+                .write_all(&[i; 10])));
+            // Distinct modification times.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(keep(dir.path(), "other.else", 3, |w| w.write_all(b"x")));
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["1.kept", "2.kept", "3.kept", "other.else"]);
+        assert_eq!(std::fs::read(dir.path().join("3.kept")).unwrap(), [3; 10]);
+        // A write that fails leaves nothing behind.
+        assert!(!keep(dir.path(), "4.kept", 3, |_| Err(
+            std::io::Error::other("no")
+        )));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
+    }
+}
