@@ -181,7 +181,9 @@ impl ModuleBytes {
         if matches!(self.source, Source::Memory(_)) {
             return self.read_name_uncached(offset);
         }
-        if let Some(name) = self.names.lock().ok()?.get(&offset) {
+        if let Ok(names) = self.names.lock()
+            && let Some(name) = names.get(&offset)
+        {
             return Some(name.to_string());
         }
         let name = self.read_name_uncached(offset)?;
