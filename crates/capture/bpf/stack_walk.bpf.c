@@ -310,12 +310,15 @@ static const __u32 zero = 0;
 
 // Writes `size` bytes of the scratch chunk to the ring; counts a chunk the full ring lost.
 // The reader drains the ring every round (10 ms) anyway; it is woken early only once the ring
-// is an eighth full, not for every chunk (a wake-up a sample cost it a context switch each).
-static __always_inline int send(struct chunk *c, __u64 size)
+// is an eighth full, not for every chunk (a wake-up a sample cost it a context switch each),
+// or for an `urgent` chunk: a walk that ended where user space has to act soon (a mapping it
+// has not sent yet, a binary it is still reading), so that the process's next samples are
+// walked, and those that read live memory meanwhile are proven, as early as can be.
+static __always_inline int send(struct chunk *c, __u64 size, int urgent)
 {
 	__u64 flags = BPF_RB_NO_WAKEUP;
-	if ((bpf_ringbuf_query(&chunks, BPF_RB_AVAIL_DATA) + size) * 8 >
-	    bpf_ringbuf_query(&chunks, BPF_RB_RING_SIZE))
+	if (urgent || (bpf_ringbuf_query(&chunks, BPF_RB_AVAIL_DATA) + size) * 8 >
+			      bpf_ringbuf_query(&chunks, BPF_RB_RING_SIZE))
 		flags = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_output(&chunks, c, size, flags) != 0) {
 		struct stats *s = bpf_map_lookup_elem(&counters, &zero);
@@ -341,7 +344,7 @@ static __always_inline int flush(struct walk *w, struct chunk *c, __u8 last)
 	if (size > sizeof(struct chunk))
 		size = sizeof(struct chunk);
 	w->words = 0;
-	return send(c, size);
+	return send(c, size, last && (w->stop == STOP_UNMAPPED || w->stop == STOP_PENDING));
 }
 
 // The chunk `w` builds: this CPU's scratch in an interrupt, the thread's own in task work.
@@ -680,7 +683,7 @@ __attribute__((noinline)) int dump_page(struct walk *w)
 	c->h.last = 0;
 	c->h.span = 1;
 	c->h.end_sp = at;
-	if (send(c, sizeof(struct chunk_header) + len) != 0) {
+	if (send(c, sizeof(struct chunk_header) + len, 0) != 0) {
 		w->stop = STOP_LOST;
 		return 1;
 	}
