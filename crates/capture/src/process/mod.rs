@@ -160,24 +160,42 @@ pub struct Processes {
     reclaimable_stale: bool,
 }
 
-/// Whether a mapping's path names no binary: anonymous memory, the kernel's special mappings,
-/// or JIT code in a memory file (.NET maps its code twice through one).
+/// Whether a mapping's path names no file at all: anonymous memory, the kernel's special
+/// mappings. (A memory file, `/memfd:NAME`, is opened: it may hold a program or JIT code, see
+/// [`holds_elf`].)
 fn is_pseudo(path: &str) -> bool {
     path.is_empty() || path.starts_with('[') || path.starts_with("//anon")
 }
 
-/// Whether a memory file's mapping (`/memfd:NAME`, no file on disk) holds an ELF file: a program
+/// Whether an opened memory file (`/memfd:NAME`, no file on disk) holds an ELF file: a program
 /// executed from memory (container runtimes, sandboxes and self-extracting tools run programs
-/// so) rather than JIT code. Its first bytes are read through `/proc/PID/map_files`.
-fn is_memory_file_without_elf(pid: u32, start: u64, end: u64, path: &str) -> bool {
+/// so) rather than JIT code.
+fn holds_elf(file: Option<&std::fs::File>) -> bool {
     use std::os::unix::fs::FileExt;
-    if !path.starts_with("/memfd:") {
-        return false;
-    }
     let mut magic = [0u8; 4];
-    let elf = binaries::open_file(pid, start, end, path)
-        .is_some_and(|f| f.read_exact_at(&mut magic, 0).is_ok() && &magic == b"\x7fELF");
-    !elf
+    file.is_some_and(|f| f.read_exact_at(&mut magic, 0).is_ok() && &magic == b"\x7fELF")
+}
+
+/// Maps `binary` at `start..end` (from file offset `offset`) in `state`'s address space.
+fn map_binary(
+    state: &mut ProcessState,
+    start: u64,
+    end: u64,
+    offset: u64,
+    binary: Arc<BinaryFile>,
+) {
+    state.space.add_region(binary.region(start, end, offset));
+    state.binaries.insert(start, binary);
+}
+
+/// What a mapping of no binary (anonymous memory, JIT code) is mapped from.
+fn no_binary(path: Arc<str>) -> BinaryFile {
+    BinaryFile {
+        path,
+        file: None,
+        module: None,
+        refused: None,
+    }
 }
 
 impl Processes {
@@ -386,13 +404,8 @@ impl Processes {
         }
         let binary = if path == "[vdso]" {
             self.vdso(pid, start, end)
-        } else if is_pseudo(path) || is_memory_file_without_elf(pid, start, end, path) {
-            Arc::new(BinaryFile {
-                path: path.into(),
-                file: None,
-                module: None,
-                refused: None,
-            })
+        } else if is_pseudo(path) {
+            Arc::new(no_binary(path.into()))
         } else {
             let path: Arc<str> = path.into();
             let cache_key = (key.0, key.1, key.2, path.clone());
@@ -410,6 +423,13 @@ impl Processes {
                 }
                 None => {
                     let file = open_file(pid, start, end, &path);
+                    if path.starts_with("/memfd:") && !holds_elf(file.as_ref()) {
+                        // JIT code in a memory file (.NET maps its code twice through one): no
+                        // binary, for this mapping and the file's others.
+                        let b = Arc::new(no_binary(path));
+                        self.files.insert(cache_key, FileEntry::Ready(b.clone()));
+                        return map_binary(state, start, end, offset, b);
+                    }
                     match &mut self.loader {
                         Some(loader) => {
                             let request = LoadRequest {
@@ -456,8 +476,7 @@ impl Processes {
                 }
             }
         };
-        state.space.add_region(binary.region(start, end, offset));
-        state.binaries.insert(start, binary);
+        map_binary(state, start, end, offset, binary);
     }
 
     fn vdso(&mut self, pid: u32, start: u64, end: u64) -> Arc<BinaryFile> {
