@@ -18,9 +18,9 @@ pub(super) const MAPPING_PENDING: u32 = 7;
 /// walk sends the 8 code bytes before each return address into it (`MAPPING_CODE_MOVES`).
 pub(super) const MAPPING_CODE_MOVES: u32 = 1;
 
-/// `struct row`.
+/// `struct row` (plain bytes: kept rows are read from a file straight into the table).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct Row {
     pub pc: u32,
     pub cfa: i32,

@@ -3,21 +3,32 @@
 //! milliseconds to compile, during which its frames are walked by guesswork. Only binaries with
 //! many rows are kept, and at most [`KEEP_FILES`] files (the oldest go first).
 //!
+//! A file holds the rows exactly as the table does ([`Row`], little-endian), after their base
+//! address and count, so that kept rows are read from the file straight into the table: no copy of tens
+//! of megabytes is made in between. Rows read that are out of order or of an unknown kind make
+//! the file unusable.
+//!
 //! The directory is `kernel-rows` in [`crate::cache_dir`]; a cache that cannot be read or written
 //! is simply not used.
 
+use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use rootline_unwind::UnwindSections;
 use rootline_unwind::kernel_rows::{KernelRow, RowKind};
 
+use super::layout::Row;
+
 /// Binaries with fewer rows are compiled every time.
 pub(super) const MIN_ROWS: usize = 100_000;
 /// Most files kept.
 const KEEP_FILES: usize = 16;
-const MAGIC: &[u8; 8] = b"RLKROWS1";
+const MAGIC: &[u8; 8] = b"RLKROWS2";
+/// The magic, the rows' base address and their count.
+const HEADER: usize = 24;
+const ROW_BYTES: usize = std::mem::size_of::<Row>();
 
 /// The cache directory, when one can be named.
 pub(super) fn dir() -> Option<PathBuf> {
@@ -48,73 +59,93 @@ fn file(dir: &Path, key: u64) -> PathBuf {
 /// How many rows are kept under `key`, if a file is there (not checked further).
 pub(super) fn count(dir: &Path, key: u64) -> Option<usize> {
     let len = std::fs::metadata(file(dir, key)).ok()?.len();
-    let body = usize::try_from(len).ok()?.checked_sub(MAGIC.len())?;
-    Some(body / 16)
+    let body = usize::try_from(len).ok()?.checked_sub(HEADER)?;
+    Some(body / ROW_BYTES)
 }
 
-/// The rows kept under `key`, if any (and well formed). The file is read a megabyte at a time:
-/// only the rows themselves are held.
-pub(super) fn load(dir: &Path, key: u64) -> Option<Vec<KernelRow>> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(file(dir, key)).ok()?;
-    let len = usize::try_from(f.metadata().ok()?.len()).ok()?;
-    let body = len.checked_sub(MAGIC.len())?;
-    if body % 16 != 0 {
-        return None;
-    }
-    let mut magic = [0u8; 8];
-    f.read_exact(&mut magic).ok()?;
-    if &magic != MAGIC {
-        return None;
-    }
-    let mut rows = Vec::with_capacity(body / 16);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = body;
-    while left > 0 {
-        let chunk = &mut buf[..left.min(1 << 20)];
-        f.read_exact(chunk).ok()?;
-        for row in chunk.chunks_exact(16) {
-            rows.push(parse_row(row.try_into().ok()?)?);
+/// Rows kept on disk, opened and their header checked; [`Kept::read_into`] reads them.
+#[derive(Debug)]
+pub(super) struct Kept {
+    file: File,
+    path: PathBuf,
+    /// Link-time address the rows' addresses are relative to.
+    pub base: u64,
+    /// How many rows the file holds.
+    pub count: usize,
+}
+
+impl Kept {
+    /// Reads the rows into `table` (exactly [`Kept::count`] rows long); false when the file is
+    /// shorter or longer than its header said, or holds rows out of order or of an unknown
+    /// kind (`table` then holds rows that must not be used, and the file is removed).
+    pub fn read_into(mut self, table: &mut [Row]) -> bool {
+        let read = table.len() == self.count
+            && self.file.read_exact(rows_as_bytes(table)).is_ok()
+            && matches!(self.file.read(&mut [0u8; 1]), Ok(0));
+        let good = read && table.first().is_some_and(|r| r.pc == 0) && well_formed(table);
+        if !good {
+            let _ = std::fs::remove_file(&self.path);
         }
-        left -= chunk.len();
+        good
     }
-    // The file must end where its length said.
-    if f.read(&mut magic).ok()? != 0 {
-        return None;
-    }
-    Some(rows)
 }
 
-/// One row as [`store`] writes it.
-fn parse_row(r: &[u8; 16]) -> Option<KernelRow> {
-    let kind = match r[14] {
-        0 => RowKind::None,
-        1 => RowKind::Rsp,
-        2 => RowKind::Rbp,
-        3 => RowKind::Plt,
-        4 => RowKind::Root,
-        5 => RowKind::Stop,
-        _ => return None,
-    };
-    Some(KernelRow {
-        svma: u64::from_le_bytes(r[0..8].try_into().ok()?),
-        cfa_offset: i32::from_le_bytes(r[8..12].try_into().ok()?),
-        rbp_offset: i16::from_le_bytes(r[12..14].try_into().ok()?),
-        kind,
-        arg: r[15],
+/// The bytes of `rows`, to read them in place.
+fn rows_as_bytes(rows: &mut [Row]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(rows)
+}
+
+/// Whether `rows` are sorted by address and of kinds a table holds.
+fn well_formed(rows: &[Row]) -> bool {
+    rows.windows(2).all(|w| w[0].pc <= w[1].pc)
+        && rows
+            .iter()
+            .all(|r| r.kind <= RowKind::Stop as u8 && r.pad == 0)
+}
+
+/// The rows kept under `key`, if a file is there with a well-formed header (the rows are
+/// checked as they are read, by [`Kept::read_into`]).
+pub(super) fn open(dir: &Path, key: u64) -> Option<Kept> {
+    let path = file(dir, key);
+    let mut file = File::open(&path).ok()?;
+    let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
+    let body = len.checked_sub(HEADER)?;
+    if body % ROW_BYTES != 0 || body == 0 {
+        return None;
+    }
+    let mut header = [0u8; HEADER];
+    file.read_exact(&mut header).ok()?;
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or_default());
+    let count = body / ROW_BYTES;
+    if &header[..8] != MAGIC || word(16) != count as u64 {
+        return None;
+    }
+    Some(Kept {
+        file,
+        path,
+        base: word(8),
+        count,
     })
 }
 
 /// Keeps `rows` under `key` (written aside, then renamed), and drops the oldest files past
-/// [`KEEP_FILES`]. Failures are ignored: the cache only saves time.
+/// [`KEEP_FILES`]. Rows a table cannot hold (more than 4 GiB past the first) are not kept.
+/// Failures are ignored: the cache only saves time.
 pub(super) fn store(dir: &Path, key: u64, rows: &[KernelRow]) {
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return;
+    };
+    let base = first.svma;
+    if last.svma - base > u64::from(u32::MAX) {
+        return;
+    }
     rootline_image::cache_file::keep(dir, &name(key), KEEP_FILES, |w| {
         w.write_all(MAGIC)?;
-        for r in rows {
-            w.write_all(&r.svma.to_le_bytes())?;
-            w.write_all(&r.cfa_offset.to_le_bytes())?;
-            w.write_all(&r.rbp_offset.to_le_bytes())?;
-            w.write_all(&[r.kind as u8, r.arg])?;
+        w.write_all(&base.to_le_bytes())?;
+        w.write_all(&(rows.len() as u64).to_le_bytes())?;
+        for chunk in rows.chunks(4096) {
+            let table: Vec<Row> = chunk.iter().map(|r| Row::new(r, base)).collect();
+            w.write_all(bytemuck::cast_slice(&table))?;
         }
         Ok(())
     });
@@ -124,32 +155,78 @@ pub(super) fn store(dir: &Path, key: u64, rows: &[KernelRow]) {
 mod tests {
     use super::*;
 
+    fn row(svma: u64, kind: RowKind, cfa_offset: i32, rbp_offset: i16, arg: u8) -> KernelRow {
+        KernelRow {
+            svma,
+            kind,
+            cfa_offset,
+            rbp_offset,
+            arg,
+        }
+    }
+
+    fn read(dir: &Path, key: u64) -> Option<Vec<Row>> {
+        let kept = open(dir, key)?;
+        let mut table = vec![Row::default(); kept.count];
+        kept.read_into(&mut table).then_some(table)
+    }
+
     #[test]
-    fn rows_read_back_as_written_and_damage_is_refused() {
+    fn rows_read_back_as_the_table_holds_them_and_damage_is_refused() {
         let dir = tempfile::tempdir().expect("temp dir");
         let rows = vec![
-            KernelRow {
-                svma: 0x1000,
-                kind: RowKind::Rsp,
-                cfa_offset: 336,
-                rbp_offset: -48,
-                arg: 0,
-            },
-            KernelRow {
-                svma: 0x1010,
-                kind: RowKind::Plt,
-                cfa_offset: 0,
-                rbp_offset: 0,
-                arg: 11,
-            },
+            row(0x1000, RowKind::Rsp, 336, -48, 0),
+            row(0x1010, RowKind::Plt, 0, 0, 11),
+            row(0x2000, RowKind::Stop, 0, 0, 0),
         ];
         store(dir.path(), 7, &rows);
-        assert_eq!(load(dir.path(), 7), Some(rows));
-        assert_eq!(load(dir.path(), 8), None);
+        let kept = open(dir.path(), 7).expect("kept");
+        assert_eq!((kept.base, kept.count), (0x1000, 3));
+        assert_eq!(count(dir.path(), 7), Some(3));
+        let want: Vec<Row> = rows.iter().map(|r| Row::new(r, 0x1000)).collect();
+        assert_eq!(read(dir.path(), 7), Some(want));
+        assert!(read(dir.path(), 8).is_none());
+
         let path = file(dir.path(), 7);
-        let mut bytes = std::fs::read(&path).expect("written");
-        bytes.pop();
-        std::fs::write(&path, &bytes).expect("rewritten");
-        assert_eq!(load(dir.path(), 7), None);
+        let bytes = std::fs::read(&path).expect("written");
+        let damaged = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut b = bytes.clone();
+            edit(&mut b);
+            std::fs::write(&path, &b).expect("rewritten");
+            read(dir.path(), 7)
+        };
+        // Cut anywhere (a whole row too), or grown by a row.
+        for len in 0..bytes.len() {
+            assert!(damaged(&|b| b.truncate(len)).is_none(), "cut at {len}");
+        }
+        assert!(damaged(&|b| b.extend_from_slice(&[0; 16])).is_none());
+        // A row of an unknown kind, rows out of order, another magic.
+        let first_row = HEADER;
+        assert!(damaged(&|b| b[first_row + 16 + 10] = 6).is_none());
+        assert!(!path.exists(), "a file whose rows are damaged is removed");
+        assert!(
+            damaged(&|b| b[first_row + 16..first_row + 20].copy_from_slice(&[0, 0x20, 0, 0]))
+                .is_none()
+        );
+        assert!(damaged(&|b| b[0] ^= 1).is_none());
+        // The file as written still reads.
+        assert!(damaged(&|_| {}).is_some());
+    }
+
+    #[test]
+    fn rows_a_table_cannot_hold_are_not_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let far = 0x1000 + u64::from(u32::MAX) + 1;
+        store(
+            dir.path(),
+            7,
+            &[
+                row(0x1000, RowKind::Rsp, 8, 0, 0),
+                row(far, RowKind::Rsp, 8, 0, 0),
+            ],
+        );
+        assert!(open(dir.path(), 7).is_none());
+        store(dir.path(), 8, &[]);
+        assert!(open(dir.path(), 8).is_none());
     }
 }

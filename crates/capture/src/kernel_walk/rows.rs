@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use foldhash::HashMap;
 use rootline_unwind::UnwindSections;
-use rootline_unwind::kernel_rows::kernel_rows;
+use rootline_unwind::kernel_rows::{KernelRow, kernel_rows};
 
 use rootline_image::{ModuleBudget, TableCharge};
 
@@ -22,22 +22,36 @@ pub(super) fn binary_key(sections: &Arc<UnwindSections>) -> usize {
 }
 use super::row_cache;
 
+/// A binary's rows, ready to be placed.
+#[derive(Debug)]
+enum Ready {
+    /// Compiled from its unwind sections.
+    Compiled(Vec<KernelRow>),
+    /// Kept on disk, read straight into the table when placed.
+    Kept(row_cache::Kept),
+}
+
+impl Ready {
+    fn len(&self) -> usize {
+        match self {
+            Ready::Compiled(rows) => rows.len(),
+            Ready::Kept(kept) => kept.count,
+        }
+    }
+}
+
 /// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
 /// when large). None: more than `max_rows`, the table's largest free range (they could not be
 /// placed; kept rows that many are not even read).
-fn rows_of(
-    sections: &UnwindSections,
-    cache: Option<&Path>,
-    max_rows: usize,
-) -> Option<Vec<rootline_unwind::kernel_rows::KernelRow>> {
+fn rows_of(sections: &UnwindSections, cache: Option<&Path>, max_rows: usize) -> Option<Ready> {
     let cache = cache.filter(|_| is_large(sections));
     let key = cache.map(|_| row_cache::key(sections));
     if let (Some(dir), Some(key)) = (cache, key) {
         if row_cache::count(dir, key).is_some_and(|n| n > max_rows) {
             return None;
         }
-        if let Some(rows) = row_cache::load(dir, key) {
-            return Some(rows);
+        if let Some(kept) = row_cache::open(dir, key) {
+            return Some(Ready::Kept(kept));
         }
     }
     let rows = kernel_rows(sections);
@@ -46,7 +60,7 @@ fn rows_of(
     {
         row_cache::store(dir, key, &rows);
     }
-    (rows.len() <= max_rows).then_some(rows)
+    (rows.len() <= max_rows).then_some(Ready::Compiled(rows))
 }
 
 /// A binary's rows in the table.
@@ -95,7 +109,7 @@ struct Compiled {
     key: usize,
     sections: Weak<UnwindSections>,
     /// None: more than the table had room for, or the binary is gone.
-    rows: Option<Vec<rootline_unwind::kernel_rows::KernelRow>>,
+    rows: Option<Ready>,
 }
 
 /// Compiles (or reads) one binary's rows. Requests hold the sections weakly: a binary whose
@@ -322,7 +336,7 @@ impl RowTable {
         while let Ok(c) = self.compiled.try_recv() {
             self.compiling.remove(&c.key);
             if c.sections.strong_count() > 0 {
-                self.install(c.key, c.sections, c.rows.as_deref());
+                self.install(c.key, c.sections, c.rows);
                 any = true;
             }
         }
@@ -337,7 +351,7 @@ impl RowTable {
                 Ok(c) => {
                     self.compiling.remove(&c.key);
                     if c.sections.strong_count() > 0 {
-                        self.install(c.key, c.sections, c.rows.as_deref());
+                        self.install(c.key, c.sections, c.rows);
                     }
                 }
                 Err(_) => return,
@@ -345,13 +359,8 @@ impl RowTable {
         }
     }
 
-    fn install(
-        &mut self,
-        key: usize,
-        sections: Weak<UnwindSections>,
-        rows: Option<&[rootline_unwind::kernel_rows::KernelRow]>,
-    ) {
-        let rows_len = rows.map_or(0, <[_]>::len);
+    fn install(&mut self, key: usize, sections: Weak<UnwindSections>, rows: Option<Ready>) {
+        let rows_len = rows.as_ref().map_or(0, Ready::len);
         let bytes = rows_len * std::mem::size_of::<Row>();
         let fits = self.limit.is_none_or(|l| self.budget.fits(bytes, l));
         let placed = match rows {
@@ -359,7 +368,7 @@ impl RowTable {
             _ => None,
         };
         let charge = placed.map(|_| self.budget.charge(bytes));
-        if placed.is_none() && rows.is_none_or(|r| !r.is_empty()) {
+        if placed.is_none() && rows_len > 0 {
             self.refused += 1;
         }
         if let Some(old) = self.binaries.insert(
@@ -429,14 +438,21 @@ impl RowTable {
         }
     }
 
-    fn store(&mut self, rows: &[rootline_unwind::kernel_rows::KernelRow]) -> Option<Placed> {
-        let first = rows.first()?;
-        let base = first.svma;
-        let count = u32::try_from(rows.len()).ok()?;
-        // Rows past 4 GiB of the first do not fit the program's 32-bit offsets.
-        if rows.last()?.svma - base > u64::from(u32::MAX) {
-            return None;
-        }
+    /// Places `rows` in the first free range that holds them; None when none does, or kept
+    /// rows did not read back well formed (their file is then removed, to be compiled again).
+    fn store(&mut self, rows: Ready) -> Option<Placed> {
+        let base = match &rows {
+            Ready::Compiled(rows) => {
+                let base = rows.first()?.svma;
+                // Rows past 4 GiB of the first do not fit the program's 32-bit offsets.
+                if rows.last()?.svma - base > u64::from(u32::MAX) {
+                    return None;
+                }
+                base
+            }
+            Ready::Kept(kept) => kept.base,
+        };
+        let count = u32::try_from(rows.len()).ok().filter(|&n| n > 0)?;
         let slot = self.free.iter().position(|&(_, len)| len >= count)?;
         let (start, len) = self.free[slot];
         if len == count {
@@ -444,13 +460,24 @@ impl RowTable {
         } else {
             self.free[slot] = (start + count, len - count);
         }
-        let table = self.map.rows_mut();
-        for (i, r) in rows.iter().enumerate() {
-            table[start as usize + i] = Row::new(r, base);
-        }
         self.used += u64::from(count);
+        let placed = Placed { start, count, base };
+        let table = &mut self.map.rows_mut()[start as usize..][..count as usize];
+        let filled = match rows {
+            Ready::Compiled(rows) => {
+                for (slot, r) in table.iter_mut().zip(&rows) {
+                    *slot = Row::new(r, base);
+                }
+                true
+            }
+            Ready::Kept(kept) => kept.read_into(table),
+        };
+        if !filled {
+            self.release(placed);
+            return None;
+        }
         self.update_room();
-        Some(Placed { start, count, base })
+        Some(placed)
     }
 
     fn release(&mut self, p: Placed) {
@@ -467,5 +494,68 @@ impl RowTable {
             self.free.remove(at);
         }
         self.update_room();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rootline_unwind::kernel_rows::RowKind;
+    use std::os::fd::AsFd;
+
+    /// A table over a memory file mapped as the BPF map is.
+    fn table(len: usize) -> (RowTable, std::fs::File) {
+        let file = tempfile::tempfile().expect("temp file");
+        file.set_len((len * std::mem::size_of::<Row>()) as u64)
+            .expect("sized");
+        let map = MappedRows::new(file.as_fd(), len).expect("mapped");
+        (RowTable::new(map, ModuleBudget::new(), None, false), file)
+    }
+
+    fn rows(n: u64) -> Vec<KernelRow> {
+        (0..n)
+            .map(|i| KernelRow {
+                svma: 0x40_0000 + 16 * i,
+                kind: RowKind::Rsp,
+                cfa_offset: 8 + i as i32,
+                rbp_offset: -16,
+                arg: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn kept_rows_are_read_into_the_table_as_compiled_rows_are_placed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut t, _file) = table(100);
+        let compiled = t.store(Ready::Compiled(rows(10))).expect("placed");
+        assert_eq!((compiled.start, compiled.count), (0, 10));
+        row_cache::store(dir.path(), 1, &rows(20));
+        let kept = row_cache::open(dir.path(), 1).expect("kept");
+        let placed = t.store(Ready::Kept(kept)).expect("placed");
+        assert_eq!((placed.start, placed.count, placed.base), (10, 20, 0x40_0000));
+        let want: Vec<Row> = rows(20).iter().map(|r| Row::new(r, 0x40_0000)).collect();
+        assert_eq!(&t.map.rows_mut()[10..30], &want[..]);
+        assert_eq!(t.used, 30);
+    }
+
+    #[test]
+    fn kept_rows_that_do_not_read_back_leave_their_range_free() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut t, _file) = table(100);
+        row_cache::store(dir.path(), 1, &rows(20));
+        let path = dir.path().join(format!("{:016x}.rows", 1));
+        let mut bytes = std::fs::read(&path).expect("kept");
+        // The last row's address before the one ahead of it.
+        let last = bytes.len() - 16;
+        bytes[last..last + 4].copy_from_slice(&0u32.to_le_bytes());
+        std::fs::write(&path, &bytes).expect("rewritten");
+        let kept = row_cache::open(dir.path(), 1).expect("header still good");
+        assert_eq!(t.store(Ready::Kept(kept)), None);
+        assert_eq!((t.used, t.free.clone()), (0, vec![(0, 100)]));
+        assert!(!path.exists(), "the damaged file is removed");
+        // Rows that do not fit are not placed either.
+        assert_eq!(t.store(Ready::Compiled(rows(101))), None);
+        assert_eq!(t.used, 0);
     }
 }
