@@ -533,7 +533,10 @@ mod tests {
         row_cache::store(dir.path(), 1, &rows(20));
         let kept = row_cache::open(dir.path(), 1).expect("kept");
         let placed = t.store(Ready::Kept(kept)).expect("placed");
-        assert_eq!((placed.start, placed.count, placed.base), (10, 20, 0x40_0000));
+        assert_eq!(
+            (placed.start, placed.count, placed.base),
+            (10, 20, 0x40_0000)
+        );
         let want: Vec<Row> = rows(20).iter().map(|r| Row::new(r, 0x40_0000)).collect();
         assert_eq!(&t.map.rows_mut()[10..30], &want[..]);
         assert_eq!(t.used, 30);

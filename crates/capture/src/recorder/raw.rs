@@ -123,6 +123,17 @@ const MAX_PATH_STEPS: usize = 256 * 1024;
 /// One step of a thread's last trie path: parent node, frame, and the node they make.
 pub(crate) type PathStep = (u32, RawFrame, u32);
 
+/// A step at a depth the thread's last stack started past: its parent is no node.
+const HOLE: PathStep = (
+    NO_NODE - 1,
+    RawFrame {
+        kind: RawKind::Unknown,
+        address: 0,
+        live: false,
+    },
+    NO_NODE,
+);
+
 impl RawTables {
     /// Empty tables.
     pub fn new() -> RawTables {
@@ -186,8 +197,11 @@ impl RawTables {
 
     /// [`RawTables::node`] for the `depth`-th frame (from the root) of a stack interned root
     /// first, where `path` is the thread's last stack's path (from [`RawTables::take_path`]):
-    /// a step its last stack made from the same parent with the same frame gives the same node
-    /// without the two hash lookups (successive stacks of a thread share most outer frames).
+    /// a step its last stack made at the same depth from the same parent with the same frame
+    /// gives the same node without the two hash lookups (successive stacks of a thread share
+    /// most outer frames). A stack may start past the root (from a node that holds its outer
+    /// frames): `depth` still counts from the root, so that stacks starting at different depths
+    /// meet on the same steps.
     pub fn node_on_path(
         &mut self,
         path: &mut Vec<PathStep>,
@@ -203,9 +217,8 @@ impl RawTables {
         }
         let node = self.node(parent, frame);
         path.truncate(depth);
-        if path.len() == depth {
-            path.push((parent, frame, node));
-        }
+        path.resize(depth, HOLE);
+        path.push((parent, frame, node));
         node
     }
 
@@ -323,5 +336,43 @@ mod tests {
         t.forget_path(1);
         intern(&mut t, 2, NO_NODE, &[1, 2]);
         assert_eq!(t.path_steps, 2);
+    }
+
+    #[test]
+    fn stacks_starting_past_the_root_share_the_path_at_the_same_depths() {
+        let mut t = RawTables::new();
+        // The nodes the trie holds for a stack, looked up frame by frame.
+        let leaf = |t: &mut RawTables, stack: &[u64]| {
+            stack.iter().fold(NO_NODE, |n, &a| t.node(n, frame(a)))
+        };
+        let intern_at = |t: &mut RawTables, tid: u32, from: u32, depth: usize, stack: &[u64]| {
+            let mut path = t.take_path(tid);
+            let mut node = from;
+            for (step, &a) in stack.iter().enumerate() {
+                node = t.node_on_path(&mut path, depth + step, node, frame(a));
+            }
+            t.put_path(tid, path);
+            node
+        };
+        intern(&mut t, 1, NO_NODE, &[10, 20, 30, 40]);
+        let at_20 = leaf(&mut t, &[10, 20]);
+        // From the node of [10, 20]: its frames are at depths 2 and 3.
+        let a = intern_at(&mut t, 1, at_20, 2, &[30, 50]);
+        assert_eq!(t.paths[&1].len(), 4);
+        let b = intern(&mut t, 1, NO_NODE, &[10, 20, 30, 60]);
+        // A thread whose first stack starts past the root.
+        let c = intern_at(&mut t, 2, at_20, 2, &[30]);
+        assert_eq!(&t.paths[&2][..2], &[HOLE, HOLE]);
+        assert_eq!(t.paths[&2][2].0, at_20);
+        let d = intern(&mut t, 2, NO_NODE, &[10, 20, 30, 70]);
+        assert_eq!(
+            [a, b, c, d],
+            [
+                leaf(&mut t, &[10, 20, 30, 50]),
+                leaf(&mut t, &[10, 20, 30, 60]),
+                leaf(&mut t, &[10, 20, 30]),
+                leaf(&mut t, &[10, 20, 30, 70]),
+            ]
+        );
     }
 }

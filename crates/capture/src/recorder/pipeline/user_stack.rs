@@ -132,6 +132,8 @@ impl Pipeline {
         let mut node = NO_NODE;
         let mut upto = addrs.len();
         let mut depth = addrs.len();
+        // Frames above the first one interned below (the trie path counts from the root).
+        let mut outer_frames = 0;
         let mut reused_kernel_outer = None;
         match (ending.end, self.unwinder.reused) {
             (StackEnd::Stopped, Some(outer)) => {
@@ -139,6 +141,7 @@ impl Pipeline {
                 node = outer.node;
                 upto -= 1;
                 depth = upto + outer.frames;
+                outer_frames = outer.frames;
                 if facts.from_kernel {
                     reused_kernel_outer = Some(outer);
                     let use_ = self.stats.kernel_walk.get_or_insert_with(Default::default);
@@ -151,6 +154,7 @@ impl Pipeline {
             (StackEnd::Truncated(reason), _) => {
                 *self.stats.truncated.entry(reason).or_default() += 1;
                 node = self.node(node, RawKind::Truncated(reason), 0);
+                outer_frames = 1;
             }
             _ => {}
         }
@@ -217,7 +221,9 @@ impl Pipeline {
                 address: addr,
                 live,
             };
-            node = self.tables.node_on_path(&mut path, step, node, frame);
+            node = self
+                .tables
+                .node_on_path(&mut path, outer_frames + step, node, frame);
             if keep_b == Some(i) {
                 node_at_b = Some(node);
             }
