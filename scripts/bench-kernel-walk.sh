@@ -15,7 +15,11 @@
 #    of profiler and compiler minus the compiler's own in that run: what the total costs apart
 #    from what the compiler is charged, the sampling interrupt and in-kernel walk among it).
 #
+# With rootline and samply both run, the two are also compared round by round: in a round both
+# run against the same bare compile, so their difference is free of the bare run's noise.
+#
 # Usage: scripts/bench-kernel-walk.sh            (root; DEPTHS="1000 10000" RUN_SECONDS=4 RUNS=3)
+#        TOOLS="rootline samply" DEPTHS= RUNS=21 scripts/bench-kernel-walk.sh   (the cost only)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 RUN_SECONDS="${RUN_SECONDS:-4}"
@@ -29,8 +33,12 @@ cargo build --quiet --release -p rootline
 RL="$ROOT/target/release/rootline"
 cc -O2 -g -fno-omit-frame-pointer crates/capture/tests/c/rebuild.c -lpthread -o "$TMP/fp"
 cc -O2 -g -fomit-frame-pointer crates/capture/tests/c/rebuild.c -lpthread -o "$TMP/nofp"
-tools=(rootline rootline-no-kernel-walk perf-fp perf-dwarf)
-command -v samply >/dev/null && tools+=(samply)
+if [ -n "${TOOLS:-}" ]; then
+    read -r -a tools <<<"$TOOLS"
+else
+    tools=(rootline rootline-no-kernel-walk perf-fp perf-dwarf)
+    command -v samply >/dev/null && tools+=(samply)
+fi
 
 # perf script → folded (comm;root;…;leaf count)
 perf_folded() {
@@ -145,7 +153,7 @@ PY
 # that round's bare run: this VM's runs vary by 10-20% over minutes, more than a profiler costs.
 # samply needs kernel.perf_event_paranoid <= 1 even as root (its check), and --save-only writes
 # an unsymbolicated profile, so only its CPU is compared.
-declare -A extra own
+declare -A extra own total
 bare_all=()
 for _ in $(seq "$RUNS"); do
     bare=$(cpu_of "${RUSTC_CMD[@]}")
@@ -159,6 +167,7 @@ for _ in $(seq "$RUNS"); do
         samply) rm -f "$TMP/s.json.gz"; c=$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
             [ -s "$TMP/s.json.gz" ] || echo "samply wrote nothing (kernel.perf_event_paranoid must be <= 1)" >&2 ;;
         esac
+        total[$tool]+="$c "
         extra[$tool]+="$(python3 -c "print(f\"{$c - $bare:.2f}\")") "
         own[$tool]+="$(python3 -c "u, s = open('$TMP/compiler.cpu').read().split(); print(f'{$c - float(u) - float(s):.2f}')") "
     done
@@ -180,3 +189,15 @@ for tool in "${tools[@]}"; do
         "$(python3 -c "print(1 + $m / $bare_med)")" "${extra[$tool]% }" "$o" "${own[$tool]% }" \
         "$(whole_share "$TMP/$tool.folded")"
 done
+if [ -n "${total[rootline]:-}" ] && [ -n "${total[samply]:-}" ]; then
+    # shellcheck disable=SC2086
+    python3 - ${total[rootline]} -- ${total[samply]} <<'PY'
+import statistics, sys
+cut = sys.argv.index("--")
+rl, sa = [float(x) for x in sys.argv[1:cut]], [float(x) for x in sys.argv[cut + 1:]]
+d = [a - b for a, b in zip(rl, sa)]
+print(f"rootline - samply, same round (over bare, and in total): median {statistics.median(d):+.2f}s; "
+      f"rootline at or below samply in {sum(x <= 0 for x in d)} of {len(d)} rounds "
+      f"(each: {' '.join(f'{x:+.2f}' for x in d)})")
+PY
+fi
