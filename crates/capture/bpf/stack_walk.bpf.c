@@ -46,6 +46,8 @@ struct vm_area_struct {
 } __attribute__((preserve_access_index));
 
 #define MAX_MAPPINGS 512
+// Steps of the binary search among a process's mappings: log2(MAX_MAPPINGS) + 1.
+#define MAPPING_SEARCH_STEPS 10
 #define CHUNK_WORDS 256
 
 // The kernel's task-work slot in a map value (the verifier knows it by this name).
@@ -99,6 +101,11 @@ struct mapping {
 	__u32 kind; // ROW_NONE (no table), ROW_FP (frame pointers throughout), ROW_RSP (table) or
 		    // ROW_PENDING (its binary is still being read)
 	__u32 flags; // MAPPING_CODE_MOVES
+	// The rows' page index, in the `rows` slots right after the rows, four entries a slot:
+	// entry p is the first row at or past address p << page_shift (relative to `base`), so a
+	// search looks only among the rows of its address's page. 0 entries: no index.
+	__u32 page_count;
+	__u32 page_shift;
 };
 
 // A mapping whose code may change after the sample (JIT code: the runtime moves and replaces
@@ -390,23 +397,28 @@ struct search {
 	__u64 key;
 	__u32 lo;
 	__u32 hi;
-	__u32 pid;
 	__u32 row_start;
+};
+
+// The same among a process's mappings, which are looked up once for the whole search.
+struct mapping_search {
+	__u64 key;
+	__u32 lo;
+	__u32 hi;
+	struct proc *p;
 };
 
 // One step of the search for the last mapping starting at or below `key`.
 static long mapping_step(__u32 i, void *ctx)
 {
-	struct search *s = ctx;
+	struct mapping_search *s = ctx;
 	if (s->lo >= s->hi)
 		return 1;
-	struct proc *p = bpf_map_lookup_elem(&procs, &s->pid);
+	struct proc *p = s->p;
 	if (!p)
 		return 1;
 	__u32 mid = (s->lo + s->hi) / 2;
-	if (mid >= MAX_MAPPINGS)
-		return 1;
-	if (s->key < p->m[mid].start)
+	if (s->key < p->m[mid & (MAX_MAPPINGS - 1)].start)
 		s->hi = mid;
 	else
 		s->lo = mid + 1;
@@ -468,22 +480,57 @@ __attribute__((noinline)) int find_mapping(struct walk *w, __u64 addr)
 	struct proc *p = bpf_map_lookup_elem(&procs, &w->pid);
 	if (!p)
 		return 0;
-	struct search s = { .key = addr, .lo = 0, .hi = p->count, .pid = w->pid };
-	if (s.hi > MAX_MAPPINGS)
-		s.hi = MAX_MAPPINGS;
-	bpf_loop(16, mapping_step, &s, 0);
-	if (s.lo == 0 || s.lo > MAX_MAPPINGS)
+	// The last mapping starting at or below `addr` (the process's mappings are looked up
+	// once, not at each step).
+	struct mapping_search ms = { .key = addr, .lo = 0, .hi = p->count, .p = p };
+	if (ms.hi > MAX_MAPPINGS)
+		ms.hi = MAX_MAPPINGS;
+	bpf_loop(MAPPING_SEARCH_STEPS, mapping_step, &ms, 0);
+	__u32 lo = ms.lo;
+	if (lo == 0 || lo > MAX_MAPPINGS)
 		return 0;
-	p = bpf_map_lookup_elem(&procs, &w->pid);
-	if (!p)
-		return 0;
-	struct mapping *m = &p->m[(s.lo - 1) & (MAX_MAPPINGS - 1)];
+	struct mapping *m = &p->m[(lo - 1) & (MAX_MAPPINGS - 1)];
 	if (addr < m->start || addr >= m->end)
 		return 0;
 	w->map = *m;
 	w->have_mapping = 1;
 	w->have_row = 0;
 	return 1;
+}
+
+// Entry `e` of mapping `m`'s page index (see `struct mapping`) into `out`; false when unread.
+static __always_inline int page_entry(struct mapping *m, __u64 e, __u32 *out)
+{
+	__u32 idx = m->row_start + m->row_count + (__u32)(e >> 2);
+	struct row *r = bpf_map_lookup_elem(&rows, &idx);
+	if (!r)
+		return 0;
+	__u32 *entries = (__u32 *)r;
+	*out = entries[e & 3];
+	return 1;
+}
+
+// Narrows the search for `rel` to the rows of its page: the rows before the page's first are at
+// or below `rel`, the rows from the next page's first on are above it.
+static __always_inline void narrow_to_page(struct mapping *m, __u64 rel, struct search *s)
+{
+	if (m->page_count == 0)
+		return;
+	__u64 page = rel >> (m->page_shift & 63);
+	if (page >= m->page_count) {
+		// Past the last row's page: the last row is the one.
+		s->lo = m->row_count;
+		return;
+	}
+	__u32 lo = 0, hi = m->row_count;
+	if (!page_entry(m, page, &lo))
+		return;
+	if (page + 1 < m->page_count && !page_entry(m, page + 1, &hi))
+		return;
+	if (lo <= hi && hi <= m->row_count) {
+		s->lo = lo;
+		s->hi = hi;
+	}
 }
 
 // Finds the row for `lookup` in the cached mapping; false when its table has none.
@@ -508,8 +555,9 @@ __attribute__((noinline)) int find_row(struct walk *w, __u64 lookup)
 	__u64 rel = lookup - m->bias - m->base;
 	if (rel > 0xffffffffULL)
 		return 0;
-	// The last row whose pc <= rel.
+	// The last row whose pc <= rel, searched among the rows of rel's page.
 	struct search s = { .key = rel, .lo = 0, .hi = m->row_count, .row_start = m->row_start };
+	narrow_to_page(m, rel, &s);
 	bpf_loop(33, row_step, &s, 0);
 	__u32 lo = s.lo;
 	if (lo == 0)

@@ -56,6 +56,10 @@ pub(super) struct Mapping {
     pub row_count: u32,
     pub kind: u32,
     pub flags: u32,
+    /// Entries of the rows' page index, in the table right after the rows (0: none).
+    pub page_count: u32,
+    /// Bits of a relative address below its page number in that index.
+    pub page_shift: u32,
 }
 
 /// `struct proc`.
@@ -94,7 +98,7 @@ pub(super) struct Config {
 pub(super) struct TaskWalkSlot(pub [u8; TASK_WALK_BYTES]);
 
 /// Bytes of `struct task_walk`.
-pub(super) const TASK_WALK_BYTES: usize = 4352;
+pub(super) const TASK_WALK_BYTES: usize = 4360;
 
 // SAFETY: plain bytes, any value is valid.
 unsafe impl aya::Pod for TaskWalkSlot {}
@@ -172,8 +176,8 @@ mod tests {
     #[test]
     fn layouts_match_the_bpf_programs() {
         assert_eq!(std::mem::size_of::<Row>(), 16);
-        assert_eq!(std::mem::size_of::<Mapping>(), 48);
-        assert_eq!(std::mem::size_of::<Proc>(), 8 + 48 * MAX_MAPPINGS);
+        assert_eq!(std::mem::size_of::<Mapping>(), 56);
+        assert_eq!(std::mem::size_of::<Proc>(), 8 + 56 * MAX_MAPPINGS);
         assert_eq!(std::mem::size_of::<Counters>(), 32);
         assert_eq!(std::mem::size_of::<Config>(), 16);
         assert_eq!(std::mem::size_of::<TaskWalkSlot>(), TASK_WALK_BYTES);

@@ -19,6 +19,7 @@
 mod btf_scan;
 mod join;
 mod layout;
+mod page_index;
 mod row_cache;
 mod rows;
 mod task_work;
@@ -366,6 +367,8 @@ impl KernelWalk {
                             m.row_start = p.start;
                             m.row_count = p.count;
                             m.base = p.base;
+                            m.page_count = p.index.count;
+                            m.page_shift = p.index.shift;
                         }
                         None if self.dumps && self.rows.is_compiling(sections) => {
                             m.kind = MAPPING_PENDING;

@@ -4,7 +4,7 @@
 //! many rows are kept, and at most [`KEEP_FILES`] files (the oldest go first).
 //!
 //! A file holds the rows exactly as the table does ([`Row`], little-endian), after their base
-//! address and count, so that kept rows are read from the file straight into the table: no copy of tens
+//! address, count and span, so that kept rows are read from the file straight into the table: no copy of tens
 //! of megabytes is made in between. Rows read that are out of order or of an unknown kind make
 //! the file unusable.
 //!
@@ -25,9 +25,9 @@ use super::layout::Row;
 pub(super) const MIN_ROWS: usize = 100_000;
 /// Most files kept.
 const KEEP_FILES: usize = 16;
-const MAGIC: &[u8; 8] = b"RLKROWS2";
-/// The magic, the rows' base address and their count.
-const HEADER: usize = 24;
+const MAGIC: &[u8; 8] = b"RLKROWS3";
+/// The magic, the rows' base address, their count and the last one's address (relative).
+const HEADER: usize = 32;
 const ROW_BYTES: usize = std::mem::size_of::<Row>();
 
 /// The cache directory, when one can be named.
@@ -72,6 +72,8 @@ pub(super) struct Kept {
     pub base: u64,
     /// How many rows the file holds.
     pub count: usize,
+    /// The last row's address, relative to `base`.
+    pub span: u32,
 }
 
 impl Kept {
@@ -82,7 +84,10 @@ impl Kept {
         let read = table.len() == self.count
             && self.file.read_exact(rows_as_bytes(table)).is_ok()
             && matches!(self.file.read(&mut [0u8; 1]), Ok(0));
-        let good = read && table.first().is_some_and(|r| r.pc == 0) && well_formed(table);
+        let good = read
+            && table.first().is_some_and(|r| r.pc == 0)
+            && table.last().is_some_and(|r| r.pc == self.span)
+            && well_formed(table);
         if !good {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -127,6 +132,7 @@ pub(super) fn open(dir: &Path, key: u64) -> Option<Kept> {
         path,
         base: word(8),
         count,
+        span: u32::try_from(word(24)).ok()?,
     })
 }
 
@@ -145,6 +151,7 @@ pub(super) fn store(dir: &Path, key: u64, rows: &[KernelRow]) {
         w.write_all(MAGIC)?;
         w.write_all(&base.to_le_bytes())?;
         w.write_all(&(rows.len() as u64).to_le_bytes())?;
+        w.write_all(&(last.svma - base).to_le_bytes())?;
         for chunk in rows.chunks(4096) {
             let table: Vec<Row> = chunk.iter().map(|r| Row::new(r, base)).collect();
             w.write_all(bytemuck::cast_slice(&table))?;
@@ -183,7 +190,7 @@ mod tests {
         ];
         store(dir.path(), 7, &rows);
         let kept = open(dir.path(), 7).expect("kept");
-        assert_eq!((kept.base, kept.count), (0x1000, 3));
+        assert_eq!((kept.base, kept.count, kept.span), (0x1000, 3, 0x1000));
         assert_eq!(count(dir.path(), 7), Some(3));
         let want: Vec<Row> = rows.iter().map(|r| Row::new(r, 0x1000)).collect();
         assert_eq!(read(dir.path(), 7), Some(want));
@@ -211,6 +218,8 @@ mod tests {
                 .is_none()
         );
         assert!(damaged(&|b| b[0] ^= 1).is_none());
+        // A span other than the last row's.
+        assert!(damaged(&|b| b[24] ^= 1).is_none());
         // The file as written still reads.
         assert!(damaged(&|_| {}).is_some());
     }

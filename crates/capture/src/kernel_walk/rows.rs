@@ -14,6 +14,7 @@ use rootline_unwind::kernel_rows::{KernelRow, kernel_rows};
 use rootline_image::{ModuleBudget, TableCharge};
 
 use super::layout::Row;
+use super::page_index::PageIndex;
 
 /// A binary's key in the row table: its unwind sections, by address (one parse of a file is
 /// shared by every process that maps it).
@@ -38,16 +39,38 @@ impl Ready {
             Ready::Kept(kept) => kept.count,
         }
     }
+
+    /// The rows' base (the first row's address), their count and their page index; None when
+    /// there are none, or they reach past 4 GiB of the first (the program's offsets are 32-bit).
+    fn shape(&self) -> Option<(u64, u32, PageIndex)> {
+        let (base, span) = match self {
+            Ready::Compiled(rows) => {
+                let base = rows.first()?.svma;
+                (base, u32::try_from(rows.last()?.svma - base).ok()?)
+            }
+            Ready::Kept(kept) => (kept.base, kept.span),
+        };
+        let count = u32::try_from(self.len()).ok().filter(|&n| n > 0)?;
+        Some((base, count, PageIndex::for_rows(count, span)))
+    }
+
+    /// Table slots the rows and their page index take.
+    fn slots(&self) -> usize {
+        self.shape()
+            .map_or(0, |(_, count, index)| (count + index.slots()) as usize)
+    }
 }
 
 /// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
-/// when large). None: more than `max_rows`, the table's largest free range (they could not be
-/// placed; kept rows that many are not even read).
+/// when large). None: more than `max_rows`, the table's largest free range, takes with their
+/// page index (they could not be placed; kept rows that many are not even read).
 fn rows_of(sections: &UnwindSections, cache: Option<&Path>, max_rows: usize) -> Option<Ready> {
     let cache = cache.filter(|_| is_large(sections));
     let key = cache.map(|_| row_cache::key(sections));
+    // With their page index (at most a sixteenth of the rows, and a slot).
+    let fits = |n: usize| n + n / 16 < max_rows;
     if let (Some(dir), Some(key)) = (cache, key) {
-        if row_cache::count(dir, key).is_some_and(|n| n > max_rows) {
+        if row_cache::count(dir, key).is_some_and(|n| !fits(n)) {
             return None;
         }
         if let Some(kept) = row_cache::open(dir, key) {
@@ -60,16 +83,24 @@ fn rows_of(sections: &UnwindSections, cache: Option<&Path>, max_rows: usize) -> 
     {
         row_cache::store(dir, key, &rows);
     }
-    (rows.len() <= max_rows).then_some(Ready::Compiled(rows))
+    fits(rows.len()).then_some(Ready::Compiled(rows))
 }
 
-/// A binary's rows in the table.
+/// A binary's rows in the table, and their page index right after them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Placed {
     pub start: u32,
     pub count: u32,
     /// Link-time address the rows' addresses are relative to.
     pub base: u64,
+    pub index: PageIndex,
+}
+
+impl Placed {
+    /// Table slots taken: the rows and their index.
+    fn slots(&self) -> u32 {
+        self.count + self.index.slots()
+    }
 }
 
 struct Entry {
@@ -361,7 +392,7 @@ impl RowTable {
 
     fn install(&mut self, key: usize, sections: Weak<UnwindSections>, rows: Option<Ready>) {
         let rows_len = rows.as_ref().map_or(0, Ready::len);
-        let bytes = rows_len * std::mem::size_of::<Row>();
+        let bytes = rows.as_ref().map_or(0, Ready::slots) * std::mem::size_of::<Row>();
         let fits = self.limit.is_none_or(|l| self.budget.fits(bytes, l));
         let placed = match rows {
             Some(rows) if fits => self.store(rows),
@@ -438,31 +469,28 @@ impl RowTable {
         }
     }
 
-    /// Places `rows` in the first free range that holds them; None when none does, or kept
-    /// rows did not read back well formed (their file is then removed, to be compiled again).
+    /// Places `rows` and their page index in the first free range that holds them; None when
+    /// none does, or kept rows did not read back well formed (their file is then removed, to
+    /// be compiled again).
     fn store(&mut self, rows: Ready) -> Option<Placed> {
-        let base = match &rows {
-            Ready::Compiled(rows) => {
-                let base = rows.first()?.svma;
-                // Rows past 4 GiB of the first do not fit the program's 32-bit offsets.
-                if rows.last()?.svma - base > u64::from(u32::MAX) {
-                    return None;
-                }
-                base
-            }
-            Ready::Kept(kept) => kept.base,
-        };
-        let count = u32::try_from(rows.len()).ok().filter(|&n| n > 0)?;
-        let slot = self.free.iter().position(|&(_, len)| len >= count)?;
+        let (base, count, index) = rows.shape()?;
+        let slots = count.checked_add(index.slots())?;
+        let slot = self.free.iter().position(|&(_, len)| len >= slots)?;
         let (start, len) = self.free[slot];
-        if len == count {
+        if len == slots {
             self.free.remove(slot);
         } else {
-            self.free[slot] = (start + count, len - count);
+            self.free[slot] = (start + slots, len - slots);
         }
-        self.used += u64::from(count);
-        let placed = Placed { start, count, base };
-        let table = &mut self.map.rows_mut()[start as usize..][..count as usize];
+        self.used += u64::from(slots);
+        let placed = Placed {
+            start,
+            count,
+            base,
+            index,
+        };
+        let table = &mut self.map.rows_mut()[start as usize..][..slots as usize];
+        let (table, index_slots) = table.split_at_mut(count as usize);
         let filled = match rows {
             Ready::Compiled(rows) => {
                 for (slot, r) in table.iter_mut().zip(&rows) {
@@ -476,14 +504,15 @@ impl RowTable {
             self.release(placed);
             return None;
         }
+        index.write(table, index_slots);
         self.update_room();
         Some(placed)
     }
 
     fn release(&mut self, p: Placed) {
-        self.used -= u64::from(p.count);
+        self.used -= u64::from(p.slots());
         let at = self.free.partition_point(|&(s, _)| s < p.start);
-        self.free.insert(at, (p.start, p.count));
+        self.free.insert(at, (p.start, p.slots()));
         // Merge with the neighbours.
         if at + 1 < self.free.len() && self.free[at].0 + self.free[at].1 == self.free[at + 1].0 {
             self.free[at].1 += self.free[at + 1].1;
@@ -529,17 +558,24 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let (mut t, _file) = table(100);
         let compiled = t.store(Ready::Compiled(rows(10))).expect("placed");
-        assert_eq!((compiled.start, compiled.count), (0, 10));
+        // Ten rows and a slot of page index.
+        assert_eq!(
+            (compiled.start, compiled.count, compiled.slots()),
+            (0, 10, 11)
+        );
         row_cache::store(dir.path(), 1, &rows(20));
         let kept = row_cache::open(dir.path(), 1).expect("kept");
         let placed = t.store(Ready::Kept(kept)).expect("placed");
         assert_eq!(
             (placed.start, placed.count, placed.base),
-            (10, 20, 0x40_0000)
+            (11, 20, 0x40_0000)
         );
         let want: Vec<Row> = rows(20).iter().map(|r| Row::new(r, 0x40_0000)).collect();
-        assert_eq!(&t.map.rows_mut()[10..30], &want[..]);
-        assert_eq!(t.used, 30);
+        assert_eq!(&t.map.rows_mut()[11..31], &want[..]);
+        // Its index: one page, whose first row is the first.
+        assert_eq!(placed.index.count, 1);
+        assert_eq!(t.map.rows_mut()[31].pc, 0);
+        assert_eq!(t.used, 32);
     }
 
     #[test]
@@ -557,8 +593,8 @@ mod tests {
         assert_eq!(t.store(Ready::Kept(kept)), None);
         assert_eq!((t.used, t.free.clone()), (0, vec![(0, 100)]));
         assert!(!path.exists(), "the damaged file is removed");
-        // Rows that do not fit are not placed either.
-        assert_eq!(t.store(Ready::Compiled(rows(101))), None);
+        // Rows that do not fit with their index are not placed either.
+        assert_eq!(t.store(Ready::Compiled(rows(100))), None);
         assert_eq!(t.used, 0);
     }
 }
