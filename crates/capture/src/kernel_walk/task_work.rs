@@ -6,6 +6,8 @@
 //! that calls it is not loaded (a kernel verifies only what is loaded) and walks end at
 //! `max_frames`; the placeholder is still rewritten, into `r0 = -1` ("could not schedule").
 
+use std::path::Path;
+
 use object::{Object, ObjectSection, SectionKind};
 
 /// `call 0x7ffff001`: the placeholder clang emits for `schedule_task_work`.
@@ -23,9 +25,54 @@ fn kfunc_call(id: u32) -> [u8; 8] {
 }
 
 /// The running kernel's BTF id of [`KFUNC`]; None when it has none (older than 6.18, or no BTF).
+/// Finding it reads the kernel's whole BTF (6 MB, a few milliseconds of every recording's start),
+/// so it is kept in the cache directory for the boot it was found in (the kernel, and so its
+/// BTF, cannot change without a reboot).
 pub(super) fn kfunc_id() -> Option<u32> {
-    let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
-    super::btf_scan::func_id(&btf, KFUNC)
+    kfunc_id_in(crate::cache_dir::cache_dir("kernel-walk").as_deref())
+}
+
+/// [`kfunc_id`], kept in `dir`.
+fn kfunc_id_in(dir: Option<&Path>) -> Option<u32> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok();
+    let boot = boot.as_deref().map(str::trim).filter(|b| !b.is_empty());
+    if let (Some(boot), Some(dir)) = (boot, dir)
+        && let Some(kept) = kept_id(dir, boot)
+    {
+        return kept;
+    }
+    let id = std::fs::read("/sys/kernel/btf/vmlinux")
+        .ok()
+        .and_then(|btf| super::btf_scan::func_id(&btf, KFUNC));
+    if let (Some(boot), Some(dir)) = (boot, dir) {
+        keep_id(dir, boot, id);
+    }
+    id
+}
+
+/// The name of the file that keeps the id.
+const KEPT: &str = "kfunc-id";
+
+/// The id kept for `boot` (None inside: the kernel has no such kfunc); None when none is kept
+/// for that boot, or the file is not one [`keep_id`] writes.
+fn kept_id(dir: &Path, boot: &str) -> Option<Option<u32>> {
+    let text = std::fs::read_to_string(dir.join(KEPT)).ok()?;
+    let mut fields = text.trim_end_matches('\n').split(' ');
+    let (b, name, id) = (fields.next()?, fields.next()?, fields.next()?);
+    if b != boot || name != KFUNC || fields.next().is_some() {
+        return None;
+    }
+    match id {
+        "none" => Some(None),
+        id => id.parse().ok().map(Some),
+    }
+}
+
+/// Keeps `id` for `boot` (failures are ignored: the cache only saves time).
+fn keep_id(dir: &Path, boot: &str, id: Option<u32>) {
+    use std::io::Write;
+    let id = id.map_or_else(|| "none".to_string(), |id| id.to_string());
+    rootline_image::cache_file::keep(dir, KEPT, 1, |w| writeln!(w, "{boot} {KFUNC} {id}"));
 }
 
 /// `object` with every placeholder call replaced: by a call of the kfunc `id`, or by `r0 = -1`
@@ -90,5 +137,45 @@ mod tests {
         assert_eq!(count(&unlinked, PLACEHOLDER), 0);
         assert!(count(&unlinked, FAILED) >= 1);
         assert!(link(b"not an object", None).is_err());
+    }
+
+    #[test]
+    fn the_id_is_kept_for_the_boot_it_was_found_in() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert_eq!(kept_id(dir.path(), "boot-a"), None);
+        keep_id(dir.path(), "boot-a", Some(65923));
+        assert_eq!(kept_id(dir.path(), "boot-a"), Some(Some(65923)));
+        assert_eq!(kept_id(dir.path(), "boot-b"), None);
+        keep_id(dir.path(), "boot-b", None);
+        assert_eq!(kept_id(dir.path(), "boot-b"), Some(None));
+        assert_eq!(kept_id(dir.path(), "boot-a"), None);
+        for bad in [
+            "",
+            "boot-b",
+            "boot-b other_kfunc 7",
+            "boot-b bpf_task_work_schedule_resume_impl x",
+            "boot-b bpf_task_work_schedule_resume_impl 7 8",
+        ] {
+            std::fs::write(dir.path().join(KEPT), bad).expect("written");
+            assert_eq!(kept_id(dir.path(), "boot-b"), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_kept_id_is_the_one_the_kernels_btf_gives() {
+        let Ok(btf) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            eprintln!("skipped: the kernel has no BTF");
+            return;
+        };
+        let scanned = super::super::btf_scan::func_id(&btf, KFUNC);
+        // Found (and kept), then read back.
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert_eq!(kfunc_id_in(Some(dir.path())), scanned);
+        assert_eq!(kfunc_id_in(Some(dir.path())), scanned);
+        assert!(dir.path().join(KEPT).exists());
+        // What is kept for this boot is what is used.
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+        keep_id(dir.path(), boot.trim(), Some(12345));
+        assert_eq!(kfunc_id_in(Some(dir.path())), Some(12345));
     }
 }
