@@ -118,7 +118,7 @@ impl CaptureSource {
         options.kernel_walk = config.kernel_walk.mode();
         options.kernel_walk_ring_bytes = crate::config::KERNEL_WALK_RING_BYTES as u32;
         options.kernel_walk_kept_dumps = crate::config::KERNEL_WALK_KEPT_DUMPS;
-        options.kernel_walk_rows = Some(config.kernel_rows());
+        options.kernel_walk_table = recorder::KernelWalkTable::Counted(config.kernel_rows());
         // The agent does not profile itself: its samples are not even unwound.
         options.skip_own_process = true;
         let dotnet = if config.dotnet.allocation_ticks {

@@ -191,10 +191,9 @@ pub fn run(args: Args) -> Result<()> {
     opts.ask_jvms = !args.no_perfmap;
     opts.kernel_walk = args.kernel_walk.into();
     // Else the recorder's table (64 MiB).
-    opts.kernel_walk_table_rows = args
-        .kernel_walk_mib
-        .or(args.all_cpus.then_some(128))
-        .map(|mib| mib.saturating_mul(1 << 16));
+    if let Some(mib) = args.kernel_walk_mib.or(args.all_cpus.then_some(128)) {
+        opts.kernel_walk_table = recorder::KernelWalkTable::Rows(mib.saturating_mul(1 << 16));
+    }
     if args.off_cpu {
         opts.off_cpu_min_ns = Some(args.off_cpu_min_us.saturating_mul(1000));
         opts.off_cpu_max_rate = args.off_cpu_max_rate;

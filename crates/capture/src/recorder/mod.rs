@@ -33,7 +33,8 @@ pub use alloc::{AllocStats, DEFAULT_ALLOC_MMAP_MIN, DEFAULT_ALLOC_RATE, unbiased
 pub use off_cpu::OffCpuStats;
 pub use options::{
     ChunkSink, DEFAULT_LIVE_STACK_BUDGET, DEFAULT_OFF_CPU_MAX_RATE, KernelWalkMode,
-    MAX_USER_CALLCHAIN, RecordError, RecordOptions, Recording, Retention, SampleInjector, Target,
+    KernelWalkTable, MAX_USER_CALLCHAIN, RecordError, RecordOptions, Recording, Retention,
+    SampleInjector, Target,
 };
 pub use outer_cache::OuterCacheStats;
 pub use pipeline::Pipeline;
@@ -213,7 +214,8 @@ fn load_kernel_walk(
         modules: opts.modules.clone(),
         module_limit: opts.module_budget,
         ring_bytes: opts.kernel_walk_ring_bytes,
-        bounded: opts.kernel_walk_rows.is_some() || opts.module_budget.is_some(),
+        bounded: matches!(opts.kernel_walk_table, KernelWalkTable::Counted(_))
+            || opts.module_budget.is_some(),
         ..KernelWalkOptions::default()
     };
     if walk_opts.bounded {
@@ -223,18 +225,21 @@ fn load_kernel_walk(
         walk_opts.rows_on_demand = true;
         walk_opts.pending_dump_rate_kib = crate::kernel_walk::BOUNDED_DUMP_KIB_PER_SECOND;
     }
-    if let Some(rows) = opts.kernel_walk_rows {
-        // The caller counts the whole table: rows are placed while they fit it.
-        walk_opts.rows = rows;
-        walk_opts.modules = rootline_image::ModuleBudget::new();
-        walk_opts.module_limit = None;
-    } else if let Some(limit) = opts.module_budget {
-        // The table is allocated whole at load: no larger than the budget it is counted in.
-        walk_opts.rows = walk_opts
-            .rows
-            .min((limit / 16).clamp(1 << 16, u32::MAX as usize) as u32);
-    } else if let Some(rows) = opts.kernel_walk_table_rows {
-        walk_opts.rows = rows.max(1 << 16);
+    match (opts.kernel_walk_table, opts.module_budget) {
+        (KernelWalkTable::Counted(rows), _) => {
+            // The caller counts the whole table: rows are placed while they fit it.
+            walk_opts.rows = rows;
+            walk_opts.modules = rootline_image::ModuleBudget::new();
+            walk_opts.module_limit = None;
+        }
+        (_, Some(limit)) => {
+            // The table is allocated whole at load: no larger than the budget it is counted in.
+            walk_opts.rows = walk_opts
+                .rows
+                .min((limit / 16).clamp(1 << 16, u32::MAX as usize) as u32);
+        }
+        (KernelWalkTable::Rows(rows), None) => walk_opts.rows = rows.max(1 << 16),
+        (KernelWalkTable::Default, None) => {}
     }
     match KernelWalk::load(walk_opts) {
         Ok(kw) => Ok(Some(kw)),

@@ -93,16 +93,8 @@ pub struct RecordOptions {
     /// are read (see [`crate::kernel_walk::KernelWalkOptions::pending_dump_bytes`]); past it,
     /// further samples set aside keep their walks without the dumps, counted.
     pub kernel_walk_kept_dumps: usize,
-    /// Rows (16 bytes each) of the in-kernel walk's rules table. The kernel allocates the table
-    /// whole and this process maps it whole, so it is resident from the start. Some: a table of
-    /// that many rows, counted by the caller (binaries' rows are placed while they fit it, and
-    /// not counted in [`RecordOptions::modules`]; a binary with more rows than half the table
-    /// is refused, so that one waiting to be placed takes at most that). None: up to 4 Mi rows,
-    /// no larger than [`RecordOptions::module_budget`], placed rows counted in `modules`.
-    pub kernel_walk_rows: Option<u32>,
-    /// Rows of the in-kernel walk's table when [`RecordOptions::kernel_walk_rows`] is None and
-    /// no [`RecordOptions::module_budget`] bounds it (None: 4 Mi rows, 64 MiB).
-    pub kernel_walk_table_rows: Option<u32>,
+    /// The size of the in-kernel walk's rules table, and what counts it.
+    pub kernel_walk_table: KernelWalkTable,
     /// Also record where memory is allocated (malloc, calloc, realloc, the aligned variants and
     /// large anonymous mmaps), sampled by bytes at a mean of this many bytes between samples
     /// (value columns `alloc-bytes` and `alloc-count`, estimates of every allocation). A command
@@ -128,6 +120,23 @@ pub trait SampleInjector: Send + Sync + std::fmt::Debug {
     fn inject(&self, profile: &mut Profile);
     /// Called once after the last flush: end the other source and append what it still holds.
     fn finish(&self, profile: &mut Profile);
+}
+
+/// The in-kernel walk's rules table: rows of 16 bytes that the kernel allocates whole and this
+/// process maps whole, so all of it is resident from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelWalkTable {
+    /// 4 Mi rows (64 MiB), no larger than [`RecordOptions::module_budget`]; placed rows are
+    /// counted in [`RecordOptions::modules`].
+    #[default]
+    Default,
+    /// This many rows (at least 64 Ki) where no [`RecordOptions::module_budget`] bounds the
+    /// table, placed rows counted in [`RecordOptions::modules`].
+    Rows(u32),
+    /// This many rows, counted by the caller: binaries' rows are placed while they fit it, and
+    /// not counted in [`RecordOptions::modules`]; a binary with more rows than half the table
+    /// is refused, so that one waiting to be placed takes at most that.
+    Counted(u32),
 }
 
 /// Whether to walk user stacks in the kernel at sample time.
@@ -175,8 +184,7 @@ impl RecordOptions {
             kernel_walk: KernelWalkMode::Auto,
             kernel_walk_ring_bytes: crate::kernel_walk::DEFAULT_RING_BYTES,
             kernel_walk_kept_dumps: super::KEPT_DUMP_BYTES,
-            kernel_walk_rows: None,
-            kernel_walk_table_rows: None,
+            kernel_walk_table: KernelWalkTable::Default,
             extra_columns: Vec::new(),
             launched_pid: None,
             injector: None,
