@@ -4,9 +4,9 @@
 //! many rows are kept, and at most [`KEEP_FILES`] files (the oldest go first).
 //!
 //! A file holds the rows exactly as the table does ([`Row`], little-endian), after their base
-//! address, count and span, so that kept rows are read from the file straight into the table: no copy of tens
-//! of megabytes is made in between. Rows read that are out of order or of an unknown kind make
-//! the file unusable.
+//! address, count and span, so that kept rows are read from the file straight into the table:
+//! no copy of tens of megabytes is made in between. Rows read that are out of order or of an
+//! unknown kind make the file unusable (it is removed).
 //!
 //! The directory is `kernel-rows` in [`crate::cache_dir`]; a cache that cannot be read or written
 //! is simply not used.

@@ -56,14 +56,15 @@ impl Ready {
 
     /// Table slots the rows and their page index take.
     fn slots(&self) -> usize {
-        self.shape()
-            .map_or(0, |(_, count, index)| (count + index.slots()) as usize)
+        self.shape().map_or(0, |(_, count, index)| {
+            count as usize + index.slots() as usize
+        })
     }
 }
 
 /// The rows of `sections`: from the cache in `cache` when kept there, else compiled (and kept
-/// when large). None: more than `max_rows`, the table's largest free range, takes with their
-/// page index (they could not be placed; kept rows that many are not even read).
+/// when large). None: with their page index they would take more than `max_rows` slots, the
+/// table's largest free range (they could not be placed; kept rows that many are not even read).
 fn rows_of(sections: &UnwindSections, cache: Option<&Path>, max_rows: usize) -> Option<Ready> {
     let cache = cache.filter(|_| is_large(sections));
     let key = cache.map(|_| row_cache::key(sections));
@@ -118,7 +119,7 @@ pub(super) struct RowTable {
     /// Free ranges `(start, len)`, sorted by start.
     free: Vec<(u32, u32)>,
     binaries: HashMap<usize, Entry>,
-    /// Rows in use.
+    /// Slots in use: rows and their page indexes.
     pub used: u64,
     /// Binaries whose rows did not fit.
     pub refused: u64,
