@@ -56,13 +56,6 @@ fn file(dir: &Path, key: u64) -> PathBuf {
     dir.join(name(key))
 }
 
-/// How many rows are kept under `key`, if a file is there (not checked further).
-pub(super) fn count(dir: &Path, key: u64) -> Option<usize> {
-    let len = std::fs::metadata(file(dir, key)).ok()?.len();
-    let body = usize::try_from(len).ok()?.checked_sub(HEADER)?;
-    Some(body / ROW_BYTES)
-}
-
 /// Rows kept on disk, opened and their header checked; [`Kept::read_into`] reads them.
 #[derive(Debug)]
 pub(super) struct Kept {
@@ -191,7 +184,6 @@ mod tests {
         store(dir.path(), 7, &rows);
         let kept = open(dir.path(), 7).expect("kept");
         assert_eq!((kept.base, kept.count, kept.span), (0x1000, 3, 0x1000));
-        assert_eq!(count(dir.path(), 7), Some(3));
         let want: Vec<Row> = rows.iter().map(|r| Row::new(r, 0x1000)).collect();
         assert_eq!(read(dir.path(), 7), Some(want));
         assert!(read(dir.path(), 8).is_none());

@@ -68,15 +68,11 @@ impl Ready {
 fn rows_of(sections: &UnwindSections, cache: Option<&Path>, max_rows: usize) -> Option<Ready> {
     let cache = cache.filter(|_| is_large(sections));
     let key = cache.map(|_| row_cache::key(sections));
-    // With their page index (at most a sixteenth of the rows, and a slot).
-    let fits = |n: usize| n + n / 16 < max_rows;
-    if let (Some(dir), Some(key)) = (cache, key) {
-        if row_cache::count(dir, key).is_some_and(|n| !fits(n)) {
-            return None;
-        }
-        if let Some(kept) = row_cache::open(dir, key) {
-            return Some(Ready::Kept(kept));
-        }
+    if let (Some(dir), Some(key)) = (cache, key)
+        && let Some(kept) = row_cache::open(dir, key)
+    {
+        let kept = Ready::Kept(kept);
+        return (kept.slots() <= max_rows).then_some(kept);
     }
     let rows = kernel_rows(sections);
     if let (Some(dir), Some(key)) = (cache, key)
@@ -84,7 +80,8 @@ fn rows_of(sections: &UnwindSections, cache: Option<&Path>, max_rows: usize) -> 
     {
         row_cache::store(dir, key, &rows);
     }
-    fits(rows.len()).then_some(Ready::Compiled(rows))
+    let rows = Ready::Compiled(rows);
+    (rows.slots() <= max_rows).then_some(rows)
 }
 
 /// A binary's rows in the table, and their page index right after them.
@@ -350,6 +347,10 @@ impl RowTable {
             return Some(placed);
         }
         if self.compiling.insert(key) {
+            // Rows of binaries no process holds any more are freed first, so that the room the
+            // compiling thread is told counts them (a compiler run again soon after its last
+            // run exited finds its library's old rows still placed until something frees them).
+            self.sweep();
             let _ = self.requests.send((key, Arc::downgrade(sections)));
         }
         None
@@ -392,7 +393,8 @@ impl RowTable {
     }
 
     fn install(&mut self, key: usize, sections: Weak<UnwindSections>, rows: Option<Ready>) {
-        let rows_len = rows.as_ref().map_or(0, Ready::len);
+        // None: more rows than the table had room for (the binary is alive).
+        let refusable = rows.as_ref().is_none_or(|r| r.len() > 0);
         let bytes = rows.as_ref().map_or(0, Ready::slots) * std::mem::size_of::<Row>();
         let fits = self.limit.is_none_or(|l| self.budget.fits(bytes, l));
         let placed = match rows {
@@ -400,7 +402,7 @@ impl RowTable {
             _ => None,
         };
         let charge = placed.map(|_| self.budget.charge(bytes));
-        if placed.is_none() && rows_len > 0 {
+        if placed.is_none() && refusable {
             self.refused += 1;
         }
         if let Some(old) = self.binaries.insert(
@@ -597,5 +599,10 @@ mod tests {
         // Rows that do not fit with their index are not placed either.
         assert_eq!(t.store(Ready::Compiled(rows(100))), None);
         assert_eq!(t.used, 0);
+        // Both count as refused, as do rows too many to be sent at all.
+        t.install(1, Weak::new(), Some(Ready::Compiled(rows(100))));
+        t.install(2, Weak::new(), None);
+        t.install(3, Weak::new(), Some(Ready::Compiled(Vec::new())));
+        assert_eq!(t.refused, 2);
     }
 }
