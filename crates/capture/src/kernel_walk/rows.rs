@@ -599,7 +599,8 @@ mod tests {
         // Rows that do not fit with their index are not placed either.
         assert_eq!(t.store(Ready::Compiled(rows(100))), None);
         assert_eq!(t.used, 0);
-        // Both count as refused, as do rows too many to be sent at all.
+        // Rows that do not fit count as refused, as do rows too many to be sent at all (None);
+        // a binary without rows does not.
         t.install(1, Weak::new(), Some(Ready::Compiled(rows(100))));
         t.install(2, Weak::new(), None);
         t.install(3, Weak::new(), Some(Ready::Compiled(Vec::new())));
