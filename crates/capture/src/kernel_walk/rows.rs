@@ -472,13 +472,18 @@ impl RowTable {
         }
     }
 
-    /// Places `rows` and their page index in the first free range that holds them; None when
+    /// Places `rows` and their page index in the smallest free range that holds them; None when
     /// none does, or kept rows did not read back well formed (their file is then removed, to
     /// be compiled again).
     fn store(&mut self, rows: Ready) -> Option<Placed> {
         let (base, count, index) = rows.shape()?;
         let slots = count.checked_add(index.slots())?;
-        let slot = self.free.iter().position(|&(_, len)| len >= slots)?;
+        // The smallest free range that holds them: binaries come and go in any order, and a
+        // small one placed in the first range that fits can split the one range a compiler's
+        // library would have fitted in.
+        let slot = (0..self.free.len())
+            .filter(|&i| self.free[i].1 >= slots)
+            .min_by_key(|&i| self.free[i].1)?;
         let (start, len) = self.free[slot];
         if len == slots {
             self.free.remove(slot);
@@ -579,6 +584,23 @@ mod tests {
         assert_eq!(placed.index.count, 1);
         assert_eq!(t.map.rows_mut()[31].pc, 0);
         assert_eq!(t.used, 32);
+    }
+
+    #[test]
+    fn rows_go_to_the_smallest_free_range_that_holds_them() {
+        let (mut t, _file) = table(100);
+        let a = t.store(Ready::Compiled(rows(39))).expect("placed");
+        let b = t.store(Ready::Compiled(rows(19))).expect("placed");
+        let c = t.store(Ready::Compiled(rows(24))).expect("placed");
+        assert_eq!((a.slots(), b.slots(), c.slots()), (40, 20, 25));
+        t.release(a);
+        assert_eq!(t.free, vec![(0, 40), (85, 15)]);
+        // A small binary takes the 15 slots, not the first 10 of the 40 ...
+        let small = t.store(Ready::Compiled(rows(9))).expect("placed");
+        assert_eq!((small.start, small.slots()), (85, 10));
+        // ... which still hold a large one.
+        let large = t.store(Ready::Compiled(rows(39))).expect("placed");
+        assert_eq!(large.start, 0);
     }
 
     #[test]
