@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use foldhash::{HashMap as FastMap, HashMapExt};
 
@@ -223,18 +223,11 @@ impl ModuleBytes {
 
 impl Drop for ModuleBytes {
     fn drop(&mut self) {
-        let cached: usize = match self.pages.get_mut() {
-            Ok(pages) => pages.values().map(|p| p.len()).sum(),
-            Err(poisoned) => poisoned.into_inner().values().map(|p| p.len()).sum(),
-        };
-        let names: usize = match self.names.get_mut() {
-            Ok(names) => names.values().map(|n| n.len() + NAME_OVERHEAD).sum(),
-            Err(poisoned) => poisoned
-                .into_inner()
-                .values()
-                .map(|n| n.len() + NAME_OVERHEAD)
-                .sum(),
-        };
+        // A poisoned lock still holds what was counted.
+        let pages = self.pages.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let cached: usize = pages.values().map(|p| p.len()).sum();
+        let names = self.names.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let names: usize = names.values().map(|n| n.len() + NAME_OVERHEAD).sum();
         self.budget.sub_pages(cached + names);
     }
 }

@@ -52,8 +52,13 @@ pub fn key_name(key: &FileKey) -> String {
     format!("{name:016x}")
 }
 
+/// The name of the file kept for `key`.
+fn name(key: &FileKey) -> String {
+    format!("{}.layout", key_name(key))
+}
+
 fn file(dir: &Path, key: &FileKey) -> PathBuf {
-    dir.join(format!("{}.layout", key_name(key)))
+    dir.join(name(key))
 }
 
 /// Whether `layout` is worth keeping: large, and read whole.
@@ -75,8 +80,7 @@ pub(crate) fn store(dir: &Path, key: &FileKey, layout: &Layout, indexes: &[CfiIn
     if !worth_keeping(layout) {
         return;
     }
-    let name = format!("{}.layout", key_name(key));
-    crate::cache_file::keep(dir, &name, KEEP_FILES, |w| {
+    crate::cache_file::keep(dir, &name(key), KEEP_FILES, |w| {
         w.write_all(&encode(layout, indexes, key))
     });
 }

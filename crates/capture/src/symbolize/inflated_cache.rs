@@ -32,8 +32,13 @@ pub(super) fn dir() -> Option<PathBuf> {
     crate::cache_dir::cache_dir("debug-sections")
 }
 
+/// The name of the file kept for `key`.
+fn name(key: &FileKey) -> String {
+    format!("{}.{EXT}", rootline_image::file_key_name(key))
+}
+
 fn file(dir: &Path, key: &FileKey) -> PathBuf {
-    dir.join(format!("{}.{EXT}", rootline_image::file_key_name(key)))
+    dir.join(name(key))
 }
 
 /// The checksum of the kept sections' bytes, in order.
@@ -128,8 +133,7 @@ pub(super) fn store(dir: &Path, key: &FileKey, sections: &[(&str, Option<&[u8]>)
     if total < MIN_BYTES {
         return;
     }
-    let name = format!("{}.{EXT}", rootline_image::file_key_name(key));
-    rootline_image::cache_file::keep(dir, &name, KEEP_FILES, |w| {
+    rootline_image::cache_file::keep(dir, &name(key), KEEP_FILES, |w| {
         w.write_all(MAGIC)?;
         for k in key {
             w.write_all(&k.to_le_bytes())?;
