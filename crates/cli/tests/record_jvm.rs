@@ -107,6 +107,9 @@ fn a_jvm_by_pid_is_named_with_no_manual_step_and_not_asked_with_no_perfmap() {
     };
     let pid = jvm.0.id();
     let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    // A map already there is a dead process's under the same pid (pids wrap at 32,768 on a busy
+    // test host): this JVM writes one only when asked, and it has not been asked yet.
+    let _ = std::fs::remove_file(&map);
 
     let out = dir.path().join("unasked.folded");
     let stderr = record(pid, &out, &["--no-perfmap"]);
