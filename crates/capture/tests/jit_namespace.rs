@@ -71,6 +71,7 @@ fn precompiled_frames_are_named_inside_a_pid_and_mount_namespace() {
     }
     let exe = dotnet::build(&mcs, dir.path(), Some(&dotnet), "Precompiled");
     let args = [exe.into_os_string(), "60".into()];
+    let started = std::time::SystemTime::now();
     let (_target, pid) = start_in_namespace(
         &unshare,
         dir.path(),
@@ -83,7 +84,13 @@ fn precompiled_frames_are_named_inside_a_pid_and_mount_namespace() {
         ],
     );
     let inside = format!("/proc/{pid}/root/tmp/perfinfo-1.map");
-    assert!(std::fs::metadata(format!("/tmp/perfinfo-{pid}.map")).is_err());
+    // Nothing written to the host's /tmp under the outer pid (a file there from before the
+    // target started is a dead process's under the same, reused pid).
+    let outer = std::fs::metadata(format!("/tmp/perfinfo-{pid}.map"));
+    assert!(
+        outer.is_err() || outer.unwrap().modified().unwrap() < started,
+        "the target wrote /tmp/perfinfo-{pid}.map outside its namespace"
+    );
     let mut info =
         PerfInfo::new(std::fs::File::open(&inside).expect("perfinfo in the target's /tmp"));
     info.read_more().unwrap();
