@@ -113,6 +113,9 @@ impl CaptureSource {
         options.module_budget = Some(config.modules.byte_budget);
         let modules = options.modules.clone();
         options.dwarf_budget = Some(config.modules.dwarf_budget);
+        // The agent holds what it learns within its memory limit; names kept on disk between
+        // its runs (and held in memory meanwhile) would sit outside that limit.
+        options.keep_symbol_names = false;
         // The in-kernel stack walk: its rows table, ring and working set are counted in the
         // memory estimate (`AgentConfig::kernel_walk_memory`).
         options.kernel_walk = config.kernel_walk.mode();

@@ -88,7 +88,7 @@ fn function(exe: &Path, suffix: &str) -> (u64, u64) {
 fn inlined_names(exe: &Path, (start, size): (u64, u64)) -> BTreeSet<String> {
     let mut s = Symbolizer::new();
     let addrs: Vec<u64> = (start..start + size).collect();
-    s.symbolize_file(exe, None, true, &addrs, |_| None)
+    s.symbolize_file(exe, None, true, &addrs, |_| None, |_| None)
         .into_iter()
         .flat_map(|frames| frames.into_iter().skip(1).map(|f| f.name))
         .collect()

@@ -337,12 +337,7 @@ impl CodeModule {
     /// The (raw, possibly mangled) name of the symbol containing `svma`, from `.symtab` or
     /// `.dynsym` (read from the file).
     pub fn symbol_name(&self, svma: u64) -> Option<String> {
-        let i = self.symbols.partition_point(|s| s.start <= svma);
-        let symbol = self.symbols.get(i.checked_sub(1)?)?;
-        if svma >= symbol.end {
-            return None;
-        }
-        match symbol.name {
+        match self.symbol_at(svma)?.name {
             NameRef::At(offset) => self.bytes.read_name(offset).filter(|n| !n.is_empty()),
             NameRef::Plt(offset) => self
                 .bytes
@@ -352,6 +347,17 @@ impl CodeModule {
             NameRef::Plt0 => Some("plt0@plt".into()),
             NameRef::Entry => Some("_start".into()),
         }
+    }
+
+    /// The start of the symbol holding `svma` (the one [`CodeModule::symbol_name`] names).
+    pub fn symbol_start(&self, svma: u64) -> Option<u64> {
+        Some(self.symbol_at(svma)?.start)
+    }
+
+    fn symbol_at(&self, svma: u64) -> Option<&Symbol> {
+        let i = self.symbols.partition_point(|s| s.start <= svma);
+        let symbol = self.symbols.get(i.checked_sub(1)?)?;
+        (svma < symbol.end).then_some(symbol)
     }
 
     /// Whether `svma` lies in a function that starts threads ([`rootline_unwind::policy::is_thread_entry`]).

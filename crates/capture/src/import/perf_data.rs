@@ -490,6 +490,7 @@ impl Replay {
                         m.build_id(),
                         m.has_debug_info(),
                         &svmas,
+                        |a| m.symbol_start(a),
                         |a| m.symbol_name(a),
                     )
                 }

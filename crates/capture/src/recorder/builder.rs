@@ -17,6 +17,8 @@ pub(crate) struct Builder {
     symbolizer: Symbolizer,
     /// DWARF and module budgets of the symbolizer.
     budgets: SymbolizerBudgets,
+    /// Where the symbolizer keeps names between recordings, if anywhere.
+    names_dir: Option<std::path::PathBuf>,
     mappings: Vec<(RawMapping, Option<MappingId>)>,
     frame_map: Vec<Vec<FrameId>>,
     node_map: Vec<StackId>,
@@ -57,14 +59,21 @@ impl Columns {
 
 impl Builder {
     /// A builder adding to `profile`, with the symbolizer's budgets (see
-    /// [`Symbolizer::with_budgets`]); samples fill the columns of their kind, found by type.
-    pub fn new(profile: Profile, budgets: SymbolizerBudgets) -> Builder {
+    /// [`Symbolizer::with_budgets`]) and the directory where it keeps names between recordings
+    /// (see [`Symbolizer::keeping_names`]); samples fill the columns of their kind, found by
+    /// type.
+    pub fn new(
+        profile: Profile,
+        budgets: SymbolizerBudgets,
+        names_dir: Option<std::path::PathBuf>,
+    ) -> Builder {
         Builder {
             columns: Columns::of(&profile),
             values: vec![0; profile.sample_types().len()],
             profile,
-            symbolizer: Symbolizer::with_budgets(budgets.clone()),
+            symbolizer: symbolizer(&budgets, &names_dir),
             budgets,
+            names_dir,
             mappings: Vec::new(),
             frame_map: Vec::new(),
             node_map: Vec::new(),
@@ -80,11 +89,17 @@ impl Builder {
         let mut fresh = Profile::new(self.profile.sample_types().to_vec());
         fresh.metadata = self.profile.metadata.clone();
         self.profile = fresh;
-        self.symbolizer = Symbolizer::with_budgets(self.budgets.clone());
+        self.symbolizer.write_kept_names();
+        self.symbolizer = symbolizer(&self.budgets, &self.names_dir);
         self.mappings.clear();
         self.frame_map.clear();
         self.node_map.clear();
         self.threads.clear();
+    }
+
+    /// Writes the names the symbolizer keeps between recordings: the recording has ended.
+    pub fn finish(&mut self) {
+        self.symbolizer.write_kept_names();
     }
 
     /// Adds a batch to the profile.
@@ -177,6 +192,7 @@ impl Builder {
                 module.build_id(),
                 module.has_debug_info(),
                 &svmas,
+                |a| module.symbol_start(a),
                 |a| module.symbol_name(a),
             );
             symbols.extend(idxs.into_iter().zip(found));
@@ -419,4 +435,13 @@ fn file_offset(mapping: &RawMapping, frame: RawFrame) -> u64 {
 
 fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
+}
+
+/// A symbolizer held to `budgets`, keeping names in `names_dir` if given.
+fn symbolizer(budgets: &SymbolizerBudgets, names_dir: &Option<std::path::PathBuf>) -> Symbolizer {
+    let s = Symbolizer::with_budgets(budgets.clone());
+    match names_dir {
+        Some(dir) => s.keeping_names(dir.clone()),
+        None => s,
+    }
 }

@@ -499,6 +499,10 @@ pub fn record(
         modules: opts.modules.clone(),
         module_limit: opts.module_budget,
     };
+    let names_dir = opts
+        .keep_symbol_names
+        .then(crate::symbolize::kept_names_dir)
+        .flatten();
     let ask_jvms = opts.ask_jvms;
     let user_callchain = cfg.user_callchain;
     let period_nanos = match event_kind {
@@ -521,7 +525,7 @@ pub fn record(
         std::thread::Builder::new()
             .name("rootline-builder".into())
             .spawn(move || {
-                let mut builder = builder::Builder::new(profile, symbolizer_budgets);
+                let mut builder = builder::Builder::new(profile, symbolizer_budgets, names_dir);
                 let mut stats = Stats::default();
                 let mut sink_error = None;
                 for batch in batch_rx {
@@ -548,6 +552,7 @@ pub fn record(
                         }
                     }
                 }
+                builder.finish();
                 if let Some(i) = &injector {
                     i.finish(&mut builder.profile);
                     if let Some(s) = sink.as_mut()

@@ -61,6 +61,10 @@ pub struct RecordOptions {
     /// debug sections (None: no limit). Binaries past it are named from their symbol tables,
     /// without inlined frames or source lines.
     pub dwarf_budget: Option<usize>,
+    /// Keep the demangled names of binaries without DWARF in the cache directory between
+    /// recordings (`symbol-names/`), so that a later recording of the same binaries reads and
+    /// demangles only functions it has not met before. On by default.
+    pub keep_symbol_names: bool,
     /// Ask HotSpot JVMs among the targets to write their perf maps, over their attach protocol
     /// (see [`crate::jit::hotspot`]): before sampling a JVM given by pid, and whenever code of a
     /// JVM has no name. On by default.
@@ -178,6 +182,7 @@ impl RecordOptions {
             modules: ModuleBudget::new(),
             skip_own_process: false,
             dwarf_budget: None,
+            keep_symbol_names: true,
             ask_jvms: true,
             launch_env: Vec::new(),
             off_cpu_min_ns: None,

@@ -19,8 +19,15 @@ mod by_unit;
 mod dwarf;
 mod inflated_cache;
 mod names;
+mod names_cache;
+
+pub(crate) use names_cache::dir as kept_names_dir;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
 
 use dwarf::{DwarfCache, DwarfReader};
+use names_cache::KeptNames;
 use rootline_image::ModuleBudget;
 
 /// The memory a [`Symbolizer`] may hold: parsed DWARF, and the modules it loads for separate
@@ -42,6 +49,10 @@ pub struct Symbolizer {
     dwarf: DwarfCache,
     kallsyms: Option<Kallsyms>,
     demangled: Demangled,
+    /// Where names are kept between recordings (see [`Symbolizer::keeping_names`]).
+    names_dir: Option<PathBuf>,
+    /// Per binary path, its kept names (None: the file's identity could not be read).
+    kept: HashMap<PathBuf, Option<KeptNames>>,
 }
 
 impl Symbolizer {
@@ -58,6 +69,26 @@ impl Symbolizer {
             dwarf: DwarfCache::new(budgets),
             kallsyms: None,
             demangled: Demangled::default(),
+            names_dir: None,
+            kept: HashMap::new(),
+        }
+    }
+
+    /// Keeps the demangled names of binaries named from their symbol tables alone (no DWARF) in
+    /// `dir` between recordings, under each file's identity, so that a later recording reads
+    /// and demangles only the functions it meets for the first time. Written by
+    /// [`Symbolizer::write_kept_names`].
+    pub fn keeping_names(mut self, dir: PathBuf) -> Symbolizer {
+        self.names_dir = Some(dir);
+        self
+    }
+
+    /// Writes the names met since they were last written (see [`Symbolizer::keeping_names`]).
+    pub fn write_kept_names(&mut self) {
+        if let Some(dir) = &self.names_dir {
+            for kept in self.kept.values_mut().flatten() {
+                kept.write(dir);
+            }
         }
     }
 
@@ -82,20 +113,36 @@ impl Symbolizer {
     /// `-dbg` packages) is used for DWARF and the full symbol table when it exists. Without one,
     /// and without `debug_info` (DWARF) in the file itself, only `symbol` names
     /// the addresses: the file is not mapped for a symbol map that would add nothing. DWARF past
-    /// the budget is not loaded (see [`Symbolizer::with_budgets`]).
+    /// the budget is not loaded (see [`Symbolizer::with_budgets`]). `symbol_start` gives the
+    /// start of the symbol `symbol` names, under which a binary named from its symbol table alone
+    /// keeps the name (see [`Symbolizer::keeping_names`]).
     pub fn symbolize_file(
         &mut self,
         path: &Path,
         build_id: Option<&str>,
         debug_info: bool,
         svmas: &[u64],
+        symbol_start: impl Fn(u64) -> Option<u64>,
         symbol: impl Fn(u64) -> Option<String>,
     ) -> Vec<Vec<SymbolFrame>> {
         let entry = self.dwarf.get(path, build_id, debug_info);
+        let demangled = &mut self.demangled;
+        let symbols_alone = entry.dwarf.is_none() && entry.symbols.is_none();
+        if let (Some(dir), true) = (&self.names_dir, symbols_alone) {
+            let kept = self.kept.entry(path.to_path_buf()).or_insert_with(|| {
+                let meta = std::fs::metadata(path).ok()?;
+                Some(KeptNames::read(dir, rootline_image::file_key(&meta)))
+            });
+            if let Some(kept) = kept {
+                return svmas
+                    .iter()
+                    .map(|&a| from_symbols_alone(a, &symbol_start, &symbol, kept, demangled))
+                    .collect();
+            }
+        }
         let dwarf = entry.dwarf.as_ref();
         let debug_symbols = entry.symbols.as_ref();
         let closure = |linkage: &str| entry.closure_name(linkage).map(str::to_string);
-        let demangled = &mut self.demangled;
         svmas
             .iter()
             .map(|&a| {
@@ -119,6 +166,40 @@ impl Symbolizer {
             })
             .lookup(addr)
     }
+}
+
+/// The frame at `addr` of a binary without DWARF: its symbol's name, demangled, from `kept` when
+/// the symbol was named before (else read, demangled and kept). What [`symbolize_one`] gives
+/// without DWARF.
+fn from_symbols_alone(
+    addr: u64,
+    symbol_start: &dyn Fn(u64) -> Option<u64>,
+    symbol: &dyn Fn(u64) -> Option<String>,
+    kept: &mut KeptNames,
+    demangled: &mut Demangled,
+) -> Vec<SymbolFrame> {
+    let start = symbol_start(addr);
+    let name = match start.and_then(|s| kept.get(s)) {
+        Some(name) => name.to_string(),
+        None => match symbol(addr) {
+            Some(raw) => {
+                let name = demangled.get(&raw);
+                if let Some(start) = start {
+                    kept.insert(start, &name);
+                }
+                name
+            }
+            None => String::new(),
+        },
+    };
+    if name.is_empty() {
+        return Vec::new();
+    }
+    vec![SymbolFrame {
+        name,
+        file: None,
+        line: None,
+    }]
 }
 
 /// The frames at `addr`, physical first. Names are the functions' linkage names demangled the
@@ -269,7 +350,7 @@ mod tests {
         let other = Path::new("/nonexistent/for-this-test");
         let mut s = Symbolizer::new();
         let symbolize = |s: &mut Symbolizer, path: &Path| {
-            s.symbolize_file(path, None, true, &[0x1000], |_| None);
+            s.symbolize_file(path, None, true, &[0x1000], |_| None, |_| None);
         };
         symbolize(&mut s, &exe);
         assert!(s.dwarf.is_loaded(&exe), "the test binary has DWARF");
@@ -286,7 +367,7 @@ mod tests {
         assert!(s.dwarf.knows(other));
         assert_eq!(s.dwarf_bytes(), 0);
         // Without DWARF in the file (and no separate debug file), nothing is loaded.
-        s.symbolize_file(&exe, None, false, &[0x1000], |_| None);
+        s.symbolize_file(&exe, None, false, &[0x1000], |_| None, |_| None);
         assert!(!s.dwarf.is_loaded(&exe));
     }
 
@@ -299,16 +380,64 @@ mod tests {
             dwarf: Some(cost - 1),
             ..SymbolizerBudgets::default()
         });
-        s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
+        s.symbolize_file(&exe, None, true, &[0x1000], |_| None, |_| None);
         assert!(!s.dwarf.is_loaded(&exe));
         assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (0, 1));
         let mut s = Symbolizer::with_budgets(SymbolizerBudgets {
             dwarf: Some(cost),
             ..SymbolizerBudgets::default()
         });
-        s.symbolize_file(&exe, None, true, &[0x1000], |_| None);
+        s.symbolize_file(&exe, None, true, &[0x1000], |_| None, |_| None);
         assert!(s.dwarf.is_loaded(&exe));
         assert_eq!((s.dwarf_bytes(), s.dwarf_skipped()), (cost, 0));
+    }
+
+    #[test]
+    fn names_kept_by_one_recording_name_the_next_without_reading_the_binary() {
+        use std::cell::Cell;
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("names");
+        let binary = dir.path().join("lib.so");
+        std::fs::write(&binary, b"not read: named from its symbols alone").unwrap();
+        // 40 addresses, two in each function of 0x100 bytes (18 of them, then 4 addresses in
+        // no symbol); mangled Rust names and C names.
+        let svmas: Vec<u64> = (0..40u64).map(|i| 0x1000 + i * 0x80 + 3).collect();
+        let start = |a: u64| (a < 0x2200).then_some(a & !0xff);
+        let reads = Cell::new(0);
+        let name = |a: u64| {
+            reads.set(reads.get() + 1);
+            let f = start(a)? >> 8;
+            Some(if f % 2 == 0 {
+                let id = format!("f{f}");
+                format!("_ZN5crate{}{id}17h0123456789abcdefE", id.len())
+            } else {
+                format!("c_function_{f}")
+            })
+        };
+        let symbolize =
+            |s: &mut Symbolizer| s.symbolize_file(&binary, None, false, &svmas, start, name);
+        let mut first = Symbolizer::new().keeping_names(kept.clone());
+        let named = symbolize(&mut first);
+        assert_eq!(named[0][0].name, "crate::f16");
+        assert_eq!(named[2][0].name, "c_function_17");
+        assert!(named[39].is_empty(), "no symbol past 0x2200");
+        // Each of the 18 functions is read once, and each address outside them.
+        assert_eq!(reads.get(), 22);
+        first.write_kept_names();
+
+        let mut second = Symbolizer::new().keeping_names(kept.clone());
+        reads.set(0);
+        assert_eq!(symbolize(&mut second), named);
+        // Only the addresses outside every symbol are looked up again.
+        assert_eq!(reads.get(), 4);
+        // Without keeping, or once the binary is written again, names are read afresh.
+        reads.set(0);
+        assert_eq!(symbolize(&mut Symbolizer::new()), named);
+        assert_eq!(reads.get(), 40);
+        std::fs::write(&binary, b"written again").unwrap();
+        reads.set(0);
+        assert_eq!(symbolize(&mut Symbolizer::new().keeping_names(kept)), named);
+        assert_eq!(reads.get(), 22);
     }
 
     #[test]
