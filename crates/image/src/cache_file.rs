@@ -49,6 +49,69 @@ pub fn prune(dir: &Path, ext: &str, keep: usize) {
     }
 }
 
+/// Reads a kept file's values off the front of its bytes (little-endian), each read None once
+/// the bytes run out.
+pub struct BytesReader<'a>(pub &'a [u8]);
+
+impl<'a> BytesReader<'a> {
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+
+    /// The next 8 bytes as a number.
+    pub fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    /// The next 8 bytes as 0 (false) or 1 (true); anything else is None.
+    pub fn flag(&mut self) -> Option<bool> {
+        match self.u64()? {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
+    }
+
+    /// A flag, then (when set) a range's start and end.
+    pub fn range(&mut self) -> Option<Option<std::ops::Range<u64>>> {
+        Some(match self.flag()? {
+            false => None,
+            true => Some(self.u64()?..self.u64()?),
+        })
+    }
+
+    /// A length, then that many items of `size` bytes each (the length is checked against the
+    /// bytes left before anything is allocated).
+    pub fn list<T>(
+        &mut self,
+        size: usize,
+        item: impl Fn(&mut Self) -> Option<T>,
+    ) -> Option<Vec<T>> {
+        let n = usize::try_from(self.u64()?).ok()?;
+        if n.checked_mul(size)? > self.0.len() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(item(self)?);
+        }
+        Some(out)
+    }
+
+    /// The next 4 bytes as a number.
+    pub fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    /// Whether every byte was read.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use rootline_unwind::cfi::CfiIndexParts;
 
+use crate::cache_file::BytesReader;
 use crate::layout::{Layout, NameRef, Placed, Segment, Symbol};
 
 /// What is kept of a binary: its layout and the FDE indexes of its `.eh_frame` and
@@ -149,7 +150,7 @@ fn encode(layout: &Layout, indexes: &[CfiIndexParts; 2], key: &FileKey) -> Vec<u
 
 /// The layout and indexes `bytes` hold, if they are what [`encode`] wrote for the file `key`.
 fn decode(bytes: &[u8], key: &FileKey) -> Option<Kept> {
-    let mut r = Reader(bytes.strip_prefix(MAGIC)?);
+    let mut r = BytesReader(bytes.strip_prefix(MAGIC)?);
     for k in key {
         if r.u64()? != *k {
             return None;
@@ -187,7 +188,7 @@ fn decode(bytes: &[u8], key: &FileKey) -> Option<Kept> {
         };
         Some(Symbol { start, end, name })
     })?;
-    let pair = |r: &mut Reader| Some((r.u64()?, r.u64()?));
+    let pair = |r: &mut BytesReader| Some((r.u64()?, r.u64()?));
     let functions = r.list(16, pair)?;
     let thread_entries = r.list(16, pair)?;
     let build_id = match r.u64()? {
@@ -239,49 +240,6 @@ impl Writer {
             }
             None => self.u64(0),
         }
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
-        let (head, rest) = self.0.split_at_checked(n)?;
-        self.0 = rest;
-        Some(head)
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-
-    fn flag(&mut self) -> Option<bool> {
-        match self.u64()? {
-            0 => Some(false),
-            1 => Some(true),
-            _ => None,
-        }
-    }
-
-    fn range(&mut self) -> Option<Option<Range<u64>>> {
-        Some(match self.flag()? {
-            false => None,
-            true => Some(self.u64()?..self.u64()?),
-        })
-    }
-
-    /// A length, then that many items of `size` bytes each (the length is checked against the
-    /// bytes left before anything is allocated).
-    fn list<T>(&mut self, size: usize, item: impl Fn(&mut Self) -> Option<T>) -> Option<Vec<T>> {
-        let n = usize::try_from(self.u64()?).ok()?;
-        if n.checked_mul(size)? > self.0.len() {
-            return None;
-        }
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            out.push(item(self)?);
-        }
-        Some(out)
     }
 }
 

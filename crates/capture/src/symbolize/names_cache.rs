@@ -18,6 +18,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use rootline_image::FileKey;
+use rootline_image::cache_file::BytesReader;
 
 /// Binaries with fewer names are named afresh every time (a file costs more than it saves).
 const MIN_NAMES: usize = 16;
@@ -134,32 +135,13 @@ fn encode(key: &FileKey, names: &HashMap<u64, Box<str>>) -> Vec<u8> {
     out
 }
 
-/// Reads fixed-size values off the front of a slice.
-struct Cursor<'a>(&'a [u8]);
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = self.0.split_at_checked(n)?;
-        self.0 = rest;
-        Some(head)
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-}
-
 /// The names `bytes` holds, if they are what [`encode`] wrote for the binary `key`.
 fn decode(bytes: &[u8], key: &FileKey) -> Option<HashMap<u64, Box<str>>> {
     let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
     if checksum(body).to_le_bytes() != sum {
         return None;
     }
-    let mut r = Cursor(body);
+    let mut r = BytesReader(body);
     if r.take(8)? != MAGIC {
         return None;
     }
@@ -168,19 +150,13 @@ fn decode(bytes: &[u8], key: &FileKey) -> Option<HashMap<u64, Box<str>>> {
             return None;
         }
     }
-    let count = usize::try_from(r.u64()?).ok()?;
     // Each name takes at least 12 bytes: a count past what the file can hold is not believed.
-    if count > MAX_NAMES || count > r.0.len() / 12 {
-        return None;
-    }
-    let mut names = HashMap::with_capacity(count);
-    for _ in 0..count {
+    let names = r.list(12, |r| {
         let start = r.u64()?;
         let len = r.u32()? as usize;
-        let name = std::str::from_utf8(r.take(len)?).ok()?;
-        names.insert(start, name.into());
-    }
-    r.0.is_empty().then_some(names)
+        Some((start, std::str::from_utf8(r.take(len)?).ok()?.into()))
+    })?;
+    (names.len() <= MAX_NAMES && r.is_empty()).then(|| names.into_iter().collect())
 }
 
 #[cfg(test)]
