@@ -129,10 +129,17 @@ impl Symbolizer {
         let demangled = &mut self.demangled;
         let symbols_alone = entry.dwarf.is_none() && entry.symbols.is_none();
         if let (Some(dir), true) = (&self.names_dir, symbols_alone) {
-            let kept = self.kept.entry(path.to_path_buf()).or_insert_with(|| {
-                let meta = std::fs::metadata(path).ok()?;
-                Some(KeptNames::read(dir, rootline_image::file_key(&meta)))
-            });
+            // The file's identity, checked at every batch: names go only to the file they are of.
+            let key = std::fs::metadata(path)
+                .ok()
+                .map(|m| rootline_image::file_key(&m));
+            let kept = self.kept.entry(path.to_path_buf()).or_default();
+            if kept.as_ref().map(KeptNames::key) != key {
+                if let Some(old) = kept.as_mut() {
+                    old.write(dir);
+                }
+                *kept = key.map(|key| KeptNames::read(dir, key));
+            }
             if let Some(kept) = kept {
                 return svmas
                     .iter()
@@ -434,10 +441,15 @@ mod tests {
         reads.set(0);
         assert_eq!(symbolize(&mut Symbolizer::new()), named);
         assert_eq!(reads.get(), 40);
+        // The same symbolizer notices too (its next batch checks the file's identity).
         std::fs::write(&binary, b"written again").unwrap();
         reads.set(0);
-        assert_eq!(symbolize(&mut Symbolizer::new().keeping_names(kept)), named);
+        assert_eq!(symbolize(&mut second), named);
         assert_eq!(reads.get(), 22);
+        second.write_kept_names();
+        reads.set(0);
+        assert_eq!(symbolize(&mut Symbolizer::new().keeping_names(kept)), named);
+        assert_eq!(reads.get(), 4);
     }
 
     #[test]

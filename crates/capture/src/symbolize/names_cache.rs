@@ -65,6 +65,11 @@ impl KeptNames {
         }
     }
 
+    /// The identity of the binary whose names these are.
+    pub fn key(&self) -> FileKey {
+        self.key
+    }
+
     /// The demangled name of the symbol starting at `start`, when kept.
     pub fn get(&self, start: u64) -> Option<&str> {
         self.names.get(&start).map(|n| &**n)
