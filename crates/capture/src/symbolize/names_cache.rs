@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rootline_image::FileKey;
@@ -22,7 +22,7 @@ use rootline_image::cache_file::BytesReader;
 
 /// Binaries with fewer names are named afresh every time (a file costs more than it saves).
 const MIN_NAMES: usize = 16;
-/// Most names kept for one binary; past it, the names met last are the ones kept.
+/// Most names kept for one binary; past it, those added last are kept first.
 const MAX_NAMES: usize = 1 << 18;
 /// The longest name kept.
 const MAX_NAME_BYTES: usize = 64 * 1024;
@@ -49,14 +49,9 @@ pub(super) struct KeptNames {
 impl KeptNames {
     /// The names kept in `dir` for the binary `key` (none when no usable file is there).
     pub fn read(dir: &Path, key: FileKey) -> KeptNames {
-        let names = std::fs::File::open(dir.join(name(&key)))
+        let names = std::fs::read(dir.join(name(&key)))
             .ok()
-            .and_then(|f| {
-                let len = f.metadata().ok()?.len();
-                let mut bytes = Vec::new();
-                f.take(len).read_to_end(&mut bytes).ok()?;
-                decode(&bytes, &key)
-            })
+            .and_then(|bytes| decode(&bytes, &key))
             .unwrap_or_default();
         KeptNames {
             key,
@@ -88,7 +83,8 @@ impl KeptNames {
             return;
         }
         if self.names.len() > MAX_NAMES {
-            // The names met last stay: drop the oldest read ones, then the oldest added.
+            // The names added last stay; names read from the file fill the room left (in no
+            // particular order).
             let mut keep: std::collections::HashSet<u64> =
                 self.added.iter().rev().take(MAX_NAMES).copied().collect();
             for &start in self.names.keys() {
