@@ -118,7 +118,7 @@ struct mapping {
 
 struct proc {
 	__u32 count;
-	__u32 pad;
+	__u32 generation; // differs at every write of any process's entry (never 0): see `row_memos`
 	struct mapping m[MAX_MAPPINGS];
 };
 
@@ -233,6 +233,31 @@ struct {
 	__uint(max_entries, 1);
 } dump_budgets SEC(".maps");
 
+// Each CPU's rows last found by searching the table, by lookup address: a direct-mapped memo.
+// A search reads a few rows' cache lines in a table of tens of megabytes, in the sampled
+// thread's time, for every frame; the same call sites recur sample after sample. An entry holds
+// for one process entry as written (`struct proc`'s `generation`): new mappings, or rows placed or
+// let go, come with a new `generation`, and a pid used again never has an old one. Only interrupt
+// walks use it (a task-context walk may be interrupted by a sample on its CPU mid-write).
+#define ROW_MEMO 512
+struct row_memo_entry {
+	__u64 lookup;
+	__u32 pid;
+	__u32 generation;
+	struct row row;
+};
+
+struct row_memo {
+	struct row_memo_entry e[ROW_MEMO];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct row_memo);
+	__uint(max_entries, 1);
+} row_memos SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 24); // set at load time
@@ -245,6 +270,7 @@ struct walk {
 	__u64 copy_end;
 	__u32 pid;
 	__u32 tid;
+	__u32 generation; // the process entry's `generation` when the walk began
 	__u32 in_task; // running as task work: chunks are built in the thread's `task_walk`
 	__u32 frames;
 	__u32 words;
@@ -592,12 +618,51 @@ frame_pointers:
 	return 1;
 }
 
+// `lookup`'s slot in a row memo.
+static __always_inline __u32 memo_slot(__u64 lookup)
+{
+	return (__u32)(lookup ^ (lookup >> 9) ^ (lookup >> 18)) & (ROW_MEMO - 1);
+}
+
+// The row for `lookup` from this CPU's memo, made the walk's row; false when not there.
+static __always_inline int memo_row(struct walk *w, struct row_memo *rm, __u64 lookup)
+{
+	if (!rm)
+		return 0;
+	struct row_memo_entry *e = &rm->e[memo_slot(lookup)];
+	if (e->lookup != lookup || e->pid != w->pid || e->generation != w->generation)
+		return 0;
+	w->row = e->row;
+	w->row_from = lookup;
+	w->row_to = lookup + 1;
+	w->have_row = 1;
+	return 1;
+}
+
+// Keeps the walk's row for `lookup` in this CPU's memo when it came from a binary's table
+// (not a frame-pointer guess, not code that moves).
+static __always_inline void memo_keep(struct walk *w, struct row_memo *rm, __u64 lookup)
+{
+	if (!rm || w->map.kind != ROW_RSP || w->map.flags != 0 || w->row.kind == ROW_FP)
+		return;
+	struct row_memo_entry *e = &rm->e[memo_slot(lookup)];
+	e->lookup = lookup;
+	e->pid = w->pid;
+	e->generation = w->generation;
+	e->row = w->row;
+}
+
 // One frame: from (ip, sp, bp) to the caller's; nonzero when the walk ends.
 __attribute__((noinline)) int step_frame(struct walk *w)
 {
 	if (!w)
 		return 1;
 	__u64 lookup = w->leaf ? w->ip : w->ip - 1;
+	struct row_memo *rm = 0;
+	if (!w->in_task && w->generation != 0)
+		rm = bpf_map_lookup_elem(&row_memos, &zero);
+	if (memo_row(w, rm, lookup))
+		goto have_row;
 	if (!find_mapping(w, lookup)) {
 		w->stop = STOP_UNMAPPED;
 		return 1;
@@ -618,6 +683,8 @@ __attribute__((noinline)) int step_frame(struct walk *w)
 		w->stop = STOP_NO_RULE;
 		return 1;
 	}
+	memo_keep(w, rm, lookup);
+have_row:;
 	__u64 cfa;
 	switch (w->row.kind) {
 	case ROW_RSP:
@@ -872,7 +939,9 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	int known = bpf_map_lookup_elem(&procs, &pid) != 0;
+	struct proc *proc = bpf_map_lookup_elem(&procs, &pid);
+	int known = proc != 0;
+	__u32 generation = proc ? proc->generation : 0;
 	if (!known && !parent_walked())
 		return 1;
 	struct config *cfg = bpf_map_lookup_elem(&config, &zero);
@@ -890,6 +959,7 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	w.copy_end = copy_end(w.sp, cfg->copy_bytes);
 	w.pid = pid;
 	w.tid = (__u32)id;
+	w.generation = generation;
 	w.leaf = 1;
 	c->h.time = bpf_ktime_get_ns();
 	c->h.pid = pid;

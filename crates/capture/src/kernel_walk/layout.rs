@@ -17,6 +17,8 @@ pub(super) const MAPPING_PENDING: u32 = 7;
 /// `struct mapping.flags` of a mapping whose code may change after a sample (JIT code): the
 /// walk sends the 8 code bytes before each return address into it (`MAPPING_CODE_MOVES`).
 pub(super) const MAPPING_CODE_MOVES: u32 = 1;
+/// Bytes of one CPU's `struct row_memo` (`ROW_MEMO` entries of 32 bytes).
+pub(super) const ROW_MEMO_BYTES: usize = 512 * 32;
 
 /// `struct row` (plain bytes: kept rows are read from a file straight into the table).
 #[repr(C)]
@@ -67,7 +69,9 @@ pub(super) struct Mapping {
 #[derive(Clone, Copy)]
 pub(super) struct Proc {
     pub count: u32,
-    pub pad: u32,
+    /// Different at every write of any process's entry, never 0: the walk's row memo holds
+    /// for one entry as written.
+    pub generation: u32,
     pub m: [Mapping; MAX_MAPPINGS],
 }
 
@@ -75,7 +79,7 @@ impl Default for Proc {
     fn default() -> Proc {
         Proc {
             count: 0,
-            pad: 0,
+            generation: 0,
             m: [Mapping::default(); MAX_MAPPINGS],
         }
     }

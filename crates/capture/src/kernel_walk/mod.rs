@@ -28,7 +28,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues, RingBuf};
 use aya::programs::PerfEvent as BpfPerfEvent;
 use foldhash::HashMap;
 
@@ -38,7 +38,7 @@ use crate::unwind::AddressSpace;
 pub use join::{JoinStats, KernelStack, WalkStop, WordsReader};
 use layout::{
     Config, Counters, MAPPING_CODE_MOVES, MAPPING_FRAME_POINTERS, MAPPING_NONE, MAPPING_PENDING,
-    MAPPING_TABLE, MAX_MAPPINGS, Mapping, Proc, TaskWalkSlot,
+    MAPPING_TABLE, MAX_MAPPINGS, Mapping, Proc, ROW_MEMO_BYTES, TaskWalkSlot,
 };
 use rows::{MappedRows, RowTable};
 
@@ -194,6 +194,10 @@ pub struct KernelWalk {
     rows: RowTable,
     /// Each process's mappings as last sent, by fingerprint.
     synced: HashMap<u32, u64>,
+    /// The `generation` of the last process entry written (see [`KernelWalk::write_proc`]).
+    proc_generation: u32,
+    /// The generations ran out and the row memos could not be emptied: entries get 0.
+    memo_off: bool,
     join: Join,
     stops: std::collections::BTreeMap<WalkStop, u64>,
     mappings_cut: u64,
@@ -294,6 +298,8 @@ impl KernelWalk {
                 opts.bounded,
             ),
             synced: HashMap::default(),
+            proc_generation: 0,
+            memo_off: false,
             join: Join::default(),
             stops: Default::default(),
             mappings_cut: 0,
@@ -389,7 +395,48 @@ impl KernelWalk {
         }
         proc.count = n as u32;
         // A failed update leaves the old mappings: the unwinder checks every word's use anyway.
-        let _ = self.procs.insert(pid, *proc, 0);
+        let _ = self.write_proc(pid, &mut proc);
+    }
+
+    /// Writes `pid`'s entry with a `generation` no entry in the row memos has: the walk's row
+    /// memo keeps rows for one entry as written, so new mappings, rows placed or let go, or the
+    /// pid used again, are never answered from rows found for an older entry.
+    fn write_proc(&mut self, pid: u32, proc: &mut Proc) -> Result<(), aya::maps::MapError> {
+        proc.generation = self.next_generation();
+        self.procs.insert(pid, *proc, 0)
+    }
+
+    /// The next process entry's `generation`. When the numbers run out they start again at 1
+    /// with every CPU's memo emptied; if it cannot be emptied, entries get 0 from then on,
+    /// which the program never looks up in the memo.
+    fn next_generation(&mut self) -> u32 {
+        if self.proc_generation == 0 && self.memo_off {
+            return 0;
+        }
+        self.proc_generation = match self.proc_generation.checked_add(1) {
+            Some(g) => g,
+            None if self.forget_row_memos() => 1,
+            None => {
+                self.memo_off = true;
+                0
+            }
+        };
+        self.proc_generation
+    }
+
+    /// Empties every CPU's row memo; false when it could not.
+    fn forget_row_memos(&mut self) -> bool {
+        let Some(map) = self.ebpf.map_mut("row_memos") else {
+            return false;
+        };
+        let Ok(mut memos) = PerCpuArray::<&mut MapData, [u8; ROW_MEMO_BYTES]>::try_from(map) else {
+            return false;
+        };
+        let Ok(cpus) = aya::util::nr_cpus() else {
+            return false;
+        };
+        PerCpuValues::try_from(vec![[0u8; ROW_MEMO_BYTES]; cpus])
+            .is_ok_and(|zeros| memos.set(0, zeros, 0).is_ok())
     }
 
     /// Readies the walk for a process about to start (a launched command, stopped before its
@@ -409,7 +456,7 @@ impl KernelWalk {
             ..Mapping::default()
         };
         proc.count = 1;
-        if self.procs.insert(pid, *proc, 0).is_ok() {
+        if self.write_proc(pid, &mut proc).is_ok() {
             // No mappings' fingerprint: the first real ones replace these.
             self.synced.insert(pid, EXPECTED_PROCESS);
         }
@@ -583,3 +630,6 @@ fn verifier_text(e: &aya::programs::ProgramError) -> String {
         e => e.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests;
