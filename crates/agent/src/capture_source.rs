@@ -116,6 +116,8 @@ impl CaptureSource {
         // The agent holds what it learns within its memory limit; names kept on disk between
         // its runs (and held in memory meanwhile) would sit outside that limit.
         options.keep_symbol_names = false;
+        // Host-wide and continuous: the kernel's BPF statistics stay as the host has them.
+        options.kernel_walk_run_time = false;
         // The in-kernel stack walk: its rows table, ring and working set are counted in the
         // memory estimate (`AgentConfig::kernel_walk_memory`).
         options.kernel_walk = config.kernel_walk.mode();

@@ -195,6 +195,15 @@ fn run(
         v.live_marked <= kw.fell_back,
         "{name}: only a sample unwound the usual way (its walk stopped early) reads frames live"
     );
+    // The program's own time in the sampled threads, by the kernel's BPF run-time statistics:
+    // it ran at every walk, and took time.
+    let (time, runs) = kw.walk.run_time.expect("the walk's run time is measured");
+    println!("{name}: the program ran {runs} times, {time:?}");
+    assert!(
+        runs >= kw.walk.walks && time > std::time::Duration::ZERO,
+        "{name}: {runs} runs in {time:?} for {} walks",
+        kw.walk.walks
+    );
     Some(kw)
 }
 
@@ -267,6 +276,8 @@ fn reused_outer_frames_follow_the_outer_stack_when_it_changes() {
         "150".into(),
     ]));
     opts.kernel_walk = KernelWalkMode::On;
+    // As the agent records: the host's BPF statistics are left as they are.
+    opts.kernel_walk_run_time = false;
     let Some(recording) = record_or_skip(&opts) else {
         return;
     };
@@ -311,6 +322,10 @@ fn reused_outer_frames_follow_the_outer_stack_when_it_changes() {
     assert!(
         kw.outer_reused > 0,
         "outer frames were reused within phases"
+    );
+    assert_eq!(
+        kw.walk.run_time, None,
+        "run time measured though not asked for"
     );
 }
 

@@ -404,7 +404,7 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
             "rootline: in-kernel stack walk: {} walks, {} frames; {} samples unwound with it, {} \
              needed more and were unwound the usual way, {} found no walk, {} needed none (their \
              copy reached their thread's outermost frame); walks ended: {}; {} chunks lost \
-             (ring full), {} walks broken; {} rows in the table{}{}{}{}{}",
+             (ring full), {} walks broken; {} rows in the table{}{}{}{}{}{}",
             w.walks,
             w.frames,
             kw.unwound,
@@ -462,6 +462,15 @@ pub fn summarize(recording: &Recording, output: &Path, format: Format) {
                 )
             } else {
                 String::new()
+            },
+            match w.run_time {
+                Some((time, runs)) if runs > 0 => format!(
+                    "; the program took {:.1} ms of the sampled threads' CPU in {runs} sampling \
+                     interrupts ({:.1} µs each)",
+                    time.as_secs_f64() * 1e3,
+                    time.as_secs_f64() * 1e6 / runs as f64
+                ),
+                _ => String::new(),
             }
         );
     }

@@ -137,6 +137,11 @@ pub struct KernelWalkOptions {
     /// The process's memory is limited: large binaries' rows are read or compiled one at a
     /// time, and none with more rows than half the table is (it is refused, counted).
     pub bounded: bool,
+    /// Turn the kernel's BPF run-time statistics on while the walk is loaded, so that
+    /// [`KernelWalkStats::run_time`] says how long the walks took in the sampled threads. While
+    /// they are on, the kernel reads the clock around every BPF program's run on the host (a
+    /// few tens of nanoseconds a run).
+    pub run_time_stats: bool,
 }
 
 impl Default for KernelWalkOptions {
@@ -153,6 +158,7 @@ impl Default for KernelWalkOptions {
             modules: rootline_image::ModuleBudget::new(),
             module_limit: None,
             bounded: false,
+            run_time_stats: false,
         }
     }
 }
@@ -177,6 +183,10 @@ pub struct KernelWalkStats {
     /// Processes whose executable mappings outnumber what the program searches (the rest end
     /// the walk).
     pub mappings_cut: u64,
+    /// The walks' time in the sampling interrupts, and how many times the program ran (by the
+    /// kernel's BPF run-time statistics; None when they were not asked for or could not be
+    /// turned on). Walks going on as task work past the interrupt's frame limit are not in it.
+    pub run_time: Option<(std::time::Duration, u64)>,
 }
 
 /// The loaded program and its maps.
@@ -203,6 +213,8 @@ pub struct KernelWalk {
     mappings_cut: u64,
     /// Whether walks send the stack at a pending binary.
     dumps: bool,
+    /// Holds the kernel's BPF run-time statistics on (see [`KernelWalkOptions::run_time_stats`]).
+    run_time_stats: Option<std::os::fd::OwnedFd>,
     /// With rows on demand, the binaries (by path) walks have reached: kept when their
     /// processes exit, so that the next process to map one (a build's next compiler) is walked
     /// with its rows from its first sample; at most [`MAX_WANTED`].
@@ -304,6 +316,10 @@ impl KernelWalk {
             stops: Default::default(),
             mappings_cut: 0,
             dumps: opts.pending_dump_bytes > 0,
+            run_time_stats: opts
+                .run_time_stats
+                .then(|| aya::sys::enable_stats(aya::sys::Stats::RunTime).ok())
+                .flatten(),
             wanted: opts.rows_on_demand.then(Default::default),
         })
     }
@@ -610,6 +626,14 @@ impl KernelWalk {
                 s.frames += c.frames;
                 s.lost_chunks += c.lost_chunks;
             }
+        }
+        if self.run_time_stats.is_some()
+            && let Some(info) = self
+                .ebpf
+                .program("walk_user_stack")
+                .and_then(|p| p.info().ok())
+        {
+            s.run_time = Some((info.run_time(), info.run_count()));
         }
         s
     }

@@ -216,6 +216,7 @@ fn load_kernel_walk(
         ring_bytes: opts.kernel_walk_ring_bytes,
         bounded: matches!(opts.kernel_walk_table, KernelWalkTable::Counted(_))
             || opts.module_budget.is_some(),
+        run_time_stats: opts.kernel_walk_run_time,
         ..KernelWalkOptions::default()
     };
     if walk_opts.bounded {

@@ -65,6 +65,10 @@ pub struct RecordOptions {
     /// recordings (`symbol-names/`), so that a later recording of the same binaries reads and
     /// demangles only functions it has not met before. On by default.
     pub keep_symbol_names: bool,
+    /// Measure the in-kernel walk's time in the sampled threads (see
+    /// [`crate::kernel_walk::KernelWalkOptions::run_time_stats`]: it turns the kernel's BPF
+    /// run-time statistics on for the host while recording). On by default.
+    pub kernel_walk_run_time: bool,
     /// Ask HotSpot JVMs among the targets to write their perf maps, over their attach protocol
     /// (see [`crate::jit::hotspot`]): before sampling a JVM given by pid, and whenever code of a
     /// JVM has no name. On by default.
@@ -183,6 +187,7 @@ impl RecordOptions {
             skip_own_process: false,
             dwarf_budget: None,
             keep_symbol_names: true,
+            kernel_walk_run_time: true,
             ask_jvms: true,
             launch_env: Vec::new(),
             off_cpu_min_ns: None,
