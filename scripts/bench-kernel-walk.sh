@@ -124,10 +124,11 @@ fi
 RUSTC_CMD=(/usr/bin/time -f "%U %S" -o "$TMP/compiler.cpu" rustc --edition 2021 --crate-type lib --crate-name bench -C opt-level=2 -C codegen-units=4 \
     --cap-lints allow -o "$TMP/libbench.rlib" "$CRATE_DIR/src/lib.rs")
 echo "== rustc compiling $(basename "$CRATE_DIR") (-C opt-level=2, 4 codegen units), median of $RUNS"
-cpu_of() { # CPU seconds (user+sys) of a command and its children
+cpu_of() { # CPU seconds (user+sys) of a command and its children (its stderr to $STDERR_TO, if set)
     python3 -c '
-import resource, subprocess, sys
-subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+import os, resource, subprocess, sys
+err = open(os.environ["STDERR_TO"], "w") if os.environ.get("STDERR_TO") else subprocess.DEVNULL
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=err)
 r = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(f"{r.ru_utime + r.ru_stime:.2f}")' "$@"
 }
@@ -155,12 +156,16 @@ PY
 # an unsymbolicated profile, so only its CPU is compared.
 declare -A extra own total
 bare_all=()
+walk_ms=""
 for _ in $(seq "$RUNS"); do
     bare=$(cpu_of "${RUSTC_CMD[@]}")
     bare_all+=("$bare")
     for tool in "${tools[@]}"; do
         case $tool in
-        rootline) c=$(cpu_of "$RL" record -o "$TMP/$tool.rlp" -- "${RUSTC_CMD[@]}") ;;
+        rootline) c=$(STDERR_TO="$TMP/rootline.err" cpu_of "$RL" record -o "$TMP/$tool.rlp" -- "${RUSTC_CMD[@]}")
+            # The walk's own time in the sampled threads, as `record` reports it (the kernel's
+            # BPF run-time statistics): part of the compiler's CPU, not of rootline's own.
+            walk_ms+="$(grep -o 'the program took [0-9.]* ms' "$TMP/rootline.err" | awk '{print $4}') " ;;
         rootline-no-kernel-walk) c=$(cpu_of "$RL" record --kernel-walk off -o "$TMP/$tool.rlp" -- "${RUSTC_CMD[@]}") ;;
         perf-fp) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph fp -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
         perf-dwarf) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
@@ -189,6 +194,10 @@ for tool in "${tools[@]}"; do
         "$(python3 -c "print(1 + $m / $bare_med)")" "${extra[$tool]% }" "$o" "${own[$tool]% }" \
         "$(whole_share "$TMP/$tool.folded")"
 done
+if [ -n "${walk_ms// /}" ]; then
+    # shellcheck disable=SC2086
+    echo "rootline's in-kernel walk in the compiler's threads: median $(med $walk_ms) ms a recording (each round: ${walk_ms% })"
+fi
 if [ -n "${total[rootline]:-}" ] && [ -n "${total[samply]:-}" ]; then
     # shellcheck disable=SC2086
     python3 - ${total[rootline]} -- ${total[samply]} <<'PY'
