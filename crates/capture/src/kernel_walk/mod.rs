@@ -426,7 +426,7 @@ impl KernelWalk {
     /// with every CPU's memo emptied; if it cannot be emptied, entries get 0 from then on,
     /// which the program never looks up in the memo.
     fn next_generation(&mut self) -> u32 {
-        if self.proc_generation == 0 && self.memo_off {
+        if self.memo_off {
             return 0;
         }
         self.proc_generation = match self.proc_generation.checked_add(1) {
