@@ -18,6 +18,11 @@
 # With rootline and samply both run, the two are also compared round by round: in a round both
 # run against the same bare compile, so their difference is free of the bare run's noise.
 #
+# samply is run twice: as it saves by default (`samply`: addresses only; names are looked up
+# when the profile is opened, from the binaries then on disk) and with its names gathered while
+# recording (`samply-symbols`, --unstable-presymbolicate: a .syms.json beside the profile), which
+# is what rootline's recording does (its .rlp carries its frames' names).
+#
 # Usage: scripts/bench-kernel-walk.sh            (root; DEPTHS="1000 10000" RUN_SECONDS=4 RUNS=3)
 #        TOOLS="rootline samply" DEPTHS= RUNS=21 scripts/bench-kernel-walk.sh   (the cost only)
 set -euo pipefail
@@ -37,7 +42,7 @@ if [ -n "${TOOLS:-}" ]; then
     read -r -a tools <<<"$TOOLS"
 else
     tools=(rootline rootline-no-kernel-walk perf-fp perf-dwarf)
-    command -v samply >/dev/null && tools+=(samply)
+    command -v samply >/dev/null && tools+=(samply samply-symbols)
 fi
 
 # perf script → folded (comm;root;…;leaf count)
@@ -100,6 +105,8 @@ echo "== rebuilt recursion, attached by PID, ${RUN_SECONDS}s at 999 Hz: whole st
 for depth in $DEPTHS; do
     for build in fp nofp; do
         for tool in "${tools[@]}"; do
+            # The same stacks as `samply`'s (only its names are gathered while recording).
+            [ "$tool" = samply-symbols ] && continue
             (ulimit -s $(( (depth + 64) * 2 + 8192 )); exec "$TMP/$build" "$depth" 3600) &
             PID=$!
             sleep 0.5
@@ -153,7 +160,8 @@ PY
 # Each round runs the bare compile and then every tool once, and each tool's cost is its CPU minus
 # that round's bare run: this VM's runs vary by 10-20% over minutes, more than a profiler costs.
 # samply needs kernel.perf_event_paranoid <= 1 even as root (its check), and --save-only writes
-# an unsymbolicated profile, so only its CPU is compared.
+# an unsymbolicated profile (the names of samply-symbols are in a sidecar the folded-stack reader
+# does not read), so only samply's CPU is compared.
 declare -A extra own total
 bare_all=()
 walk_ms=""
@@ -171,6 +179,9 @@ for _ in $(seq "$RUNS"); do
         perf-dwarf) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
         samply) rm -f "$TMP/s.json.gz"; c=$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
             [ -s "$TMP/s.json.gz" ] || echo "samply wrote nothing (kernel.perf_event_paranoid must be <= 1)" >&2 ;;
+        samply-symbols) rm -f "$TMP/s.json.gz" "$TMP/s.json.syms.json"
+            c=$(cpu_of samply record --save-only --unstable-presymbolicate -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
+            [ -s "$TMP/s.json.syms.json" ] || echo "samply wrote no names (its --unstable-presymbolicate is missing or failed)" >&2 ;;
         esac
         total[$tool]+="$c "
         extra[$tool]+="$(python3 -c "print(f\"{$c - $bare:.2f}\")") "
@@ -184,7 +195,7 @@ for tool in "${tools[@]}"; do
     case $tool in
     rootline*) "$RL" convert "$TMP/$tool.rlp" -o "$TMP/$tool.folded" 2>/dev/null ;;
     perf-*) perf_folded "$TMP/$tool.data" >"$TMP/$tool.folded" ;;
-    samply) : >"$TMP/$tool.folded" ;;
+    samply*) : >"$TMP/$tool.folded" ;;
     esac
     # shellcheck disable=SC2086
     m=$(med ${extra[$tool]})
@@ -198,15 +209,17 @@ if [ -n "${walk_ms// /}" ]; then
     # shellcheck disable=SC2086
     echo "rootline's in-kernel walk in the compiler's threads: median $(med $walk_ms) ms a recording (each round: ${walk_ms% })"
 fi
-if [ -n "${total[rootline]:-}" ] && [ -n "${total[samply]:-}" ]; then
-    # shellcheck disable=SC2086
-    python3 - ${total[rootline]} -- ${total[samply]} <<'PY'
+for other in samply samply-symbols; do
+    if [ -n "${total[rootline]:-}" ] && [ -n "${total[$other]:-}" ]; then
+        # shellcheck disable=SC2086
+        python3 - "$other" ${total[rootline]} -- ${total[$other]} <<'PY'
 import statistics, sys
-cut = sys.argv.index("--")
-rl, sa = [float(x) for x in sys.argv[1:cut]], [float(x) for x in sys.argv[cut + 1:]]
+other, cut = sys.argv[1], sys.argv.index("--")
+rl, sa = [float(x) for x in sys.argv[2:cut]], [float(x) for x in sys.argv[cut + 1:]]
 d = [a - b for a, b in zip(rl, sa)]
-print(f"rootline - samply, same round (over bare, and in total): median {statistics.median(d):+.2f}s; "
-      f"rootline at or below samply in {sum(x <= 0 for x in d)} of {len(d)} rounds "
+print(f"rootline - {other}, same round (over bare, and in total): median {statistics.median(d):+.2f}s; "
+      f"rootline at or below {other} in {sum(x <= 0 for x in d)} of {len(d)} rounds "
       f"(each: {' '.join(f'{x:+.2f}' for x in d)})")
 PY
-fi
+    fi
+done
