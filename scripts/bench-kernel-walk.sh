@@ -74,9 +74,10 @@ record() {
         perf_folded "$TMP/p.data" >"$out" ;;
     perf-dwarf) perf record -q -F 999 -e cpu-clock --call-graph dwarf -p "$pid" -o "$TMP/p.data" -- sleep "$secs" 2>/dev/null
         perf_folded "$TMP/p.data" >"$out" ;;
-    samply) rm -f "$TMP/s.json.gz"
-        timeout --signal=INT "$secs" samply record --save-only -r 999 -p "$pid" -o "$TMP/s.json.gz" >/dev/null 2>&1 || true
-        # --save-only writes an unsymbolicated profile, which the reader refuses: no share then.
+    samply) rm -f "$TMP/s.json.gz" "$TMP/s.json.syms.json"
+        # Names gathered while recording (.syms.json), read with the profile's addresses.
+        timeout --signal=INT "$secs" samply record --save-only --unstable-presymbolicate -r 999 -p "$pid" \
+            -o "$TMP/s.json.gz" >/dev/null 2>&1 || true
         python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/s.json.gz" >"$out" 2>/dev/null || : >"$out" ;;
     esac
 }
@@ -140,28 +141,34 @@ r = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(f"{r.ru_utime + r.ru_stime:.2f}")' "$@"
 }
 whole_share() {
+    # The compiler's own thread (comm `rustc`) and LLVM's threads (`opt cgu.N`, `lto cgu.N`)
+    # apart: the first is deep and frame-pointer-less, the others shallower with large frames.
     python3 - "$1" <<'PY'
 import sys
-total = whole = 0
+total = {"rustc": 0, "llvm": 0}
+whole = dict(total)
 for line in open(sys.argv[1]):
     stack, n = line.rsplit(" ", 1)
     f = stack.split(";")
-    if not f[0].startswith("rustc") or len(f) < 2:
+    kind = "rustc" if f[0] == "rustc" else "llvm" if " cgu." in f[0] else None
+    if kind is None or len(f) < 2:
         continue
-    total += int(n)
-    rooted = f[1] == "_start" or f[1].endswith("clone3") or f[1] == "clone"
+    total[kind] += int(n)
+    # samply's names lose a leading underscore (`_start` is `start` in its .syms.json).
+    rooted = f[1] in ("_start", "start") or f[1].endswith("clone3") or f[1] == "clone"
     if rooted and not any(x.startswith("[truncated") or x == "[unknown]" for x in f):
-        whole += int(n)
-print(f"{100 * whole / max(total, 1):6.2f}% of {total} rustc samples whole")
+        whole[kind] += int(n)
+print("whole: " + ", ".join(f"{100 * whole[k] / max(total[k], 1):.2f}% of {total[k]} {k} samples"
+                            for k in ("rustc", "llvm")))
 PY
 }
 # Each profiler writes its own format (rootline .rlp, perf.data, samply's .json.gz), and the
 # conversion to folded stacks for the whole-share count comes after, uncounted, for all alike.
 # Each round runs the bare compile and then every tool once, and each tool's cost is its CPU minus
 # that round's bare run: this VM's runs vary by 10-20% over minutes, more than a profiler costs.
-# samply needs kernel.perf_event_paranoid <= 1 even as root (its check), and --save-only writes
-# an unsymbolicated profile (the names of samply-symbols are in a sidecar the folded-stack reader
-# does not read), so only samply's CPU is compared.
+# samply needs kernel.perf_event_paranoid <= 1 even as root (its check). Its --save-only profile
+# names no frame, so samply's whole share is counted on samply-symbols' last profile, named by
+# its .syms.json (the same stacks: only the names are gathered besides).
 declare -A extra own total
 bare_all=()
 walk_ms=""
@@ -179,9 +186,9 @@ for _ in $(seq "$RUNS"); do
         perf-dwarf) c=$(cpu_of perf record -q -F 999 -e cpu-clock --call-graph dwarf -o "$TMP/$tool.data" -- "${RUSTC_CMD[@]}") ;;
         samply) rm -f "$TMP/s.json.gz"; c=$(cpu_of samply record --save-only -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
             [ -s "$TMP/s.json.gz" ] || echo "samply wrote nothing (kernel.perf_event_paranoid must be <= 1)" >&2 ;;
-        samply-symbols) rm -f "$TMP/s.json.gz" "$TMP/s.json.syms.json"
-            c=$(cpu_of samply record --save-only --unstable-presymbolicate -r 999 -o "$TMP/s.json.gz" -- "${RUSTC_CMD[@]}")
-            [ -s "$TMP/s.json.syms.json" ] || echo "samply wrote no names (its --unstable-presymbolicate is missing or failed)" >&2 ;;
+        samply-symbols) rm -f "$TMP/ss.json.gz" "$TMP/ss.json.syms.json"
+            c=$(cpu_of samply record --save-only --unstable-presymbolicate -r 999 -o "$TMP/ss.json.gz" -- "${RUSTC_CMD[@]}")
+            [ -s "$TMP/ss.json.syms.json" ] || echo "samply wrote no names (its --unstable-presymbolicate is missing or failed)" >&2 ;;
         esac
         total[$tool]+="$c "
         extra[$tool]+="$(python3 -c "print(f\"{$c - $bare:.2f}\")") "
@@ -195,15 +202,21 @@ for tool in "${tools[@]}"; do
     case $tool in
     rootline*) "$RL" convert "$TMP/$tool.rlp" -o "$TMP/$tool.folded" 2>/dev/null ;;
     perf-*) perf_folded "$TMP/$tool.data" >"$TMP/$tool.folded" ;;
-    samply*) : >"$TMP/$tool.folded" ;;
+    samply) : >"$TMP/$tool.folded" ;;
+    samply-symbols) python3 "$ROOT/scripts/lib/fxprof_folded.py" "$TMP/ss.json.gz" >"$TMP/$tool.folded" 2>/dev/null ||
+        : >"$TMP/$tool.folded" ;;
     esac
     # shellcheck disable=SC2086
     m=$(med ${extra[$tool]})
     # shellcheck disable=SC2086
     o=$(med ${own[$tool]})
+    if [ "$tool" = samply ]; then
+        share="whole: as samply-symbols (the same stacks; this profile names no frame)"
+    else
+        share=$(whole_share "$TMP/$tool.folded")
+    fi
     printf "%-24s +%5.2fs CPU over bare (%.2fx; each round: %s), own %.2fs (%s)  %s\n" "$tool" "$m" \
-        "$(python3 -c "print(1 + $m / $bare_med)")" "${extra[$tool]% }" "$o" "${own[$tool]% }" \
-        "$(whole_share "$TMP/$tool.folded")"
+        "$(python3 -c "print(1 + $m / $bare_med)")" "${extra[$tool]% }" "$o" "${own[$tool]% }" "$share"
 done
 if [ -n "${walk_ms// /}" ]; then
     # shellcheck disable=SC2086
