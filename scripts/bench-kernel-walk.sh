@@ -24,7 +24,7 @@
 # is what rootline's recording does (its .rlp carries its frames' names).
 #
 # Usage: scripts/bench-kernel-walk.sh            (root; DEPTHS="1000 10000" RUN_SECONDS=4 RUNS=3)
-#        TOOLS="rootline samply" DEPTHS= RUNS=21 scripts/bench-kernel-walk.sh   (the cost only)
+#        TOOLS="rootline samply samply-symbols" DEPTHS= RUNS=21 scripts/bench-kernel-walk.sh   (the cost only)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 RUN_SECONDS="${RUN_SECONDS:-4}"
