@@ -129,6 +129,10 @@ fn collect<'a, S>(
         } else if let Ok(mut table) = fde.rows(section, bases, &mut ctx) {
             loop {
                 match table.next_row() {
+                    // A row that covers no address (an FDE's instructions may end with a
+                    // state change at its very end, as BOLT's and LLVM's `.cfi_restore_state`
+                    // after a final `ret` do) must not stand for the gap after the FDE.
+                    Ok(Some(row)) if row.end_address() <= row.start_address() => {}
                     Ok(Some(row)) => {
                         let svma = row.start_address();
                         out.push((svma, order, compile(row, svma, section)));

@@ -25,7 +25,9 @@ use super::layout::Row;
 pub(super) const MIN_ROWS: usize = 100_000;
 /// Most files kept.
 const KEEP_FILES: usize = 16;
-const MAGIC: &[u8; 8] = b"RLKROWS3";
+/// Changed whenever the rows compiled from the same sections change (4: rows covering no
+/// address are left out).
+const MAGIC: &[u8; 8] = b"RLKROWS4";
 /// The magic, the rows' base address, their count and the last one's address (relative).
 const HEADER: usize = 32;
 const ROW_BYTES: usize = std::mem::size_of::<Row>();
