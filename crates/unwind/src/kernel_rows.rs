@@ -129,9 +129,9 @@ fn collect<'a, S>(
         } else if let Ok(mut table) = fde.rows(section, bases, &mut ctx) {
             loop {
                 match table.next_row() {
-                    // A row that covers no address (an FDE's instructions may end with a
-                    // state change at its very end, as BOLT's and LLVM's `.cfi_restore_state`
-                    // after a final `ret` do) must not stand for the gap after the FDE.
+                    // A row that covers no address must not stand for the gap after its FDE
+                    // (the toolchain's BOLT-built librustc_driver has thousands of FDEs whose
+                    // instructions restore a state at the FDE's very end, after its `ret`).
                     Ok(Some(row)) if row.end_address() <= row.start_address() => {}
                     Ok(Some(row)) => {
                         let svma = row.start_address();
