@@ -118,7 +118,7 @@ struct mapping {
 
 struct proc {
 	__u32 count;
-	__u32 generation; // differs at every write of any process's entry (never 0): see `row_memos`
+	__u32 generation; // differs at every write of any entry; 0 only with the memo off: `row_memos`
 	struct mapping m[MAX_MAPPINGS];
 };
 

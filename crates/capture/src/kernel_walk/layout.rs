@@ -69,8 +69,9 @@ pub(super) struct Mapping {
 #[derive(Clone, Copy)]
 pub(super) struct Proc {
     pub count: u32,
-    /// Different at every write of any process's entry, never 0: the walk's row memo holds
-    /// for one entry as written.
+    /// Different at every write of any process's entry: the walk's row memo holds for one
+    /// entry as written. 0 only once the memo is off (never looked up there; see
+    /// `KernelWalk::next_generation`).
     pub generation: u32,
     pub m: [Mapping; MAX_MAPPINGS],
 }
