@@ -7,6 +7,8 @@
 
 use std::fs::File;
 
+mod common;
+
 use rootline_image::{CodeModule, ModuleBudget};
 use rootline_unwind::Binary;
 use rootline_unwind::cfi::RowClass;
@@ -107,28 +109,11 @@ fn the_kernel_rows_of_a_rust_executable_agree_with_the_unwinder() {
 #[test]
 fn the_kernel_rows_of_the_compilers_libraries_agree_with_the_unwinder() {
     // rustc's own code and LLVM's, as the toolchain building this test ships them.
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let sysroot = std::process::Command::new(rustc)
-        .args(["--print", "sysroot"])
-        .output()
-        .expect("rustc runs");
-    let lib = std::path::Path::new(String::from_utf8_lossy(&sysroot.stdout).trim()).join("lib");
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&lib).expect("the toolchain's lib directory") {
-        let path = entry.expect("an entry").path();
-        let name = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        // libLLVM-*.so is a linker script naming the library: only files of a megabyte or more.
-        let big = std::fs::metadata(&path).is_ok_and(|m| m.len() >= 1 << 20);
-        if (name.starts_with("librustc_driver-") || name.starts_with("libLLVM")) && big {
-            let t = std::time::Instant::now();
-            let n = check(&path.to_string_lossy());
-            eprintln!("{name}: {n} addresses in {:?}", t.elapsed());
-            checked += 1;
-        }
+    let libraries = common::compiler_libraries();
+    for path in &libraries {
+        let t = std::time::Instant::now();
+        let n = check(&path.to_string_lossy());
+        eprintln!("{}: {n} addresses in {:?}", path.display(), t.elapsed());
     }
-    assert!(checked >= 1, "no librustc_driver in {}", lib.display());
+    assert!(!libraries.is_empty(), "no librustc_driver in the toolchain");
 }

@@ -6,9 +6,11 @@
 //! The fast walk tracks only rip, rsp and rbp (a row of that shape runs as a
 //! [`crate::frame_rule::FrameRule`]). A row that needs anything else (a CFA based on rbx, a CFA
 //! expression, rbp restored from another register, …) must go to the full-register evaluator
-//! ([`crate::full`]), from the leaf, so every row an unwind reaches is classified here
-//! ([`RowClass`]). A row that cannot be parsed needs full registers too, so that the evaluator
-//! reports it instead of the fast walk guessing.
+//! ([`crate::full`]), from the leaf ([`RowClass`]). A row that cannot be parsed needs full
+//! registers too, so that the evaluator reports it instead of the fast walk guessing. The walk
+//! itself finds the same answer in the rules it keeps per FDE ([`crate::fde_rules`]: a row
+//! without a frame rule is one that needs full registers); the classification here serves the
+//! `clone` gap (an FDE that starts a thread), diagnostics and tests.
 //!
 //! Classifying is per FDE and lazy: a large binary has hundreds of thousands of FDEs, of which a
 //! recording reaches a few thousand, and reading every row at load took most of a module's load
@@ -269,6 +271,12 @@ impl CfiIndex {
     /// Section offset of the FDE covering `svma` (the latest-starting one when FDEs nest).
     pub fn fde_at(&self, svma: u64) -> Option<usize> {
         self.fde_index_at(svma).map(|i| self.fdes[i].offset)
+    }
+
+    /// Link-time address where the FDE covering `svma` starts (the one [`CfiIndex::fde_at`]
+    /// finds).
+    pub fn fde_start_at(&self, svma: u64) -> Option<u64> {
+        self.fde_index_at(svma).map(|i| self.fdes[i].start)
     }
 
     /// Fills the page table (see [`CfiIndex::pages`]); left empty when the FDEs span more

@@ -13,6 +13,7 @@ use gimli::{
     Value, X86_64,
 };
 
+use crate::fde_rules::FdeRules;
 use crate::frame_rule::FrameRule;
 use crate::memory::Memory;
 use crate::policy::{self, TruncateReason};
@@ -65,6 +66,22 @@ impl Evaluator {
         self.with_row(at, |row, _| Ok(FrameRule::of_row(row)))
             .ok()
             .flatten()
+    }
+
+    /// The [`FrameRule`]s of every row of the FDE covering `at.svma` (None when the FDE
+    /// cannot be read; no rule anywhere in it when one of its rows cannot be read, as
+    /// [`crate::cfi::CfiIndex::row_class`] then gives the whole FDE to the full-register
+    /// evaluator).
+    pub fn fde_rules(&mut self, at: RowAt<'_>) -> Option<FdeRules> {
+        let offset = at.sections.cfi(at.debug).fde_at(at.svma)?;
+        let bases = at.sections.cfi_bases(at.debug);
+        if at.debug {
+            let section = at.sections.debug_frame_section()?;
+            rules_in(&section, &bases, offset, &mut self.ctx)
+        } else {
+            let section = at.sections.eh_frame_section()?;
+            rules_in(&section, &bases, offset, &mut self.ctx)
+        }
     }
 
     fn with_row<T>(
@@ -123,6 +140,34 @@ where
         .unwind_info_for_address(section, bases, ctx, svma)
         .map_err(|_| TruncateReason::CfiError)?;
     f(row, section)
+}
+
+/// Every row's rule of the FDE at `offset` in `section` (none when a row cannot be read).
+fn rules_in<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    offset: usize,
+    ctx: &mut UnwindContext<usize>,
+) -> Option<FdeRules>
+where
+    S: UnwindSection<Slice<'a>>,
+{
+    let fde = section
+        .fde_from_offset(bases, S::Offset::from(offset), S::cie_from_offset)
+        .ok()?;
+    let mut table = fde.rows(section, bases, ctx).ok()?;
+    let mut rows = Vec::new();
+    loop {
+        match table.next_row() {
+            Ok(Some(row)) => rows.push((
+                row.start_address(),
+                row.end_address(),
+                FrameRule::of_row(row),
+            )),
+            Ok(None) => return Some(FdeRules::from_rows(rows.into_iter())),
+            Err(_) => return Some(FdeRules::default()),
+        }
+    }
 }
 
 fn eval_row(

@@ -11,8 +11,9 @@
 //! bounds and runtime-specific rules come in through the other [`Memory`] methods.
 //!
 //! What this crate does: executes CFI (`.eh_frame` and `.debug_frame`) as compact rules
-//! remembered per address while a row needs only rip, rsp and rbp ([`frame_rule`]), and with a
-//! full-register gimli evaluator otherwise ([`full`], classified once per FDE in [`cfi`]); decides frames in code without CFI from its
+//! remembered per address while a row needs only rip, rsp and rbp ([`frame_rule`]; read for all
+//! of an FDE's rows at once, [`fde_rules`]), and with a full-register gimli evaluator otherwise
+//! ([`full`]; FDEs indexed in [`cfi`]); decides frames in code without CFI from its
 //! instructions ([`x86_64::instruction_analysis`]: prologue and epilogue analysis of native and
 //! JIT code, run by [`nocfi`]); validates every step (the stack pointer strictly increases, a
 //! return address follows a call in executable code); and ends every stack either at its root
@@ -24,6 +25,7 @@
 
 pub mod binary;
 pub mod cfi;
+pub mod fde_rules;
 pub mod frame_rule;
 pub mod full;
 pub mod kernel_rows;

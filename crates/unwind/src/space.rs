@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use foldhash::HashMap;
 
 use crate::binary::Binary;
-use crate::cfi::RowClass;
+use crate::fde_rules::FdeRuleCache;
 use crate::frame_rule::{FrameRule, RuleFailure};
 use crate::full;
 use crate::memory::{FrameObserver, Memory, NoObserver};
@@ -39,6 +39,9 @@ pub struct AddressSpace<M> {
     /// FDEs (hundreds of thousands in a compiler), with its row's [`FrameRule`]: cleared with
     /// `return_checks`, and past [`MAX_CFI_LOOKUPS`].
     cfi_at: HashMap<u64, CfiAt>,
+    /// The frame rules of every row of the FDEs `cfi_at`'s lookups met: a new address in a
+    /// function met before is found without parsing its FDE again. Cleared with `cfi_at`.
+    fde_rules: FdeRuleCache,
     full_register_unwinds: u64,
     /// Indices into the last unwind's output of frames whose address is an instruction, not a
     /// return address (see [`AddressSpace::instruction_frames`]).
@@ -93,6 +96,7 @@ impl<M> Default for AddressSpace<M> {
             evaluator: full::Evaluator::default(),
             return_checks: HashMap::default(),
             cfi_at: HashMap::default(),
+            fde_rules: FdeRuleCache::default(),
             full_register_unwinds: 0,
             instruction_frames: Vec::new(),
             caller_at_entry: false,
@@ -120,6 +124,7 @@ impl From<TruncateReason> for Stop {
 fn remembered_cfi_at<B: Binary + ?Sized>(
     cache: &mut HashMap<u64, CfiAt>,
     evaluator: &mut full::Evaluator,
+    fde_rules: &mut FdeRuleCache,
     lookup: u64,
     module: &B,
     svma: u64,
@@ -127,7 +132,7 @@ fn remembered_cfi_at<B: Binary + ?Sized>(
     if let Some(&at) = cache.get(&lookup) {
         return at;
     }
-    let at = cfi_at(module.unwind_sections(), evaluator, svma);
+    let at = cfi_at(module.unwind_sections(), evaluator, fde_rules, lookup, svma);
     if cache.len() >= MAX_CFI_LOOKUPS {
         cache.clear();
     }
@@ -135,26 +140,34 @@ fn remembered_cfi_at<B: Binary + ?Sized>(
     at
 }
 
-/// Which CFI covers link-time address `svma` (`.eh_frame` first), and its row's frame rule.
+/// Which CFI covers link-time address `svma` (runtime `lookup`; `.eh_frame` first), and its
+/// row's frame rule, from the rules of its FDE's rows (`fde_rules`). None for a row that needs
+/// registers the fast walk does not track (one [`crate::cfi::CfiIndex::row_class`] calls
+/// [`crate::cfi::RowClass::FullRegisters`]), in a signal trampoline, or where the rows cannot
+/// be read.
 fn cfi_at(
     sections: &crate::sections::UnwindSections,
     evaluator: &mut full::Evaluator,
+    fde_rules: &mut FdeRuleCache,
+    lookup: u64,
     svma: u64,
 ) -> CfiAt {
-    let (debug, class) = match sections.row_class(false, svma) {
-        Some(class) => (false, class),
-        None => match sections.row_class(true, svma) {
-            Some(class) => (true, class),
+    let (debug, fde_start) = match sections.cfi(false).fde_start_at(svma) {
+        Some(start) => (false, start),
+        None => match sections.cfi(true).fde_start_at(svma) {
+            Some(start) => (true, start),
             None => return CfiAt::None,
         },
     };
-    let rule = match class {
-        RowClass::FullRegisters => None,
-        RowClass::FrameRegisters => evaluator.frame_rule(full::RowAt {
+    let rule = if sections.cfi(debug).is_signal_trampoline(svma) {
+        None
+    } else {
+        let at = full::RowAt {
             sections,
             debug,
             svma,
-        }),
+        };
+        fde_rules.rule(evaluator, at, fde_start, lookup)
     };
     CfiAt::Fde { debug, rule }
 }
@@ -196,6 +209,7 @@ impl<M: Binary> AddressSpace<M> {
     fn forget_lookups(&mut self) {
         self.return_checks.clear();
         self.cfi_at.clear();
+        self.fde_rules.clear();
     }
 
     /// The region containing `addr`.
@@ -396,7 +410,14 @@ impl<M: Binary> AddressSpace<M> {
         let region = region_in(&self.regions, lookup).ok_or(TruncateReason::UnmappedAddress)?;
         let svma = region.svma(lookup);
         let cfi = region.module.as_deref().map(|m| {
-            let at = remembered_cfi_at(&mut self.cfi_at, &mut self.evaluator, lookup, m, svma);
+            let at = remembered_cfi_at(
+                &mut self.cfi_at,
+                &mut self.evaluator,
+                &mut self.fde_rules,
+                lookup,
+                m,
+                svma,
+            );
             (m, at)
         });
         let Some((module, CfiAt::Fde { debug, rule })) = cfi else {
@@ -463,7 +484,14 @@ impl<M: Binary> AddressSpace<M> {
         let region = region_in(&self.regions, pc)?;
         let module = region.module.as_deref()?;
         let svma = region.svma(pc);
-        if remembered_cfi_at(&mut self.cfi_at, &mut self.evaluator, pc, module, svma) != CfiAt::None
+        if remembered_cfi_at(
+            &mut self.cfi_at,
+            &mut self.evaluator,
+            &mut self.fde_rules,
+            pc,
+            module,
+            svma,
+        ) != CfiAt::None
         {
             // Covered by CFI: no gap (the leaf's step finds this again, remembered).
             return None;
