@@ -309,6 +309,11 @@ impl Join {
                 (h, Vec::new(), Vec::new())
             }
         };
+        if !h.span {
+            // Most walks are one chunk: one allocation instead of a vector doubling word by
+            // word.
+            collected.reserve(usize::from(h.words).min(words.len() / 16));
+        }
         if h.span {
             let bytes = &words[..(8 * usize::from(h.words)).min(words.len() / 8 * 8)];
             let page = self.dump_page(h.tid, h.end_sp, bytes);
