@@ -107,7 +107,9 @@ pub(crate) struct RawTables {
     frames: Vec<RawFrame>,
     frame_index: FastMap<RawFrame, u32>,
     nodes: Vec<(u32, u32)>,
-    node_index: FastMap<(u32, u32), u32>,
+    /// Each node by its parent and its frame (not the frame's id: one lookup finds a node
+    /// met before).
+    node_index: FastMap<(u32, RawFrame), u32>,
     /// Lengths of the three tables at the last [`RawTables::take_new`].
     sent: (usize, usize, usize),
     /// Per thread, the trie path of its last user stack (see [`RawTables::node_on_path`]), and
@@ -180,6 +182,10 @@ impl RawTables {
 
     /// The trie node of `frame` called from `parent` ([`NO_NODE`] for a root).
     pub fn node(&mut self, parent: u32, frame: RawFrame) -> u32 {
+        // Keyed by the frame itself, so that a step taken before costs one lookup.
+        if let Some(&node) = self.node_index.get(&(parent, frame)) {
+            return node;
+        }
         let f = match self.frame_index.get(&frame) {
             Some(&f) => f,
             None => {
@@ -189,10 +195,10 @@ impl RawTables {
                 f
             }
         };
-        *self.node_index.entry((parent, f)).or_insert_with(|| {
-            self.nodes.push((parent, f));
-            (self.nodes.len() - 1) as u32
-        })
+        let node = self.nodes.len() as u32;
+        self.nodes.push((parent, f));
+        self.node_index.insert((parent, frame), node);
+        node
     }
 
     /// [`RawTables::node`] for the `depth`-th frame (from the root) of a stack interned root
