@@ -120,9 +120,12 @@ impl ModuleBytes {
     }
 
     /// `len` bytes at `offset`, or None when the file is shorter.
-    pub(crate) fn read_exact_vec(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
-        let mut v = vec![0; len];
-        (self.read_at(offset, &mut v) == len).then_some(v)
+    pub(crate) fn read_exact_shared(&self, offset: u64, len: usize) -> Option<Arc<[u8]>> {
+        // Read in place: converting a vector into shared bytes would copy it (megabytes for a
+        // compiler's unwind sections).
+        let mut shared: Arc<[u8]> = std::iter::repeat_n(0, len).collect();
+        let buf = Arc::get_mut(&mut shared)?;
+        (self.read_at(offset, buf) == len).then_some(shared)
     }
 
     /// Like [`ModuleBytes::read_at`], through the page cache (for code bytes, read again and again

@@ -190,11 +190,8 @@ impl CodeModule {
             if end > file_len {
                 return None;
             }
-            let data = bytes.read_exact_vec(p.offset, usize::try_from(p.size).ok()?)?;
-            Some(Section {
-                svma: p.svma,
-                data: data.into(),
-            })
+            let data = bytes.read_exact_shared(p.offset, usize::try_from(p.size).ok()?)?;
+            Some(Section { svma: p.svma, data })
         };
         let section_layout = SectionLayout {
             text: layout.text,
