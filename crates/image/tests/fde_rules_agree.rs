@@ -111,11 +111,5 @@ fn an_fdes_rules_agree_with_one_rows_lookup_in_a_rust_executable() {
 #[test]
 fn an_fdes_rules_agree_with_one_rows_lookup_in_the_compilers_libraries() {
     // Among them librustc_driver, whose FDEs end with rows covering no address.
-    let libraries = common::compiler_libraries();
-    for path in &libraries {
-        let t = std::time::Instant::now();
-        let n = check(&path.to_string_lossy());
-        eprintln!("{}: {n} addresses in {:?}", path.display(), t.elapsed());
-    }
-    assert!(!libraries.is_empty(), "no librustc_driver in the toolchain");
+    common::check_compiler_libraries(check);
 }

@@ -109,11 +109,5 @@ fn the_kernel_rows_of_a_rust_executable_agree_with_the_unwinder() {
 #[test]
 fn the_kernel_rows_of_the_compilers_libraries_agree_with_the_unwinder() {
     // rustc's own code and LLVM's, as the toolchain building this test ships them.
-    let libraries = common::compiler_libraries();
-    for path in &libraries {
-        let t = std::time::Instant::now();
-        let n = check(&path.to_string_lossy());
-        eprintln!("{}: {n} addresses in {:?}", path.display(), t.elapsed());
-    }
-    assert!(!libraries.is_empty(), "no librustc_driver in the toolchain");
+    common::check_compiler_libraries(check);
 }

@@ -27,3 +27,15 @@ pub fn compiler_libraries() -> Vec<PathBuf> {
     }
     found
 }
+
+/// Runs `check` (which returns how many addresses it compared) on each of
+/// [`compiler_libraries`], saying how long each took; there must be at least one.
+pub fn check_compiler_libraries(check: impl Fn(&str) -> usize) {
+    let libraries = compiler_libraries();
+    for path in &libraries {
+        let t = std::time::Instant::now();
+        let n = check(&path.to_string_lossy());
+        eprintln!("{}: {n} addresses in {:?}", path.display(), t.elapsed());
+    }
+    assert!(!libraries.is_empty(), "no librustc_driver in the toolchain");
+}
