@@ -61,7 +61,8 @@ impl Evaluator {
     }
 
     /// The [`FrameRule`] of the row at `at`, when it has that shape (None also when the row
-    /// cannot be read).
+    /// cannot be read). The walk takes its rules from [`Evaluator::fde_rules`]; this lookup of
+    /// one row is the reference the tests hold those to.
     pub fn frame_rule(&mut self, at: RowAt<'_>) -> Option<FrameRule> {
         self.with_row(at, |row, _| Ok(FrameRule::of_row(row)))
             .ok()
