@@ -20,7 +20,7 @@ pub struct Region<M> {
     /// Runtime address minus link-time address (0 when there is no module).
     pub bias: u64,
     /// The file was not loaded because the memory budget for binaries was full: frames here
-    /// end the stack ([`TruncateReason::ModuleMemoryLimit`]).
+    /// end the stack ([`crate::policy::TruncateReason::ModuleMemoryLimit`]).
     pub refused: bool,
 }
 
