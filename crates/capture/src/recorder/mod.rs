@@ -102,13 +102,17 @@ fn classify(e: OpenError) -> RecordError {
 }
 
 /// Opens per-thread events for every thread of `pid`, repeating the scan until no new thread
-/// appears (threads created after their creator's event opened are inherited by it).
+/// appears (threads created after their creator's event opened are inherited by it). Each
+/// thread's new sampling events go to `opened` at once (the in-kernel walk attaches to them
+/// there): a child the thread forks inherits its events as they are at the fork, so a program
+/// attached any later would miss the children forked meanwhile, for their whole life.
 fn attach(
     pid: u32,
     cfg: &EventConfig,
     cpus: &[u32],
     events: &mut Vec<PerfEvent>,
     mut switches: Option<(&mut Vec<PerfEvent>, Option<SchedSwitch>)>,
+    opened: &mut dyn FnMut(&[PerfEvent]) -> Result<(), RecordError>,
 ) -> Result<(), RecordError> {
     if !process_alive(pid) {
         return Err(RecordError::TargetGone(pid));
@@ -122,13 +126,16 @@ fn attach(
         }
         for tid in new {
             seen.insert(tid);
-            let opened = open_thread(tid, false, cfg, cpus, events, None).and_then(|()| {
-                match switches.as_mut() {
-                    Some((s, tp)) => open_thread(tid, false, cfg, cpus, s, Some(*tp)),
-                    None => Ok(()),
-                }
+            let before = events.len();
+            let result = open_thread(tid, false, cfg, cpus, events, None);
+            if result.is_ok() {
+                opened(&events[before..])?;
+            }
+            let result = result.and_then(|()| match switches.as_mut() {
+                Some((s, tp)) => open_thread(tid, false, cfg, cpus, s, Some(*tp)),
+                None => Ok(()),
             });
-            match opened {
+            match result {
                 Ok(()) => {}
                 // The thread exited between the scan and the open.
                 Err(OpenError::NoSuchThread(_)) => {}
@@ -367,12 +374,14 @@ pub fn record(
             }
             for &pid in pids {
                 let with = switches.map(|tp| (&mut switch_events, tp));
-                attach(pid, &cfg, &cpus, &mut events, with)?;
+                let mut walk_them = |new: &[PerfEvent]| {
+                    attach_kernel_walk(&mut kernel_walk, new, opts, &mut attach_notes_early)
+                };
+                attach(pid, &cfg, &cpus, &mut events, with, &mut walk_them)?;
                 if !opts.alloc_skip_pids.contains(&pid) {
                     alloc.open_pid(pid, &cfg, &cpus, &mut alloc_events)?;
                 }
             }
-            attach_kernel_walk(&mut kernel_walk, &events, opts, &mut attach_notes_early)?;
             // With the in-kernel walk, the reader enables the events once it has sent the
             // targets' mappings to the walk, so that no early sample goes without one.
             if kernel_walk.is_none() {
