@@ -16,6 +16,10 @@ const PAGE: u64 = 4096;
 /// Code pages cached per file-backed module: the call sites that return addresses are checked
 /// against and the functions whose prologues are analysed. A miss costs one `pread`.
 pub(crate) const CACHED_PAGES: usize = 32;
+/// A read of at most this many bytes whose page is not kept, in a full cache, reads only those
+/// bytes (recording rustc: ~6,500 return addresses checked, most on pages never read again,
+/// each of which read a page and evicted another before).
+const UNCACHED_READ: usize = 16;
 /// Longest symbol name read from a file.
 const MAX_NAME: usize = 4096;
 /// Symbol names kept per file-backed module: a hot function's name is asked for at each of its
@@ -143,7 +147,15 @@ impl ModuleBytes {
             let page = at / PAGE;
             if !pages.contains_key(&page) {
                 let all_full = self.budget.pages() + PAGE as usize > PAGE_CACHE_BYTES;
-                if pages.len() >= CACHED_PAGES || (all_full && !pages.is_empty()) {
+                let own_full = pages.len() >= CACHED_PAGES || (all_full && !pages.is_empty());
+                if own_full && done == 0 && buf.len() <= UNCACHED_READ {
+                    // A few bytes, with no room to keep their page but by evicting one (a call
+                    // site checked once for a return address: the unwinder remembers the
+                    // result): one small read instead of a page's.
+                    drop(pages);
+                    return self.read_at(offset, buf);
+                }
+                if own_full {
                     // Evict an arbitrary page: hot pages come back on their next use.
                     if let Some(&victim) = pages.keys().next()
                         && let Some(old) = pages.remove(&victim)
@@ -274,6 +286,43 @@ mod tests {
             }
         }
         assert!(bytes.pages.lock().unwrap().len() <= CACHED_PAGES);
+    }
+
+    #[test]
+    fn a_full_cache_reads_a_few_bytes_alone_and_keeps_its_pages_for_longer_reads() {
+        let pages = CACHED_PAGES as u64 + 8;
+        let content: Vec<u8> = (0..pages * PAGE).map(|i| (i % 253) as u8).collect();
+        let budget = ModuleBudget::new();
+        let bytes = ModuleBytes::from_file(temp_file(&content), &budget);
+        let cached = || {
+            let mut kept: Vec<u64> = bytes.pages.lock().unwrap().keys().copied().collect();
+            kept.sort_unstable();
+            kept
+        };
+        let mut small = [0u8; UNCACHED_READ];
+        for page in 0..CACHED_PAGES as u64 {
+            assert_eq!(bytes.read_cached(page * PAGE + 7, &mut small), small.len());
+        }
+        let full = cached();
+        assert_eq!(full.len(), CACHED_PAGES);
+        // Past the cache's room, a call site's bytes are read alone: right, and nothing evicted.
+        for page in CACHED_PAGES as u64..pages {
+            let at = page * PAGE + 4000;
+            assert_eq!(bytes.read_cached(at, &mut small), small.len());
+            assert_eq!(&small[..], &content[at as usize..at as usize + small.len()]);
+        }
+        assert_eq!(cached(), full);
+        assert_eq!(budget.pages(), CACHED_PAGES * PAGE as usize);
+        // A longer read (a function's code) still takes its page in, evicting another.
+        let mut longer = [0u8; UNCACHED_READ + 1];
+        let at = (pages - 1) * PAGE;
+        assert_eq!(bytes.read_cached(at, &mut longer), longer.len());
+        assert_eq!(
+            &longer[..],
+            &content[at as usize..at as usize + longer.len()]
+        );
+        assert!(cached().contains(&(pages - 1)));
+        assert_eq!(cached().len(), CACHED_PAGES);
     }
 
     #[test]
