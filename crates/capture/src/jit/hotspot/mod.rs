@@ -171,10 +171,33 @@ pub fn ask_perf_map(pid: u32) -> Result<String, AttachError> {
         return Err(AttachError::NoListener { pid });
     }
     let result = ask_perf_map_of(pid, st);
+    // A JVM that ends while it is asked (its last unnamed samples come as it exits) fails the
+    // asking with whatever step met its end: its trigger file's directory gone, no socket, a
+    // broken connection. That is its end, not a refusal.
+    let result = match result {
+        Err(e) if !matches!(e, AttachError::Gone(_)) && !running_since(pid, me_start) => {
+            Err(AttachError::Gone(pid))
+        }
+        result => result,
+    };
     if let Err(AttachError::NoListener { .. }) = result {
         given_up().insert((pid, me_start));
     }
     result
+}
+
+/// Whether process `pid` still runs, started at `start` (not a zombie, not a reused pid).
+fn running_since(pid: u32, start: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let (_, rest) = s.rsplit_once(')')?;
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?;
+            let started: u64 = fields.nth(18)?.parse().ok()?;
+            Some(!matches!(state, "Z" | "X" | "x") && started == start)
+        })
+        .unwrap_or(false)
 }
 
 /// JVMs (pid, start time) that opened no attach socket after SIGQUIT: not signalled again.
@@ -404,6 +427,52 @@ pub fn ask_at_attach(pids: &[u32]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_that_ended_is_not_running_though_its_entry_stays() {
+        let me = std::process::id();
+        assert!(running_since(me, start_time(me)));
+        assert!(
+            !running_since(me, start_time(me) + 1),
+            "another start: a reused pid"
+        );
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("run true");
+        let pid = child.id();
+        let start = start_time(pid);
+        // Not reaped yet: a zombie, whose /proc entry (and start time) stays.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running_since(pid, start) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(start_time(pid), start, "the zombie's entry is still there");
+        assert!(!running_since(pid, start));
+        child.wait().expect("reap");
+        assert!(!running_since(pid, start));
+    }
+
+    #[test]
+    fn a_process_that_ends_while_asked_is_gone_not_refusing() {
+        // Handles SIGQUIT, as a JVM does, but ends at it instead of opening a socket.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "trap 'exit 0' QUIT; while :; do sleep 0.05; done"])
+            .current_dir(dir.path())
+            .spawn()
+            .expect("run sh");
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !status(pid).is_ok_and(|s| s.catches_quit) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let result = ask_perf_map(pid);
+        assert!(
+            matches!(result, Err(AttachError::Gone(p)) if p == pid),
+            "{result:?}"
+        );
+        child.wait().expect("reap");
+    }
 
     /// Plays the JVM's side of one exchange: checks the request, sends `answer`.
     fn exchange_with(answer: &'static str) -> Result<String, AttachError> {
