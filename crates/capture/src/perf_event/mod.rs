@@ -534,3 +534,26 @@ pub fn monotonic_ns() -> u64 {
     }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// Opens a counting event on thread `tid` that the threads and children it creates do not
+/// inherit, and that never counts (disabled). Its presence alone matters: a task whose events
+/// are not all inherited gives each child a context of its own rather than a clone of its own,
+/// and the kernel swaps the events of cloned contexts between tasks at context switches instead
+/// of switching them. Swapped so, the events opened (with the walk program attached) can end up
+/// in a child, and end with it; children forked after that went without the program.
+pub fn open_clone_guard(tid: u32) -> io::Result<OwnedFd> {
+    let mut a = b::perf_event_attr {
+        size: std::mem::size_of::<b::perf_event_attr>() as u32,
+        type_: b::PERF_TYPE_SOFTWARE,
+        config: b::PERF_COUNT_SW_DUMMY as u64,
+        ..Default::default()
+    };
+    a.set_disabled(1);
+    let target = EventTarget::Thread {
+        tid,
+        cpu: u32::MAX, // any CPU
+        inherit: false,
+        enable_on_exec: false,
+    };
+    open_raw(&mut a, target)
+}
