@@ -515,6 +515,33 @@ fn new_state() -> ProcessState {
     }
 }
 
+/// What `/proc/PID/stat` says of a process's life: its state letter and its start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LifeStat {
+    /// The state (`R`, `S`, `T`, `Z` …; field 3).
+    pub state: char,
+    /// Clock ticks after boot when it started (field 22): tells a reused pid apart.
+    pub start_time: u64,
+}
+
+impl LifeStat {
+    /// Whether it has exited (a zombie not yet reaped, or dead).
+    pub fn exited(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// Process `pid`'s [`LifeStat`], None when it is gone (or the file cannot be read).
+pub(crate) fn life_stat(pid: u32) -> Option<LifeStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) is in parentheses and may hold anything: fields follow its last `)`.
+    let (_, rest) = text.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(LifeStat { state, start_time })
+}
+
 /// Reads `len` bytes of a process's memory through `/proc/PID/mem`.
 pub fn read_process_memory(pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;

@@ -12,23 +12,12 @@ use super::RecordError;
 /// Whether process `pid` exists and has not exited (a zombie, exited but not yet reaped by its
 /// parent, is not alive).
 pub(super) fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
-    }
+    crate::process::life_stat(pid).is_some_and(|s| !s.exited())
 }
 
 /// Whether `/proc/PID/stat` shows the process stopped (`T`).
 fn is_stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('T'))
-        })
-        .unwrap_or(false)
+    crate::process::life_stat(pid).is_some_and(|s| s.state == 'T')
 }
 
 pub(super) fn send_signal(pid: u32, signal: i32) {

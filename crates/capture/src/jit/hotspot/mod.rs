@@ -188,31 +188,16 @@ pub fn ask_perf_map(pid: u32) -> Result<String, AttachError> {
 
 /// Whether process `pid` still runs, started at `start` (not a zombie, not a reused pid).
 fn running_since(pid: u32, start: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let (_, rest) = s.rsplit_once(')')?;
-            let mut fields = rest.split_whitespace();
-            let state = fields.next()?;
-            let started: u64 = fields.nth(18)?.parse().ok()?;
-            Some(!matches!(state, "Z" | "X" | "x") && started == start)
-        })
-        .unwrap_or(false)
+    crate::process::life_stat(pid).is_some_and(|s| !s.exited() && s.start_time == start)
 }
 
 /// JVMs (pid, start time) that opened no attach socket after SIGQUIT: not signalled again.
 static GIVEN_UP: Mutex<std::collections::BTreeSet<(u32, u64)>> =
     Mutex::new(std::collections::BTreeSet::new());
 
-/// The process's start time (field 22 of `/proc/PID/stat`), telling a reused pid apart.
+/// The process's start time (0 when it is gone), telling a reused pid apart.
 fn start_time(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let (_, rest) = s.rsplit_once(')')?;
-            rest.split_whitespace().nth(19)?.parse().ok()
-        })
-        .unwrap_or(0)
+    crate::process::life_stat(pid).map_or(0, |s| s.start_time)
 }
 
 fn ask_perf_map_of(pid: u32, st: Status) -> Result<String, AttachError> {
